@@ -1,0 +1,1 @@
+"""spotring driver."""

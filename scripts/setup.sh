@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Creates (or refreshes) the project's virtual environment at .venv.
+#
+#   scripts/setup.sh [EXTRA,...]     e.g. scripts/setup.sh dev,aws,gcp,azure
+#
+# Idempotent: a second run reuses the venv and the cached Horovod wheel, so it takes
+# seconds. Horovod 0.28.1 ships only as an sdist that does not compile against
+# torch >= 2.1 (it asks for C++14; torch's headers need C++17). We build it once with
+# CMAKE_CXX_STANDARD 17 (the fix upstream merged after the release) for CPU with Gloo
+# and PyTorch, and cache the wheel under $SPOTRING_CACHE (default ~/.cache/spotring).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+extras=${1:-}
+venv="$root/.venv"
+cache=${SPOTRING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/spotring}
+torch_version=2.13.0
+horovod_version=0.28.1
+python=${PYTHON:-python3}
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ ! -x "$venv/bin/python" ]; then
+  log "creating virtual environment at .venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip wheel setuptools
+fi
+pip=("$venv/bin/python" -m pip install -q)
+
+# torch first and pinned: an unpinned torch (pulled in by another package) is a
+# multi-GB CUDA build; 2.13.0 is a CPU build from local disk.
+if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  log "installing torch==$torch_version (CPU)"
+  "${pip[@]}" "torch==$torch_version" numpy cloudpickle psutil pyyaml packaging
+fi
+
+build_horovod_wheel() {
+  local work
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' RETURN
+  log "building horovod $horovod_version from source (about 5 minutes, once)"
+  "$venv/bin/python" -m pip download -q --no-deps --no-binary=:all: \
+    "horovod==$horovod_version" -d "$work"
+  tar -xzf "$work/horovod-$horovod_version.tar.gz" -C "$work"
+  local src="$work/horovod-$horovod_version"
+  sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' \
+    "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+  grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" \
+    || { log "C++17 patch did not apply"; return 1; }
+  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+    MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_PARALLEL="$(nproc)" \
+    "$venv/bin/python" -m pip wheel -q --no-deps --no-build-isolation \
+    -w "$cache/wheels" "$src"
+}
+
+if ! "$venv/bin/python" -c "import horovod.torch" 2>/dev/null; then
+  mkdir -p "$cache/wheels"
+  wheel=$(ls "$cache"/wheels/horovod-"$horovod_version"-*.whl 2>/dev/null | head -n 1 || true)
+  if [ -z "$wheel" ]; then
+    build_horovod_wheel
+    wheel=$(ls "$cache"/wheels/horovod-"$horovod_version"-*.whl | head -n 1)
+  fi
+  log "installing $(basename "$wheel")"
+  "${pip[@]}" --no-deps "$wheel"
+fi
+
+# The project itself, editable; pip skips what is already satisfied.
+stamp="$venv/.spotring-installed"
+want="$extras $(cat "$root/pyproject.toml" | sha1sum)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  log "installing spotring${extras:+[$extras]}"
+  "${pip[@]}" -e "$root${extras:+[$extras]}"
+  printf '%s' "$want" >"$stamp"
+fi
