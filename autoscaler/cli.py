@@ -1,2 +1,429 @@
-def main() -> int:
+"""The ``spotring`` command line: ``run``, ``discover`` and ``providers``.
+
+Parsing happens in two passes: the first finds ``--provider``, the second builds the
+full parser with that provider's options (added through the
+``spotring_add_provider_options`` hook), so ``spotring run --provider NAME --help``
+lists them. Bad input exits 2 with one line on stderr; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+import pluggy
+from spotring.autoscaler.controller import Controller, hosts_for_slots
+from spotring.autoscaler.inventory import Inventory
+from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
+from spotring.autoscaler.progress import ProgressReporter
+from spotring.providers.base import ConfigurationError, Provider, ProviderError
+
+PROG = "spotring"
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
+# ----------------------------------------------------------------- parser
+
+
+def build_parser(
+    pm: pluggy.PluginManager | None = None, provider: type[Provider] | None = None
+) -> argparse.ArgumentParser:
+    """The full parser, with ``provider``'s options when one is given."""
+    parser = _Parser(prog=PROG, description="Elastic Horovod training on spot capacity.")
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="controller log level (default: warning)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    run = commands.add_parser(
+        "run",
+        help="run an elastic Horovod job on a provider's hosts",
+        description="Run COMMAND as an elastic Horovod job on the hosts of a spot group. "
+        "Use --provider NAME --help to see that provider's options.",
+        usage="%(prog)s --provider NAME [options] -- COMMAND...",
+    )
+    _add_provider_options(run, pm, provider)
+    _add_elastic_options(run)
+    run.add_argument(
+        "job", nargs=argparse.REMAINDER, metavar="COMMAND", help="the training command"
+    )
+
+    discover = commands.add_parser(
+        "discover",
+        help="print host:slots lines for horovodrun --host-discovery-script",
+        description="Print the group's READY hosts as host:slots lines, the format "
+        "horovodrun's --host-discovery-script expects.",
+    )
+    _add_provider_options(discover, pm, provider)
+    discover.add_argument(
+        "--slots-per-host",
+        "--slots",
+        dest="slots_per_host",
+        type=_positive,
+        metavar="N",
+        help="slots per host (default: from the provider)",
+    )
+
+    commands.add_parser("providers", help="list the installed providers")
+    return parser
+
+
+def _add_provider_options(
+    parser: argparse.ArgumentParser,
+    pm: pluggy.PluginManager | None,
+    provider: type[Provider] | None,
+) -> None:
+    parser.add_argument("--provider", required=True, metavar="NAME", help="instance group provider")
+    if provider is not None and pm is not None:
+        group = parser.add_argument_group(f"{provider.name} provider options")
+        pm.hook.spotring_add_provider_options(provider=provider, group=group)
+
+
+def _add_elastic_options(run: argparse.ArgumentParser) -> None:
+    elastic = run.add_argument_group("elastic options (as in horovodrun)")
+    elastic.add_argument(
+        "-np",
+        "--num-proc",
+        dest="num_proc",
+        type=_positive,
+        required=True,
+        metavar="N",
+        help="worker processes to start with",
+    )
+    elastic.add_argument(
+        "--min-np",
+        "--min-num-proc",
+        dest="min_num_proc",
+        type=_positive,
+        metavar="N",
+        help="fewest workers to keep training (default: -np)",
+    )
+    elastic.add_argument(
+        "--max-np",
+        "--max-num-proc",
+        dest="max_num_proc",
+        type=_positive,
+        metavar="N",
+        help="most workers to scale up to (default: -np)",
+    )
+    elastic.add_argument(
+        "--slots-per-host",
+        "--slots",
+        dest="slots_per_host",
+        type=_positive,
+        metavar="N",
+        help="workers per host (default: from the provider)",
+    )
+    elastic.add_argument(
+        "--reset-limit",
+        type=_non_negative,
+        metavar="N",
+        help="end the job after N resets (default: no limit)",
+    )
+    elastic.add_argument(
+        "--blacklist-cooldown-range",
+        type=_non_negative,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="seconds a failed host stays blacklisted, growing from MIN to MAX",
+    )
+    elastic.add_argument(
+        "--elastic-timeout",
+        type=_positive,
+        default=600,
+        metavar="SECONDS",
+        help="how long to wait for enough hosts after a reset (default: 600)",
+    )
+    elastic.add_argument(
+        "--start-timeout",
+        type=_positive,
+        default=120,
+        metavar="SECONDS",
+        help="how long to wait for the group's first inventory and network checks (default: 120)",
+    )
+    elastic.add_argument(
+        "--network-interface",
+        "--network-interfaces",
+        dest="nics",
+        metavar="NICS",
+        help="comma-separated interfaces for Gloo/NCCL (default: detect; 'lo' for local workers)",
+    )
+    elastic.add_argument("--verbose", "-v", action="count", default=0, help="Horovod verbosity")
+
+    control = run.add_argument_group("spotring options")
+    control.add_argument(
+        "--refresh-interval",
+        type=_positive_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between inventory refreshes (default: 5)",
+    )
+    control.add_argument(
+        "--target-hosts",
+        type=_non_negative,
+        metavar="N",
+        help="hosts to ask the group for at start (default: enough for -np)",
+    )
+    control.add_argument("--no-resize", action="store_true", help="never change the group's size")
+    control.add_argument(
+        "--no-replace",
+        action="store_true",
+        help="do not ask the provider to replace hosts whose workers failed",
+    )
+    control.add_argument(
+        "--launcher",
+        choices=["auto", "local", "ssh"],
+        default="auto",
+        help="how workers start: local processes or ssh (default: local for "
+        "providers that simulate hosts, ssh otherwise)",
+    )
+    control.add_argument("--ssh-port", type=_positive, metavar="PORT", help="ssh port on the hosts")
+    control.add_argument("--ssh-identity-file", metavar="FILE", help="ssh private key")
+
+
+def _positive(text: str) -> int:
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+# ------------------------------------------------------------------ parsing
+
+
+def parse(
+    argv: Sequence[str], pm: pluggy.PluginManager
+) -> tuple[argparse.Namespace, type[Provider] | None]:
+    """Parse ``argv`` in two passes; returns the options and the chosen provider class."""
+    argv = list(argv)
+    command_args, job = _split_job(argv)
+    probe = _Parser(prog=PROG, add_help=False)
+    probe.add_argument("--provider")
+    known, _ = probe.parse_known_args(command_args)
+    provider_cls: type[Provider] | None = None
+    if known.provider is not None:
+        try:
+            provider_cls = provider_registry(pm).get(known.provider)
+        except KeyError as error:
+            raise UsageError(f"{PROG}: error: {error.args[0]}") from None
+    options = build_parser(pm, provider_cls).parse_args(command_args)
+    if options.command == "run":
+        options.job = _job_command(options.job, job)
+        _check_elastic(options)
+    return options, provider_cls
+
+
+def _split_job(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    if "--" in argv:
+        index = argv.index("--")
+        return argv[:index], argv[index + 1 :]
+    return argv, None
+
+
+def _job_command(positional: list[str], after_dashes: list[str] | None) -> list[str]:
+    command = after_dashes if after_dashes is not None else positional
+    if after_dashes is not None and positional:
+        raise UsageError(
+            f"{PROG} run: error: unexpected arguments before '--': {' '.join(positional)}"
+        )
+    if not command:
+        raise UsageError(f"{PROG} run: error: missing the training command after '--'")
+    return command
+
+
+def _check_elastic(options: argparse.Namespace) -> None:
+    options.min_num_proc = options.min_num_proc or options.num_proc
+    options.max_num_proc = options.max_num_proc or options.num_proc
+    if not options.min_num_proc <= options.num_proc <= options.max_num_proc:
+        raise UsageError(
+            f"{PROG} run: error: need --min-np <= -np <= --max-np, got "
+            f"{options.min_num_proc} <= {options.num_proc} <= {options.max_num_proc}"
+        )
+    cooldown = options.blacklist_cooldown_range
+    if cooldown is not None and cooldown[0] > cooldown[1]:
+        raise UsageError(f"{PROG} run: error: --blacklist-cooldown-range needs MIN <= MAX")
+    options.nics = tuple(n for n in (options.nics or "").split(",") if n)
+
+
+# ----------------------------------------------------------------- commands
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``spotring`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        pm = get_plugin_manager()
+        options, provider_cls = parse(argv, pm)
+    except UsageError as error:
+        print(error, file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as error:  # a broken plugin: say which, without a traceback
+        print(f"{PROG}: error: could not load plugins: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    logging.basicConfig(
+        level=options.log_level.upper(), format="spotring: %(levelname)s %(name)s: %(message)s"
+    )
+    if options.command == "providers":
+        return _list_providers(pm)
+    assert provider_cls is not None
+    try:
+        provider = provider_cls.from_options(options)
+    except ConfigurationError as error:
+        print(f"{PROG} {options.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if options.command == "discover":
+            return _discover(provider)
+        return _run(options, provider, pm)
+    except ConfigurationError as error:
+        print(f"{PROG} {options.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except ProviderError as error:
+        print(f"{PROG} {options.command}: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        provider.close()
+
+
+def _list_providers(pm: pluggy.PluginManager) -> int:
+    registry = provider_registry(pm)
+    width = max((len(name) for name in registry.names()), default=0)
+    for provider in registry:
+        print(f"{provider.name:<{width}}  {provider.description}  ({provider.__module__})")
     return 0
+
+
+def _discover(provider: Provider) -> int:
+    """One listing, printed as horovodrun's discovery script format.
+
+    A failed listing exits non-zero with nothing on stdout: horovodrun keeps its last
+    host set when the script fails, instead of seeing "no hosts".
+    """
+    inventory = Inventory(tuple(provider.list_instances()))
+    sys.stdout.write(Inventory.format_hosts(inventory.hosts_and_slots()))
+    return 0
+
+
+def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManager) -> int:
+    # Horovod is imported here, not at the top: `spotring --help` stays fast.
+    from spotring.driver.elastic import ElasticOptions, JobTracker, run_elastic
+    from spotring.driver.launcher import ProcessLauncher
+
+    target = None
+    if not options.no_resize:
+        target = options.target_hosts
+        if target is None:
+            target = hosts_for_slots(options.num_proc, options.slots_per_host or 1)
+    controller = Controller(
+        provider,
+        pm.hook,
+        refresh_interval=options.refresh_interval,
+        target_size=target,
+        replace_failed=not options.no_replace,
+    )
+    reporter = ProgressReporter()
+    pm.register(reporter, name="spotring.progress")
+
+    local = options.launcher == "local" or (
+        options.launcher == "auto" and provider.runs_workers_locally
+    )
+    nics = options.nics or (("lo",) if local else ())
+    launcher = ProcessLauncher(
+        remote=not local, ssh_port=options.ssh_port, ssh_identity_file=options.ssh_identity_file
+    )
+    if hasattr(provider, "worker_started"):
+        launcher.add_listener(_ProviderProcesses(provider))
+    tracker = JobTracker()
+    elastic = ElasticOptions(
+        num_proc=options.num_proc,
+        min_num_proc=options.min_num_proc,
+        max_num_proc=options.max_num_proc,
+        reset_limit=options.reset_limit,
+        cooldown_range=tuple(options.blacklist_cooldown_range)
+        if options.blacklist_cooldown_range
+        else None,
+        elastic_timeout=options.elastic_timeout,
+        start_timeout=options.start_timeout,
+        nics=nics,
+        verbose=options.verbose,
+    )
+
+    started = time.monotonic()
+    controller.start()
+    try:
+        inventory = controller.wait_for_inventory(options.start_timeout)
+        reporter.started(provider, inventory)
+        try:
+            run_elastic(options.job, controller, launcher, elastic, tracker)
+            ok, message = True, ""
+        except RuntimeError as error:
+            ok, message = False, str(error).strip().splitlines()[0]
+    finally:
+        controller.stop()
+        provider.job_finished(options)
+    reporter.summary(tracker, ok, time.monotonic() - started, getattr(provider, "events", ()))
+    if not ok:
+        print(f"{PROG} run: job failed: {message}", file=sys.stderr)
+        return EXIT_FAILURE
+    return 0
+
+
+class _ProviderProcesses:
+    """Tells a provider that simulates hosts which process groups run on which host."""
+
+    def __init__(self, provider: Provider) -> None:
+        self._provider = provider
+
+    def worker_started(self, host: str, process_group: int) -> None:
+        self._provider.worker_started(host, process_group)  # type: ignore[attr-defined]
+
+    def worker_exited(self, exit, process_group: int) -> None:  # type: ignore[no-untyped-def]
+        self._provider.worker_exited(exit.host, process_group)  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,9 +43,7 @@ def spotring_register_providers(registry: ProviderRegistry) -> None:
 
 
 @hookspec
-def spotring_add_provider_options(
-    provider: type[Provider], group: argparse._ArgumentGroup
-) -> None:
+def spotring_add_provider_options(provider: type[Provider], group: argparse._ArgumentGroup) -> None:
     """Add command-line options for ``provider``.
 
     Called when ``spotring run`` or ``spotring discover`` builds its parser for the

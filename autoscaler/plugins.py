@@ -7,7 +7,6 @@ import sys
 from collections.abc import Iterable, Iterator
 
 import pluggy
-
 from spotring.autoscaler import hookspecs
 from spotring.providers.base import Provider
 
@@ -96,6 +95,8 @@ def get_plugin_manager(
     }
     for name in blocked:
         pm.set_blocked(name)
+    # spotring's own hook implementations (below) cannot be disabled.
+    pm.register(sys.modules[__name__], name=__name__)
     for module_name in BUILTIN_PLUGINS:
         if pm.is_blocked(module_name):
             continue
@@ -118,8 +119,6 @@ def provider_registry(pm: pluggy.PluginManager) -> ProviderRegistry:
 
 
 @hookimpl
-def spotring_add_provider_options(
-    provider: type[Provider], group: object
-) -> None:
+def spotring_add_provider_options(provider: type[Provider], group: object) -> None:
     """spotring's own implementation: the provider's ``add_arguments``."""
     provider.add_arguments(group)  # type: ignore[arg-type]

@@ -178,4 +178,3 @@ class Provider(abc.ABC):
 
         Providers use it for clean-up a user asked for, e.g. scaling the group down.
         """
-

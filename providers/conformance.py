@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
 from spotring.providers.base import Instance, InstanceState, Provider, ProviderError
 
 
@@ -69,9 +68,6 @@ class ProviderContract:
         listed = {i.id: i for i in provider.list_instances()}
         assert victim.id not in listed or listed[victim.id].state is not InstanceState.READY
 
-    def test_failure_raises_provider_error_never_empty(
-        self, failing_provider: Provider
-    ) -> None:
+    def test_failure_raises_provider_error_never_empty(self, failing_provider: Provider) -> None:
         with pytest.raises(ProviderError):
             failing_provider.list_instances()
-

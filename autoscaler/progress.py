@@ -1,0 +1,75 @@
+"""Progress lines and the closing summary of ``spotring run``, on stderr.
+
+The reporter is itself a plugin: it hears membership changes through the same hooks a
+third-party plugin would implement.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import IO, Any
+
+from spotring.autoscaler.hookspecs import hookimpl
+from spotring.autoscaler.inventory import Inventory
+from spotring.providers.base import Instance, Provider
+
+
+class ProgressReporter:
+    """Prints one line per membership change and a summary at the end."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._stream = stream or sys.stderr
+        self._started = time.monotonic()
+        self.membership_changes = 0
+        self.host_failures: list[str] = []
+
+    def _say(self, text: str) -> None:
+        elapsed = time.monotonic() - self._started
+        print(f"spotring [{elapsed:6.1f}s] {text}", file=self._stream, flush=True)
+
+    def started(self, provider: Provider, inventory: Inventory) -> None:
+        ready = inventory.hosts_and_slots()
+        self._say(
+            f"{provider.describe()}: {len(inventory.instances)} members, {len(ready)} ready "
+            f"({_hosts(ready)})"
+        )
+
+    @hookimpl
+    def spotring_inventory_changed(
+        self, added: Sequence[Instance], removed: Sequence[Instance], ready: Sequence[Instance]
+    ) -> None:
+        self.membership_changes += 1
+        changes = [f"+{i.address}" for i in added] + [f"-{i.address}" for i in removed]
+        self._say(
+            f"hosts {' '.join(changes)} -> ready: {_hosts({i.address: i.slots for i in ready})}"
+        )
+
+    @hookimpl
+    def spotring_host_failed(self, instance: Instance, reason: str) -> None:
+        self.host_failures.append(instance.address)
+        self._say(f"host {instance.address} failed ({reason}); taken out and replaced")
+
+    def summary(
+        self, tracker: Any, ok: bool, seconds: float, events: Iterable[tuple[float, str]] = ()
+    ) -> None:
+        """Print the closing summary of a job."""
+        sizes = " -> ".join(str(size) for size in tracker.world_sizes) or "none"
+        lines = [
+            f"job {'finished' if ok else 'FAILED'} in {seconds:.1f}s",
+            f"world sizes: {sizes}",
+            f"resets: {tracker.resets}",
+            f"membership changes: {self.membership_changes}",
+            f"failed hosts: {', '.join(self.host_failures) or 'none'}",
+        ]
+        lines += [f"at {at:5.1f}s {what}" for at, what in events]
+        width = max(len(line) for line in lines)
+        print("spotring summary " + "-" * max(0, width - 17), file=self._stream)
+        for line in lines:
+            print(line, file=self._stream)
+        self._stream.flush()
+
+
+def _hosts(hosts: dict[str, int]) -> str:
+    return ", ".join(f"{host}:{slots}" for host, slots in hosts.items()) or "none"

@@ -1,0 +1,151 @@
+"""Elastic Horovod training of a small classifier on scikit-learn's digits.
+
+Run it through spotring (see README.md)::
+
+    spotring run --provider local -np 2 --min-np 1 --max-np 4 -- \
+        python examples/train_digits.py --epochs 8
+
+It follows the Elastic Horovod recipe: ``hvd.elastic.run`` around the training loop, a
+state object holding model, optimizer, sampler and counters, ``ElasticSampler`` so a
+reset repartitions only the samples not yet processed this epoch, and a commit every
+``--commit-every`` steps. A failure costs at most the steps since the last commit.
+
+With ``--events FILE`` rank 0 appends one JSON object per line for every commit,
+resume and the end of training (tests and the summary read them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from spotring.driver.state import TorchState
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=16, help="per worker")
+    parser.add_argument("--lr", type=float, default=0.05, help="per worker; scaled by world size")
+    parser.add_argument("--commit-every", type=int, default=1, help="steps between commits")
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.0,
+        help="sleep this long per step, to stretch a demo over chaos events",
+    )
+    parser.add_argument("--events", help="rank 0 appends JSON lines here")
+    return parser.parse_args(argv)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(64, 128)
+        self.out = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.relu(self.hidden(x)))
+
+
+def load_data() -> tuple[TensorDataset, TensorDataset]:
+    digits = load_digits()
+    x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target, dtype=torch.int64)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    x, y = x[order], y[order]
+    split = int(0.8 * len(x))
+    return TensorDataset(x[:split], y[:split]), TensorDataset(x[split:], y[split:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    hvd.init()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    train_set, test_set = load_data()
+
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=0)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+
+    def emit(event: str, **fields: object) -> None:
+        if hvd.rank() != 0:
+            return
+        record = {"event": event, "time": time.time(), "size": hvd.size(), **fields}
+        print(json.dumps(record), flush=True)
+        if args.events:
+            with open(args.events, "a") as stream:
+                stream.write(json.dumps(record) + "\n")
+
+    state = TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, step=0, resets=0)
+
+    def on_reset() -> None:
+        state.resets += 1
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * hvd.size()
+
+    state.register_reset_callbacks([on_reset])
+
+    def commit(**fields: object) -> None:
+        try:
+            state.commit()  # saves first; may then raise to start a reset
+        finally:
+            emit("commit", step=state.step, epoch=state.epoch, **fields)
+
+    @hvd.elastic.run
+    def train(state: TorchState) -> None:
+        emit("resume", step=state.step, epoch=state.epoch, resets=state.resets)
+        while state.epoch < args.epochs:
+            model.train()
+            for inputs, targets in loader:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(inputs), targets)
+                loss.backward()
+                optimizer.step()
+                state.sampler.record_batch(state.batch, len(inputs))
+                state.batch += 1
+                state.step += 1
+                if args.step_seconds:
+                    time.sleep(args.step_seconds)
+                if state.step % args.commit_every == 0:
+                    commit(loss=round(loss.item(), 4))
+            state.batch = 0
+            state.epoch += 1
+            state.sampler.set_epoch(state.epoch)
+            commit(end_of_epoch=True)
+
+    train(state)
+
+    if hvd.rank() == 0:
+        model.eval()
+        with torch.no_grad():
+            inputs, targets = test_set.tensors
+            accuracy = (model(inputs).argmax(dim=1) == targets).float().mean().item()
+        emit(
+            "done",
+            step=state.step,
+            epochs=args.epochs,
+            resets=state.resets,
+            accuracy=round(accuracy, 4),
+        )
+        print(
+            f"training done: {state.step} steps, {args.epochs} epochs, {state.resets} resets, "
+            f"final world size {hvd.size()}, test accuracy {accuracy:.3f}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The embedded ``local`` provider: a simulated instance group on this machine.
+
+Hosts are named ``host-0``, ``host-1``, ... and their workers run as local processes
+(the launcher tells the provider which process groups run on which host). Like a cloud
+group, it keeps a desired size: a host that is preempted or replaced is followed by a
+new one that boots for ``--boot-seconds``. Chaos options script what a spot group does
+to a job: a scale-up at a given time, and hard preemptions that kill a host's workers
+with SIGKILL and then report the host GONE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from spotring.autoscaler.hookspecs import hookimpl
+from spotring.providers.base import (
+    ConfigurationError,
+    Instance,
+    InstanceState,
+    Lifecycle,
+    Provider,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Host:
+    name: str
+    launched_at: float
+    state: InstanceState = InstanceState.PENDING
+    process_groups: set[int] = field(default_factory=set)
+
+
+class LocalProvider(Provider):
+    """A group of simulated spot hosts whose workers are local processes."""
+
+    name = "local"
+    description = "simulated spot group on this machine (host-0, host-1, ...), with chaos options"
+    runs_workers_locally = True
+
+    def __init__(
+        self,
+        hosts: int,
+        *,
+        slots: int = 1,
+        max_hosts: int = 64,
+        boot_seconds: float = 0.0,
+        scale_up_at: float | None = None,
+        scale_up_to: int | None = None,
+        preempt_at: Sequence[float] = (),
+        preempt_host: str | None = None,
+        clock=time.monotonic,
+    ) -> None:
+        if hosts < 0 or hosts > max_hosts:
+            raise ConfigurationError(f"--hosts must be between 0 and --max-hosts ({max_hosts})")
+        if (scale_up_at is None) != (scale_up_to is None):
+            raise ConfigurationError("--scale-up-at and --scale-up-to go together")
+        self._clock = clock
+        self._started = clock()
+        self._slots = slots
+        self._max_hosts = max_hosts
+        self._boot_seconds = boot_seconds
+        self._scale_up = (scale_up_at, scale_up_to) if scale_up_at is not None else None
+        self._preempt_host = preempt_host
+        self._lock = threading.Lock()
+        self._hosts: dict[str, _Host] = {}
+        self._next_index = 0
+        self._desired = hosts
+        self._timers = [
+            threading.Timer(delay, self.preempt, kwargs={"name": preempt_host})
+            for delay in sorted(preempt_at)
+        ]
+        self.events: list[tuple[float, str]] = []
+        """(seconds since start, what happened), for summaries and tests."""
+        self._maintain()
+        for host in self._hosts.values():
+            host.state = InstanceState.READY  # the group exists before the job starts
+        for timer in self._timers:
+            timer.daemon = True
+            timer.start()
+
+    # ------------------------------------------------------------ construction
+
+    @classmethod
+    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--hosts",
+            type=int,
+            default=None,
+            help="hosts the group starts with (default: enough for -np)",
+        )
+        group.add_argument(
+            "--max-hosts",
+            type=int,
+            default=64,
+            help="largest size the group may reach (default: 64)",
+        )
+        group.add_argument(
+            "--boot-seconds",
+            type=float,
+            default=5.0,
+            help="seconds a host launched during the job (scale-up, replacement) stays "
+            "PENDING before it is READY (default: 5)",
+        )
+        group.add_argument(
+            "--scale-up-at",
+            type=float,
+            metavar="SECONDS",
+            help="chaos: SECONDS after start, grow the group to --scale-up-to hosts",
+        )
+        group.add_argument("--scale-up-to", type=int, metavar="N", help="chaos: size to grow to")
+        group.add_argument(
+            "--preempt-at",
+            type=float,
+            action="append",
+            default=[],
+            metavar="SECONDS",
+            help="chaos: SECONDS after start, preempt a host: SIGKILL its workers, then report "
+            "it GONE (repeatable)",
+        )
+        group.add_argument(
+            "--preempt-host",
+            metavar="NAME",
+            help="chaos: which host to preempt (default: the newest READY host)",
+        )
+
+    @classmethod
+    def from_options(cls, options: argparse.Namespace) -> LocalProvider:
+        slots = options.slots_per_host or 1
+        hosts = options.hosts
+        if hosts is None:
+            hosts = -(-options.num_proc // slots) if getattr(options, "num_proc", None) else 1
+        return cls(
+            hosts,
+            slots=slots,
+            max_hosts=options.max_hosts,
+            boot_seconds=options.boot_seconds,
+            scale_up_at=options.scale_up_at,
+            scale_up_to=options.scale_up_to,
+            preempt_at=options.preempt_at,
+            preempt_host=options.preempt_host,
+        )
+
+    # ---------------------------------------------------------------- contract
+
+    def list_instances(self) -> list[Instance]:
+        now = self._clock()
+        with self._lock:
+            if self._scale_up and now - self._started >= self._scale_up[0]:
+                target = self._scale_up[1]
+                self._scale_up = None
+                self._note(f"chaos: group scaled up to {target} hosts")
+                self._resize(target)
+            self._maintain()
+            for host in self._hosts.values():
+                if (
+                    host.state is InstanceState.PENDING
+                    and now - host.launched_at >= self._boot_seconds
+                ):
+                    host.state = InstanceState.READY
+            instances = [self._instance(host) for host in self._hosts.values()]
+            # A GONE host is reported once, then forgotten, as clouds do.
+            for name in [n for n, h in self._hosts.items() if h.state is InstanceState.GONE]:
+                del self._hosts[name]
+            return instances
+
+    def set_target_size(self, size: int) -> None:
+        if not 0 <= size <= self._max_hosts:
+            raise ConfigurationError(f"target size {size} outside [0, {self._max_hosts}]")
+        with self._lock:
+            self._resize(size)
+            self._maintain()
+
+    def replace_instance(self, instance_id: str) -> None:
+        with self._lock:
+            host = self._hosts.get(instance_id)
+            if host is None or host.state in (InstanceState.TERMINATING, InstanceState.GONE):
+                return
+            self._terminate(host, signal.SIGTERM)
+            self._note(f"replacing {host.name}")
+
+    def size_limits(self) -> tuple[int, int]:
+        return (0, self._max_hosts)
+
+    def describe(self) -> str:
+        return f"local group ({len(self._live())} hosts)"
+
+    def close(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        with self._lock:
+            for host in self._hosts.values():
+                self._kill(host, signal.SIGKILL)
+
+    # ------------------------------------------------------- local processes
+
+    def worker_started(self, address: str, process_group: int) -> None:
+        """The launcher started a worker process group on ``address``."""
+        with self._lock:
+            host = self._hosts.get(address)
+            if host is None or host.state is not InstanceState.READY:
+                # Started on a host that is already going: it goes with it.
+                _killpg(process_group, signal.SIGKILL)
+                return
+            host.process_groups.add(process_group)
+
+    def worker_exited(self, address: str, process_group: int) -> None:
+        """A worker process group on ``address`` ended."""
+        with self._lock:
+            host = self._hosts.get(address)
+            if host is not None:
+                host.process_groups.discard(process_group)
+
+    # ------------------------------------------------------------------ chaos
+
+    def preempt(self, name: str | None = None) -> str | None:
+        """Hard-preempt a host: SIGKILL its workers, then report it GONE.
+
+        Without ``name``, takes the newest READY host other than host-0 when there is
+        a choice. Returns the host's name, or None when there was nothing to preempt.
+        """
+        with self._lock:
+            ready = [h for h in self._hosts.values() if h.state is InstanceState.READY]
+            host = self._hosts.get(name) if name is not None else ready[-1] if ready else None
+            if host is None or host.state is InstanceState.GONE:
+                self._note(f"chaos: nothing to preempt ({name or 'no READY host'})")
+                return None
+            self._note(f"chaos: preempted {host.name} (SIGKILL to its workers)")
+            self._kill(host, signal.SIGKILL)
+            host.state = InstanceState.GONE
+            return host.name
+
+    # ---------------------------------------------------------------- helpers
+
+    def _instance(self, host: _Host) -> Instance:
+        return Instance(
+            id=host.name,
+            address=host.name,
+            state=host.state,
+            slots=self._slots,
+            lifecycle=Lifecycle.SPOT,
+            zone="local",
+            instance_type="process",
+            launch_time=time.time() - (self._clock() - host.launched_at),
+            cloud_state=host.state.value,
+        )
+
+    def _live(self) -> list[_Host]:
+        return [
+            h
+            for h in self._hosts.values()
+            if h.state in (InstanceState.PENDING, InstanceState.READY)
+        ]
+
+    def _resize(self, size: int) -> None:
+        self._desired = size
+        for host in reversed(self._live()[size:]):
+            self._terminate(host, signal.SIGTERM)
+
+    def _maintain(self) -> None:
+        """Launch hosts until the group holds its desired size, as a cloud group does."""
+        for _ in range(self._desired - len(self._live())):
+            name = f"host-{self._next_index}"
+            self._next_index += 1
+            self._hosts[name] = _Host(name, self._clock())
+
+    def _terminate(self, host: _Host, sig: signal.Signals) -> None:
+        self._kill(host, sig)
+        host.state = InstanceState.GONE
+
+    def _kill(self, host: _Host, sig: signal.Signals) -> None:
+        for group in list(host.process_groups):
+            _killpg(group, sig)
+
+    def _note(self, what: str) -> None:
+        self.events.append((self._clock() - self._started, what))
+        log.info("%s", what)
+
+
+def _killpg(process_group: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process_group, sig)
+
+
+@hookimpl
+def spotring_register_providers(registry) -> None:  # type: ignore[no-untyped-def]
+    registry.add(LocalProvider)
