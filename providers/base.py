@@ -127,7 +127,7 @@ class Provider(abc.ABC):
     local processes (the embedded ``local`` provider, and test doubles of clouds)."""
 
     @classmethod
-    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:  # noqa: B027
+    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
         """Add this provider's command-line options to ``group``. Optional."""
 
     @classmethod
@@ -170,10 +170,10 @@ class Provider(abc.ABC):
         """A short human description of the group, for progress lines."""
         return self.name
 
-    def close(self) -> None:  # noqa: B027
+    def close(self) -> None:
         """Release resources (clients, simulated hosts). Called once at the end."""
 
-    def job_finished(self, options: argparse.Namespace) -> None:  # noqa: B027
+    def job_finished(self, options: argparse.Namespace) -> None:
         """Called once when the training job ends, before :meth:`close`.
 
         Providers use it for clean-up a user asked for, e.g. scaling the group down.
