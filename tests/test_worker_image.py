@@ -1,0 +1,433 @@
+"""Checks of worker_image/bootstrap.sh.tftpl, the user data of the workers and the driver.
+
+The script installs torch and builds Horovod on a cloud host; that cannot run here. What
+can: render the template the way Terraform's templatefile() does, check the result with
+`bash -n`, and source it (its `main` only runs when executed) to drive single steps with
+stand-ins for pip, curl, sudo and getent: the C++17 patch on a fake Horovod tree, the
+build flags, the order of the steps, the lifecycle-hook answer on success and on failure.
+Where a `terraform` binary is on PATH, its templatefile() output is compared with the
+renderer here (no provider or network needed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATE = REPO / "worker_image" / "bootstrap.sh.tftpl"
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+WORKER_VARS = {
+    "role": "worker",
+    "ssh_user": "ubuntu",
+    "ssh_authorized_keys": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver\n"
+    "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQExample admin@laptop",
+    "torch_version": "2.13.0",
+    "torch_index_url": "https://download.pytorch.org/whl/cpu",
+    "horovod_version": "0.28.1",
+    "horovod_wheel_url": "",
+    "horovod_gpu_operations": "",
+    "spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+    "region": "us-east-1",
+    "group_name": "spot-train",
+    "lifecycle_hook_name": "spot-train-bootstrap",
+    "job_setup_commands": 'mkdir -p "$HOME/job"\necho "${HOME}" >"$HOME/job/where"',
+}
+DRIVER_VARS = {**WORKER_VARS, "role": "driver", "lifecycle_hook_name": ""}
+
+
+def render(variables: dict[str, str]) -> str:
+    """templatefile() for the subset the template uses: ${name}, $${ and %%{ escapes."""
+    text = TEMPLATE.read_text(encoding="utf-8")
+    escaped = "\0ESCAPED_DOLLAR_BRACE\0"
+    text = text.replace("$${", escaped).replace("%%{", "%\0{")
+    assert "%{" not in text, "template directives are not supported by this renderer"
+
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        assert name in variables, f"template variable {name} has no value"
+        return variables[name]
+
+    placeholder = re.compile(r"\$\{\s*([A-Za-z_]\w*)\s*\}")
+    assert "${" not in placeholder.sub("", text), "an interpolation this renderer cannot fill"
+    # One pass, like Terraform: a value's own "${" is not interpolated again.
+    text = placeholder.sub(substitute, text)
+    return text.replace(escaped, "${").replace("%\0{", "%{")
+
+
+def template_variables() -> set[str]:
+    text = TEMPLATE.read_text(encoding="utf-8").replace("$${", "")
+    return set(re.findall(r"\$\{\s*([A-Za-z_]\w*)\s*\}", text))
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(render(WORKER_VARS), encoding="utf-8")
+    return path
+
+
+def _executable(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/usr/bin/env bash\n" + body, encoding="utf-8")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def run_sourced(
+    script: Path, commands: str, tmp_path: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Source the rendered script (defines functions only) and run ``commands``."""
+    full_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "SPOTRING_VENV": str(tmp_path / "venv"),
+        "SPOTRING_BOOTSTRAP_LOG": str(tmp_path / "bootstrap.log"),
+        "SPOTRING_STATE_DIR": str(tmp_path / "state"),
+        "SPOTRING_ENV_FILE": str(tmp_path / "environment"),
+        "CALLS": str(tmp_path / "calls.log"),
+        **(env or {}),
+    }
+    return subprocess.run(
+        ["bash", "-c", f"source {shlex.quote(str(script))}\n{commands}"],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        cwd=tmp_path,
+    )
+
+
+def calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "calls.log"
+    return log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+
+
+# ------------------------------------------------------------------ static
+
+
+def test_template_variables_are_the_ones_terraform_passes() -> None:
+    # tests/test_terraform.py checks the templatefile() calls against the template;
+    # this keeps the sample values here complete.
+    assert template_variables() == set(WORKER_VARS)
+
+
+@pytest.mark.parametrize("variables", [WORKER_VARS, DRIVER_VARS], ids=["worker", "driver"])
+def test_rendered_script_is_valid_bash(variables: dict[str, str], tmp_path: Path) -> None:
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(render(variables), encoding="utf-8")
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_rendered_script_fits_in_user_data() -> None:
+    # EC2 rejects user data over 16 KiB (before base64).
+    assert len(render(WORKER_VARS).encode()) < 16 * 1024
+
+
+def test_rendered_script_carries_the_cxx17_fix_and_build_flags() -> None:
+    text = render(WORKER_VARS)
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in text
+    assert "s/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/" in text
+    assert '"$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"' in text
+    for flag in (
+        "HOROVOD_WITH_PYTORCH=1",
+        "HOROVOD_WITH_GLOO=1",
+        "HOROVOD_WITHOUT_MPI=1",
+        "HOROVOD_WITHOUT_TENSORFLOW=1",
+        "HOROVOD_WITHOUT_MXNET=1",
+    ):
+        assert flag in text, flag
+    assert "--no-build-isolation" in text
+    assert "TORCH_VERSION='2.13.0'" in text and "HOROVOD_VERSION='0.28.1'" in text
+    assert "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQExample admin@laptop" in text
+
+
+@pytest.mark.skipif(shutil.which("terraform") is None, reason="no terraform binary on PATH")
+@pytest.mark.parametrize("variables", [WORKER_VARS, DRIVER_VARS], ids=["worker", "driver"])
+def test_terraform_renders_the_same_script(variables: dict[str, str], tmp_path: Path) -> None:
+    """This file's renderer against Terraform's own templatefile() (no provider needed)."""
+    (tmp_path / "main.tf").write_text(
+        'variable "vars" {\n  type = map(string)\n}\n'
+        f'output "rendered" {{\n  value = templatefile("{TEMPLATE.as_posix()}", var.vars)\n}}\n'
+    )
+    (tmp_path / "terraform.tfvars.json").write_text(json.dumps({"vars": variables}))
+    env = {**os.environ, "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
+    for args in (["init", "-input=false"], ["apply", "-auto-approve", "-input=false"]):
+        done = subprocess.run(
+            ["terraform", *args, "-no-color"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    done = subprocess.run(
+        ["terraform", "output", "-raw", "rendered"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout == render(variables)
+
+
+def test_embedded_python_compiles() -> None:
+    blocks = re.findall(r"<<'PY'\n(.*?)\nPY\n", render(WORKER_VARS), re.DOTALL)
+    assert len(blocks) == 2, "expected the verify and complete_lifecycle snippets"
+    for number, block in enumerate(blocks):
+        compile(block, f"bootstrap-snippet-{number}", "exec")
+
+
+# ------------------------------------------------------------------ behaviour
+
+
+def _fake_horovod_tree(root: Path, standard: int = 14) -> Path:
+    src = root / "horovod-0.28.1"
+    (src / "horovod" / "torch").mkdir(parents=True)
+    (src / "CMakeLists.txt").write_text(
+        f"cmake_minimum_required(VERSION 3.13)\nset(CMAKE_CXX_STANDARD {standard})\n"
+    )
+    (src / "horovod" / "torch" / "CMakeLists.txt").write_text(
+        f"if(NOT DEFINED CMAKE_CXX_STANDARD)\n  set(CMAKE_CXX_STANDARD {standard})\nendif()\n"
+    )
+    return src
+
+
+def test_patch_switches_both_cmake_files_to_cxx17(script: Path, tmp_path: Path) -> None:
+    src = _fake_horovod_tree(tmp_path / "tree")
+    done = run_sourced(script, f"patch_horovod_source {shlex.quote(str(src))}", tmp_path)
+    assert done.returncode == 0, done.stderr
+    top = (src / "CMakeLists.txt").read_text()
+    torch = (src / "horovod" / "torch" / "CMakeLists.txt").read_text()
+    assert "set(CMAKE_CXX_STANDARD 17)" in top and "14" not in top
+    assert "set(CMAKE_CXX_STANDARD 17)" in torch and "14" not in torch
+    assert "cmake_minimum_required(VERSION 3.13)" in top
+
+
+def test_patch_fails_loudly_when_it_does_not_apply(script: Path, tmp_path: Path) -> None:
+    src = _fake_horovod_tree(tmp_path / "tree", standard=11)
+    done = run_sourced(script, f"patch_horovod_source {shlex.quote(str(src))}", tmp_path)
+    assert done.returncode != 0
+    assert "did not apply" in done.stderr
+
+
+FAKE_PYTHON = r"""
+printf 'python %s\n' "$*" >>"$CALLS"
+if [ "$1 $2 $3" = "-m pip download" ]; then
+  dest=${@: -1}
+  tar -czf "$dest/horovod-0.28.1.tar.gz" -C "$FAKE_TREE" horovod-0.28.1
+elif [[ " $* " == *" --no-build-isolation "* ]]; then
+  src=${@: -1}
+  env | grep -E '^(HOROVOD_|MAKEFLAGS=)' | sort | sed 's/^/env /' >>"$CALLS"
+  sed 's/^/cmake /' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt" >>"$CALLS"
+fi
+"""
+
+
+def _fake_venv(tmp_path: Path) -> dict[str, str]:
+    _fake_horovod_tree(tmp_path / "fake_tree")
+    _executable(tmp_path / "venv" / "bin" / "python", FAKE_PYTHON)
+    return {"FAKE_TREE": str(tmp_path / "fake_tree")}
+
+
+def test_source_build_is_patched_flagged_and_without_build_isolation(
+    script: Path, tmp_path: Path
+) -> None:
+    env = _fake_venv(tmp_path)
+    done = run_sourced(script, "install_horovod", tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    log = calls(tmp_path)
+    download = [c for c in log if " pip download " in c]
+    assert download and "--no-binary=:all: horovod==0.28.1" in download[0]
+    (install,) = [c for c in log if "--no-build-isolation" in c]
+    assert "--no-deps" in install
+    envs = {c[4:] for c in log if c.startswith("env ")}
+    assert {
+        "HOROVOD_WITH_PYTORCH=1",
+        "HOROVOD_WITH_GLOO=1",
+        "HOROVOD_WITHOUT_MPI=1",
+        "HOROVOD_WITHOUT_TENSORFLOW=1",
+        "HOROVOD_WITHOUT_MXNET=1",
+    } <= envs
+    assert not any(e.startswith("HOROVOD_GPU_OPERATIONS=") for e in envs)
+    cmake = [c for c in log if c.startswith("cmake ")]
+    assert cmake.count("cmake set(CMAKE_CXX_STANDARD 17)") == 1
+    assert "cmake   set(CMAKE_CXX_STANDARD 17)" in cmake
+    assert not any("14" in c for c in cmake)
+
+
+def test_nccl_build_sets_gpu_operations(tmp_path: Path) -> None:
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(render({**WORKER_VARS, "horovod_gpu_operations": "NCCL"}))
+    done = run_sourced(path, "install_horovod", tmp_path, _fake_venv(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "env HOROVOD_GPU_OPERATIONS=NCCL" in calls(tmp_path)
+
+
+def test_prebuilt_wheel_skips_the_build(tmp_path: Path) -> None:
+    url = "https://example.com/horovod-0.28.1-cp312-cp312-linux_x86_64.whl"
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(render({**WORKER_VARS, "horovod_wheel_url": url}))
+    done = run_sourced(path, "install_horovod", tmp_path, _fake_venv(tmp_path))
+    assert done.returncode == 0, done.stderr
+    log = calls(tmp_path)
+    assert len(log) == 1 and log[0].endswith(f"--no-deps {url}"), log
+
+
+def test_torch_is_pinned_and_comes_from_the_index(script: Path, tmp_path: Path) -> None:
+    _fake_venv(tmp_path)
+    done = run_sourced(script, "install_torch", tmp_path)
+    assert done.returncode == 0, done.stderr
+    log = calls(tmp_path)
+    assert log[0].endswith("--index-url https://download.pytorch.org/whl/cpu torch==2.13.0")
+    assert "numpy" in log[1]
+
+
+STEPS = [
+    "authorize_keys",
+    "install_system_packages",
+    "create_venv",
+    "install_torch",
+    "install_horovod",
+    "install_spotring",
+    "expose_venv",
+    "verify",
+    "run_job_setup",
+]
+
+
+def _stub_steps(fail: str | None = None) -> str:
+    lines = [f'{step}() {{ echo {step} >>"$CALLS"; }}' for step in STEPS]
+    if fail:
+        lines.append(f'{fail}() {{ echo {fail} >>"$CALLS"; return 3; }}')
+    lines.append('complete_lifecycle() { echo "complete_lifecycle $1" >>"$CALLS"; }')
+    return "\n".join(lines)
+
+
+def test_main_runs_the_steps_in_order_and_continues_the_hook(script: Path, tmp_path: Path) -> None:
+    done = run_sourced(script, _stub_steps() + "\nmain", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert calls(tmp_path) == [*STEPS, "complete_lifecycle CONTINUE"]
+    assert (tmp_path / "state" / "bootstrap-done").exists()
+    assert "done" in (tmp_path / "bootstrap.log").read_text()
+
+
+def test_failed_step_abandons_the_hook_and_exits_non_zero(script: Path, tmp_path: Path) -> None:
+    done = run_sourced(script, _stub_steps(fail="install_horovod") + "\nmain", tmp_path)
+    assert done.returncode == 3
+    log = calls(tmp_path)
+    assert log == [*STEPS[: STEPS.index("install_horovod") + 1], "complete_lifecycle ABANDON"]
+    assert not (tmp_path / "state" / "bootstrap-done").exists()
+
+
+FAKE_CURL = r"""
+printf 'curl %s\n' "$*" >>"$CALLS"
+case "$*" in
+  *"-X PUT"*/latest/api/token*) printf 'TOKEN123' ;;
+  *"X-aws-ec2-metadata-token: TOKEN123"*/latest/meta-data/instance-id*) printf 'i-0abc' ;;
+  *) exit 22 ;;
+esac
+"""
+
+
+def test_complete_lifecycle_uses_imdsv2_and_names_group_and_hook(
+    script: Path, tmp_path: Path
+) -> None:
+    _executable(tmp_path / "bin" / "curl", FAKE_CURL)
+    _executable(
+        tmp_path / "venv" / "bin" / "python",
+        'echo "boto3 $RESULT $INSTANCE_ID $AWS_REGION $GROUP_NAME $HOOK_NAME" >>"$CALLS"\n'
+        "cat >/dev/null\n",
+    )
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    done = run_sourced(script, "complete_lifecycle CONTINUE", tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    log = calls(tmp_path)
+    assert log[-1] == "boto3 CONTINUE i-0abc us-east-1 spot-train spot-train-bootstrap"
+    assert "-X PUT" in log[0]
+
+
+def test_driver_has_no_hook_to_complete(tmp_path: Path) -> None:
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(render(DRIVER_VARS))
+    done = run_sourced(path, "complete_lifecycle CONTINUE", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert calls(tmp_path) == []
+
+
+def test_authorize_keys_appends_each_key_once(script: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "authorized_keys").write_text("ssh-ed25519 AAAAexisting me@host\n")
+    commands = (
+        f"SSH_USER={shlex.quote(user)}\n"
+        f"getent() {{ echo '{user}:x:0:0::{home}:/bin/bash'; }}\n"
+        "authorize_keys\nauthorize_keys\n"
+    )
+    done = run_sourced(script, commands, tmp_path)
+    assert done.returncode == 0, done.stderr
+    keys = (home / ".ssh" / "authorized_keys").read_text().splitlines()
+    assert keys == [
+        "ssh-ed25519 AAAAexisting me@host",
+        *WORKER_VARS["ssh_authorized_keys"].split("\n"),
+    ]
+    assert stat.S_IMODE((home / ".ssh" / "authorized_keys").stat().st_mode) == 0o600
+
+
+def test_expose_venv_prepends_the_venv_to_path_once(script: Path, tmp_path: Path) -> None:
+    env_file = tmp_path / "environment"
+    env_file.write_text('PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"\n')
+    done = run_sourced(script, "expose_venv\nexpose_venv", tmp_path)
+    assert done.returncode == 0, done.stderr
+    venv = tmp_path / "venv"
+    assert env_file.read_text() == (
+        f'PATH="{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"\n'
+    )
+
+
+def test_job_setup_runs_as_the_user_with_the_venv_on_path(script: Path, tmp_path: Path) -> None:
+    home = tmp_path / "userhome"
+    home.mkdir()
+    # sudo -u USER -H CMD...: the stand-in records the user and runs CMD with that HOME.
+    commands = (
+        f'sudo() {{ echo "sudo $1 $2 $3" >>"$CALLS"; shift 3; HOME={home} "$@"; }}\nrun_job_setup\n'
+    )
+    done = run_sourced(script, commands, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert calls(tmp_path) == ["sudo -u ubuntu -H"]
+    # The commands reach bash verbatim (no Terraform or outer-shell expansion).
+    assert (home / "job" / "where").read_text() == f"{home}\n"
+
+
+def test_empty_job_setup_is_valid(tmp_path: Path) -> None:
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(render({**WORKER_VARS, "job_setup_commands": ""}))
+    done = run_sourced(path, 'sudo() { shift 3; "$@"; }\nrun_job_setup', tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+def test_failing_job_setup_fails_the_bootstrap(tmp_path: Path) -> None:
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(render({**WORKER_VARS, "job_setup_commands": "false\ntouch reached"}))
+    done = run_sourced(path, 'sudo() { shift 3; "$@"; }\nrun_job_setup', tmp_path)
+    assert done.returncode != 0
+    assert not (tmp_path / "reached").exists()
