@@ -1,0 +1,91 @@
+# The driver host: runs `spotring run` (controller + Horovod's elastic driver) on demand.
+# Its instance profile grants exactly the calls spotring's AWS provider makes
+# (spotring.providers.aws.IAM_ACTIONS, split like its IAM_STEERING_ACTIONS;
+# tests/test_terraform.py keeps them equal).
+
+resource "aws_iam_role" "driver" {
+  name_prefix        = "${var.name}-driver-"
+  assume_role_policy = data.aws_iam_policy_document.ec2_assume.json
+}
+
+data "aws_iam_policy_document" "driver" {
+  # Describe* calls support no resource-level permissions: "*" is the only choice.
+  statement {
+    sid = "ReadGroupAndInstances"
+    actions = [
+      "autoscaling:DescribeAutoScalingGroups",
+      "autoscaling:DescribeAutoScalingInstances",
+      "ec2:DescribeInstances",
+      "ec2:DescribeInstanceTypes",
+    ]
+    resources = ["*"]
+  }
+
+  # Steering calls, limited to this one group.
+  statement {
+    sid = "SteerThisGroup"
+    actions = [
+      "autoscaling:SetDesiredCapacity",
+      "autoscaling:SetInstanceHealth",
+    ]
+    resources = [aws_autoscaling_group.workers.arn]
+  }
+}
+
+resource "aws_iam_role_policy" "driver" {
+  name   = "spotring-driver"
+  role   = aws_iam_role.driver.id
+  policy = data.aws_iam_policy_document.driver.json
+}
+
+resource "aws_iam_instance_profile" "driver" {
+  name_prefix = "${var.name}-driver-"
+  role        = aws_iam_role.driver.name
+}
+
+resource "aws_instance" "driver" {
+  ami                         = local.driver_ami_id
+  instance_type               = var.driver_instance_type
+  subnet_id                   = local.driver_subnet_id
+  vpc_security_group_ids      = [aws_security_group.cluster.id, aws_security_group.driver_admin.id]
+  iam_instance_profile        = aws_iam_instance_profile.driver.name
+  key_name                    = var.key_name
+  associate_public_ip_address = var.driver_associate_public_ip
+
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 1
+  }
+
+  root_block_device {
+    volume_size = var.root_volume_size_gb
+    volume_type = "gp3"
+    encrypted   = true
+  }
+
+  # The same bootstrap as the workers (the driver needs horovod.runner and spotring),
+  # without the lifecycle hook: the driver is no member of the group.
+  user_data = templatefile(local.bootstrap_template, {
+    role                   = "driver"
+    ssh_user               = var.ssh_user
+    ssh_authorized_keys    = join("\n", var.ssh_public_keys)
+    torch_version          = var.torch_version
+    torch_index_url        = var.torch_index_url
+    horovod_version        = var.horovod_version
+    horovod_wheel_url      = var.horovod_wheel_url
+    horovod_gpu_operations = ""
+    spotring_package       = var.spotring_package
+    region                 = var.region
+    group_name             = var.name
+    lifecycle_hook_name    = ""
+    job_setup_commands     = var.job_setup_commands
+  })
+
+  tags = { Name = "${var.name}-driver" }
+
+  lifecycle {
+    # A newer Ubuntu image (ami_id = null) must not replace a running driver.
+    ignore_changes = [ami]
+  }
+}

@@ -1,0 +1,347 @@
+# Inputs of the spotring AWS module. Everything with a default can be left out; the
+# required ones are name, region, vpc_id, subnet_ids, instance_types, the group sizes,
+# ssh_public_keys and spotring_package.
+
+# --- identity and placement -----------------------------------------------------------
+
+variable "name" {
+  description = "Name of the worker Auto Scaling Group; also the prefix of every other resource name. This is what `spotring run --group` takes."
+  type        = string
+
+  validation {
+    # ASG names allow more, but the name also prefixes IAM roles (64 chars) and security groups.
+    condition     = can(regex("^[A-Za-z][A-Za-z0-9-]{0,39}$", var.name))
+    error_message = "name must start with a letter and hold 1-40 letters, digits or hyphens."
+  }
+}
+
+variable "region" {
+  description = "AWS region of the group and the driver host, e.g. us-east-1."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z]{2}(-gov)?-[a-z]+-[0-9]$", var.region))
+    error_message = "region must look like an AWS region name, e.g. us-east-1."
+  }
+}
+
+variable "vpc_id" {
+  description = "VPC that holds subnet_ids; the cluster security group is created in it."
+  type        = string
+
+  validation {
+    condition     = can(regex("^vpc-[0-9a-f]+$", var.vpc_id))
+    error_message = "vpc_id must look like vpc-0123abcd."
+  }
+}
+
+variable "subnet_ids" {
+  description = "Subnets the worker group may launch into. Give one per availability zone: spot capacity differs between zones, and more zones mean fewer interruptions."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.subnet_ids) > 0 && alltrue([for s in var.subnet_ids : can(regex("^subnet-[0-9a-f]+$", s))])
+    error_message = "subnet_ids must hold at least one id of the form subnet-0123abcd."
+  }
+}
+
+variable "driver_subnet_id" {
+  description = "Subnet of the driver host; null means the first of subnet_ids. With driver_associate_public_ip = true it must be a public subnet."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.driver_subnet_id == null || can(regex("^subnet-[0-9a-f]+$", var.driver_subnet_id))
+    error_message = "driver_subnet_id must be null or look like subnet-0123abcd."
+  }
+}
+
+# --- worker group -----------------------------------------------------------------------
+
+variable "instance_types" {
+  description = "Instance types the group may use (mixed instances policy). Several similar types (same slots, same architecture as the AMI) widen the spot pools to draw from."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.instance_types) > 0 && length(var.instance_types) <= 40 && length(distinct(var.instance_types)) == length(var.instance_types)
+    error_message = "instance_types must hold 1-40 distinct instance types."
+  }
+}
+
+variable "min_size" {
+  description = "Minimum number of worker instances. spotring never steers the group below it."
+  type        = number
+
+  validation {
+    condition     = var.min_size >= 0 && floor(var.min_size) == var.min_size
+    error_message = "min_size must be a whole number >= 0."
+  }
+}
+
+variable "max_size" {
+  description = "Maximum number of worker instances."
+  type        = number
+
+  validation {
+    condition     = var.max_size >= 1 && floor(var.max_size) == var.max_size
+    error_message = "max_size must be a whole number >= 1."
+  }
+}
+
+variable "desired_capacity" {
+  description = "Initial number of worker instances. After creation spotring steers it (SetDesiredCapacity); Terraform ignores later drift."
+  type        = number
+
+  validation {
+    condition     = var.desired_capacity >= 0 && floor(var.desired_capacity) == var.desired_capacity
+    error_message = "desired_capacity must be a whole number >= 0."
+  }
+}
+
+variable "spot_allocation_strategy" {
+  description = "How the group picks spot pools. price-capacity-optimized picks the cheapest among the pools least likely to be interrupted."
+  type        = string
+  default     = "price-capacity-optimized"
+
+  validation {
+    condition     = contains(["price-capacity-optimized", "capacity-optimized", "capacity-optimized-prioritized", "lowest-price"], var.spot_allocation_strategy)
+    error_message = "spot_allocation_strategy must be one of price-capacity-optimized, capacity-optimized, capacity-optimized-prioritized, lowest-price."
+  }
+}
+
+variable "on_demand_base_capacity" {
+  description = "How many of the first instances are on-demand. A base of 1 or more keeps at least one host through a spot reclaim wave (Horovod fails when no host of the previous set survives a reset)."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.on_demand_base_capacity >= 0 && floor(var.on_demand_base_capacity) == var.on_demand_base_capacity
+    error_message = "on_demand_base_capacity must be a whole number >= 0."
+  }
+}
+
+variable "on_demand_percentage_above_base_capacity" {
+  description = "Percentage of instances above the on-demand base that are on-demand; 0 means all spot."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.on_demand_percentage_above_base_capacity >= 0 && var.on_demand_percentage_above_base_capacity <= 100
+    error_message = "on_demand_percentage_above_base_capacity must be between 0 and 100."
+  }
+}
+
+variable "slots_per_host" {
+  description = "Horovod slots (worker processes) per instance, usually the GPU count of the instance types. Written as the instance tag spotring:slots, which spotring's AWS provider reads."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.slots_per_host >= 1 && floor(var.slots_per_host) == var.slots_per_host
+    error_message = "slots_per_host must be a whole number >= 1."
+  }
+}
+
+variable "health_check_grace_period" {
+  description = "Seconds after an instance enters InService before the group acts on failed EC2 health checks."
+  type        = number
+  default     = 300
+
+  validation {
+    condition     = var.health_check_grace_period >= 0
+    error_message = "health_check_grace_period must be >= 0."
+  }
+}
+
+variable "bootstrap_timeout_seconds" {
+  description = "How long a new worker may spend in its bootstrap (torch install, Horovod build) in Pending:Wait before the launch lifecycle hook gives up and the group replaces it."
+  type        = number
+  default     = 3600
+
+  validation {
+    condition     = var.bootstrap_timeout_seconds >= 30 && var.bootstrap_timeout_seconds <= 7200
+    error_message = "bootstrap_timeout_seconds must be between 30 and 7200 (the lifecycle hook's limits)."
+  }
+}
+
+variable "root_volume_size_gb" {
+  description = "Root EBS volume size of workers and the driver, in GiB (the venv with torch and the Horovod build need room)."
+  type        = number
+  default     = 100
+
+  validation {
+    condition     = var.root_volume_size_gb >= 20
+    error_message = "root_volume_size_gb must be at least 20."
+  }
+}
+
+# --- images -----------------------------------------------------------------------------
+
+variable "ami_id" {
+  description = "AMI of the workers. null means the latest Canonical Ubuntu 24.04 x86_64 image; pass your own for arm64 (Graviton) types or a CUDA image for GPU types. The bootstrap expects apt-get or dnf and python3 >= 3.10."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.ami_id == null || can(regex("^ami-[0-9a-f]+$", var.ami_id))
+    error_message = "ami_id must be null or look like ami-0123abcd."
+  }
+}
+
+variable "driver_ami_id" {
+  description = "AMI of the driver host; null means the same as the workers."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.driver_ami_id == null || can(regex("^ami-[0-9a-f]+$", var.driver_ami_id))
+    error_message = "driver_ami_id must be null or look like ami-0123abcd."
+  }
+}
+
+variable "driver_instance_type" {
+  description = "Instance type of the driver host. It runs the spotring controller and Horovod's elastic driver, not training; it is always on-demand."
+  type        = string
+  default     = "m6i.large"
+}
+
+variable "driver_associate_public_ip" {
+  description = "Give the driver host a public IP address (needs a public driver subnet)."
+  type        = bool
+  default     = true
+}
+
+# --- ssh --------------------------------------------------------------------------------
+
+variable "key_name" {
+  description = "Existing EC2 key pair installed on the driver and the workers for the default user; null for none (ssh_public_keys is installed either way)."
+  type        = string
+  default     = null
+}
+
+variable "ssh_user" {
+  description = "Login user on the hosts (ubuntu on Ubuntu images, ec2-user on Amazon Linux). The keys are authorized for it, and Horovod's ssh launcher logs in as the user that runs spotring on the driver."
+  type        = string
+  default     = "ubuntu"
+
+  validation {
+    condition     = can(regex("^[a-z_][a-z0-9_-]{0,31}$", var.ssh_user))
+    error_message = "ssh_user must be a plain POSIX user name."
+  }
+}
+
+variable "ssh_public_keys" {
+  description = "OpenSSH public keys authorized for ssh_user on every worker and on the driver. Include the key the driver uses to reach the workers (its private half goes to the driver via your ssh agent, `ssh -A`, or a copy); Terraform never holds a private key."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.ssh_public_keys) > 0 && alltrue([for k in var.ssh_public_keys : can(regex("^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-(ssh-ed25519|ecdsa-sha2-nistp256)@openssh\\.com) [A-Za-z0-9+/=]+( [^\\n']*)?$", k))])
+    error_message = "ssh_public_keys must hold at least one OpenSSH public key, one per entry, without newlines or single quotes."
+  }
+}
+
+variable "ssh_ingress_cidrs" {
+  description = "IPv4 CIDR blocks allowed to ssh to the driver host. Empty means no ssh from outside the cluster (use SSM or a bastion)."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for c in var.ssh_ingress_cidrs : can(cidrhost(c, 0)) && !strcontains(c, ":")])
+    error_message = "ssh_ingress_cidrs must hold IPv4 CIDR blocks such as 203.0.113.7/32."
+  }
+}
+
+# --- software on the hosts (rendered into worker_image/bootstrap.sh.tftpl) ---------------
+
+variable "spotring_package" {
+  description = "pip requirement that installs spotring on the hosts: a wheel URL, a git+https:// URL, or a name from your index. Include the aws extra, e.g. \"spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl\"."
+  type        = string
+
+  validation {
+    condition     = length(trimspace(var.spotring_package)) > 0 && !strcontains(var.spotring_package, "'") && !strcontains(var.spotring_package, "\n")
+    error_message = "spotring_package must be a non-empty pip requirement without single quotes or newlines."
+  }
+}
+
+variable "torch_version" {
+  description = "torch version installed on the hosts."
+  type        = string
+  default     = "2.13.0"
+
+  validation {
+    condition     = can(regex("^[0-9]+\\.[0-9]+\\.[0-9]+$", var.torch_version))
+    error_message = "torch_version must be a plain version such as 2.13.0."
+  }
+}
+
+variable "torch_index_url" {
+  description = "pip index to install torch from. The default is PyTorch's CPU index; set \"\" for PyPI's CUDA build on GPU instance types."
+  type        = string
+  default     = "https://download.pytorch.org/whl/cpu"
+
+  validation {
+    condition     = var.torch_index_url == "" || can(regex("^https?://[^'\\s]+$", var.torch_index_url))
+    error_message = "torch_index_url must be \"\" or an http(s) URL."
+  }
+}
+
+variable "horovod_version" {
+  description = "Horovod version built from source when horovod_wheel_url is empty. 0.28.1 is the last release; the bootstrap applies the C++17 fix it needs for torch >= 2.1."
+  type        = string
+  default     = "0.28.1"
+
+  validation {
+    condition     = can(regex("^[0-9]+\\.[0-9]+\\.[0-9]+$", var.horovod_version))
+    error_message = "horovod_version must be a plain version such as 0.28.1."
+  }
+}
+
+variable "horovod_wheel_url" {
+  description = "URL of a prebuilt Horovod wheel (built against the same torch, Python and architecture). Empty means build Horovod from source on each host, which takes several minutes."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.horovod_wheel_url == "" || can(regex("^https?://[^'\\s]+\\.whl$", var.horovod_wheel_url))
+    error_message = "horovod_wheel_url must be \"\" or an http(s) URL of a .whl file."
+  }
+}
+
+variable "horovod_gpu_operations" {
+  description = "HOROVOD_GPU_OPERATIONS for a source build: \"\" for a CPU (Gloo) build, \"NCCL\" for GPU instance types (the AMI must carry CUDA and NCCL)."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = contains(["", "NCCL"], var.horovod_gpu_operations)
+    error_message = "horovod_gpu_operations must be \"\" or \"NCCL\"."
+  }
+}
+
+variable "job_setup_commands" {
+  description = "Shell commands run (bash -euo pipefail, as ssh_user, venv first on PATH) at the end of every host's bootstrap, e.g. to fetch the training code. Workers start in the driver's working directory, so put the code at the same path on all hosts."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = !strcontains(var.job_setup_commands, "SPOTRING_JOB_SETUP")
+    error_message = "job_setup_commands must not contain the heredoc delimiter SPOTRING_JOB_SETUP."
+  }
+}
+
+variable "train_command" {
+  description = "Training command placed after `--` in the spotring_command output. It must exist at the same path on every worker."
+  type        = string
+  default     = "python train.py"
+}
+
+variable "tags" {
+  description = "Tags for every resource, propagated to the worker instances."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    condition     = length(setintersection(keys(var.tags), ["Name", "spotring:slots", "spotring:group"])) == 0
+    error_message = "tags must not set Name, spotring:slots or spotring:group; the module sets them (slots through slots_per_host)."
+  }
+}
