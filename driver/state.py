@@ -1,0 +1,421 @@
+"""Worker-side elastic state whose commits are copies into preallocated buffers.
+
+``TorchState`` is a drop-in for ``hvd.elastic.TorchState``: same constructor, same
+``commit`` / ``save`` / ``restore`` / ``sync`` / reset-callback behaviour, usable with
+``hvd.elastic.run``. Horovod's version deep-copies the model and optimizer
+``state_dict`` on every commit, which allocates (and page-faults) a full copy of the
+training state each time and, on a GPU, doubles device memory. Here the first commit
+allocates one flat buffer per (dtype, destination) and every later commit copies each
+tensor into its slice of that buffer; restore copies back in place, so the user's
+model, parameters and optimizer stay the same objects.
+
+CUDA tensors are committed to pinned host memory by default (``offload="auto"``): a
+commit costs no device memory, and the device-to-host copies run as async DMA that the
+commit waits for before it returns.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Hashable, Sequence
+from typing import Any, Literal
+
+import torch
+from horovod.common.elastic import ObjectState
+from horovod.torch.elastic.state import (
+    ModelStateHandler,
+    OptimizerStateHandler,
+    StateHandler,
+    get_handler_registry,
+)
+from horovod.torch.functions import (
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from horovod.torch.mpi_ops import rank
+
+__all__ = ["Offload", "TorchState"]
+
+Offload = Literal["auto", "device", "host"]
+_OFFLOADS = ("auto", "device", "host")
+
+# Slices start on 256-byte boundaries: vectorised copies and CUDA DMA like aligned
+# addresses, and every element size divides 256.
+_ALIGN_BYTES = 256
+
+# Values that are safe to share between the live object and the snapshot.
+_ATOMIC = (int, float, bool, complex, str, bytes, type(None))
+
+_CPU = torch.device("cpu")
+
+
+def _is_plain(value: object) -> bool:
+    """True for ordinary dense tensors, the only kind the flat buffers can hold."""
+    return (
+        isinstance(value, torch.Tensor)
+        and type(value) in (torch.Tensor, torch.nn.Parameter)
+        and value.layout == torch.strided
+        and not value.is_quantized
+        and not value.is_meta
+    )
+
+
+def _signature(t: torch.Tensor) -> tuple[torch.Size, torch.dtype, torch.device]:
+    return t.shape, t.dtype, t.device
+
+
+def _copy_value(value: Any) -> Any:
+    """Snapshot a non-buffered value: share immutables, deep-copy anything else."""
+    if isinstance(value, _ATOMIC):
+        return value
+    if isinstance(value, tuple) and all(isinstance(v, _ATOMIC) for v in value):
+        return value
+    return copy.deepcopy(value)
+
+
+def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor], non_blocking: bool) -> None:
+    """dst.copy_(src) for every pair, in one dispatcher call where torch has one."""
+    if not dsts:
+        return
+    with torch.no_grad():
+        foreach_copy = getattr(torch, "_foreach_copy_", None)
+        if foreach_copy is not None:
+            foreach_copy(dsts, srcs, non_blocking=non_blocking)
+        else:  # pragma: no cover - torch < 2.1
+            for dst, src in zip(dsts, srcs, strict=True):
+                dst.copy_(src, non_blocking=non_blocking)
+
+
+class _Arena:
+    """Preallocated copies of a fixed list of tensors.
+
+    One flat buffer per (dtype, destination device, pinned); each tensor owns a view of
+    an aligned slice. ``save`` and ``restore`` are pure copies: no allocation.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], offload: Offload) -> None:
+        self.signature = [_signature(t) for t in tensors]
+        sizes: dict[tuple[torch.dtype, torch.device, bool], int] = {}
+        placement = []
+        for t in tensors:
+            key = self._destination(t, offload)
+            step = max(1, _ALIGN_BYTES // t.element_size())
+            start = -(-sizes.get(key, 0) // step) * step
+            sizes[key] = start + t.numel()
+            placement.append((key, start))
+        self.flats = {
+            key: torch.empty(n, dtype=key[0], device=key[1], pin_memory=key[2])
+            for key, n in sizes.items()
+        }
+        self.views = [
+            self.flats[key][start : start + t.numel()].view(t.shape)
+            for (key, start), t in zip(placement, tensors, strict=True)
+        ]
+        # Copies touching a GPU are asynchronous; these are the devices to wait for.
+        self.cuda_devices = sorted({t.device for t in tensors if t.is_cuda}, key=str)
+
+    @staticmethod
+    def _destination(t: torch.Tensor, offload: Offload) -> tuple[torch.dtype, torch.device, bool]:
+        if t.is_cuda and offload != "device":
+            # Pinned so the device-to-host copy is a real async DMA at full bandwidth.
+            return t.dtype, _CPU, True
+        if offload == "host":
+            return t.dtype, _CPU, False
+        return t.dtype, t.device, False
+
+    def matches(self, tensors: Sequence[torch.Tensor | None]) -> bool:
+        """Whether ``tensors`` have the shapes, dtypes and devices this arena was built for."""
+        sig = self.signature
+        return len(tensors) == len(sig) and all(
+            t is not None and _signature(t) == s for t, s in zip(tensors, sig, strict=True)
+        )
+
+    def save(self, tensors: list[torch.Tensor]) -> None:
+        _copy_all(self.views, tensors, non_blocking=bool(self.cuda_devices))
+        self._wait()
+
+    def restore(self, tensors: list[torch.Tensor], views: list[torch.Tensor] | None = None) -> None:
+        _copy_all(tensors, self.views if views is None else views, bool(self.cuda_devices))
+        self._wait()
+
+    def _wait(self) -> None:
+        # A commit must be complete when it returns: the next step writes the sources.
+        for device in self.cuda_devices:
+            torch.cuda.current_stream(device).synchronize()
+
+
+class _ModelHandler(StateHandler):
+    """Snapshot of a module's ``state_dict`` (parameters and persistent buffers)."""
+
+    def __init__(self, model: torch.nn.Module, offload: Offload) -> None:
+        super().__init__(model)
+        self._offload = offload
+        self._arena: _Arena | None = None
+        self._keys: list[str] = []
+        # Entries the arena cannot hold (extra state, sparse tensors): deep copies.
+        self._other: dict[str, Any] = {}
+        self.save()
+
+    def save(self) -> None:
+        keys, tensors, other = [], [], {}
+        # Re-read every time: cheap, and catches replaced parameters or new modules.
+        for key, value in self.value.state_dict(keep_vars=True).items():
+            if _is_plain(value):
+                keys.append(key)
+                tensors.append(value)
+            else:
+                other[key] = _copy_value(value)
+        if self._arena is None or keys != self._keys or not self._arena.matches(tensors):
+            self._arena = None  # free the old layout before allocating the new one
+            self._arena = _Arena(tensors, self._offload)
+            self._keys = keys
+        self._arena.save(tensors)
+        self._other = other
+
+    def restore(self) -> None:
+        assert self._arena is not None
+        live = self.value.state_dict(keep_vars=True)
+        tensors = [live.get(key) for key in self._keys]
+        same_layout = (
+            len(live) == len(self._keys) + len(self._other)
+            and all(key in live for key in self._other)
+            and self._arena.matches(tensors)
+        )
+        if same_layout:
+            self._arena.restore(tensors)  # type: ignore[arg-type]
+            if self._other:
+                self.value.load_state_dict(copy.deepcopy(self._other), strict=False)
+        else:
+            # The module changed shape since the commit: let torch copy and complain
+            # exactly as horovod's handler (load_state_dict, strict) would.
+            saved = dict(zip(self._keys, self._arena.views, strict=True))
+            saved.update(copy.deepcopy(self._other))
+            self.value.load_state_dict(saved)
+
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+_SlotKey = tuple[str, int]  # ("p", position in param_groups) or ("k", id of another key)
+
+
+class _OptimizerHandler(StateHandler):
+    """Snapshot of an optimizer: per-parameter state tensors and param_group settings.
+
+    Parameters are identified by their position in ``param_groups``, as
+    ``Optimizer.state_dict`` does, so restore maps the state back onto the same slots.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, offload: Offload) -> None:
+        super().__init__(optimizer)
+        self._offload = offload
+        self._arena: _Arena | None = None
+        self._slots: list[tuple[_SlotKey, Hashable]] = []  # arena order
+        self._slot_views: dict[tuple[_SlotKey, Hashable], int] = {}
+        self._layout: list[tuple[_SlotKey, list[Hashable]]] = []  # state order
+        self._values: dict[tuple[_SlotKey, Hashable], Any] = {}  # non-tensor state
+        self._groups: list[tuple[int, dict[str, Any]]] = []  # (n params, settings)
+        self._other_keys: dict[int, Any] = {}  # state keys that are not params
+        self.save()
+
+    def save(self) -> None:
+        optimizer = self.value
+        position: dict[int, int] = {}
+        groups = []
+        for group in optimizer.param_groups:
+            params = group["params"]
+            for p in params:
+                position.setdefault(id(p), len(position))
+            settings = {k: _copy_value(v) for k, v in group.items() if k != "params"}
+            groups.append((len(params), settings))
+
+        layout, slots, tensors, values, other_keys = [], [], [], {}, {}
+        for param, param_state in optimizer.state.items():
+            index = position.get(id(param))
+            if index is None:
+                other_keys[id(param)] = param
+                key: _SlotKey = ("k", id(param))
+            else:
+                key = ("p", index)
+            layout.append((key, list(param_state)))
+            for name, value in param_state.items():
+                if _is_plain(value):
+                    slots.append((key, name))
+                    tensors.append(value)
+                else:
+                    values[(key, name)] = _copy_value(value)
+
+        # New state (momentum after the first step) changes the layout: buffers are
+        # allocated once for it, then reused by every later commit.
+        if self._arena is None or slots != self._slots or not self._arena.matches(tensors):
+            self._arena = None
+            self._arena = _Arena(tensors, self._offload)
+            self._slots = slots
+            self._slot_views = {slot: i for i, slot in enumerate(slots)}
+        self._arena.save(tensors)
+        self._layout, self._values = layout, values
+        self._groups, self._other_keys = groups, other_keys
+
+    def restore(self) -> None:
+        assert self._arena is not None
+        optimizer = self.value
+        groups = optimizer.param_groups
+        if len(groups) != len(self._groups) or any(
+            len(g["params"]) != n for g, (n, _) in zip(groups, self._groups, strict=True)
+        ):
+            raise ValueError("optimizer param groups changed since the last commit")
+        for group, (_, settings) in zip(groups, self._groups, strict=True):
+            for k in [k for k in group if k != "params" and k not in settings]:
+                del group[k]
+            for k, v in settings.items():
+                group[k] = _copy_value(v)
+
+        params = [p for g in groups for p in g["params"]]
+        live = dict(optimizer.state)
+        # Rebuild in committed order, dropping state created after the commit, but keep
+        # the optimizer's state mapping and its per-parameter dicts as the same objects.
+        optimizer.state.clear()
+        dsts, srcs = [], []
+        views, signature = self._arena.views, self._arena.signature
+        for key, names in self._layout:
+            param = params[key[1]] if key[0] == "p" else self._other_keys[key[1]]
+            param_state = live.get(param)
+            old = dict(param_state) if param_state is not None else {}
+            if param_state is None:
+                param_state = {}
+            param_state.clear()
+            for name in names:
+                slot = (key, name)
+                i = self._slot_views.get(slot)
+                if i is None:
+                    param_state[name] = _copy_value(self._values[slot])
+                    continue
+                current = old.get(name)
+                if not (_is_plain(current) and _signature(current) == signature[i]):
+                    # Replaced or deleted since the commit: a fresh tensor (rare path).
+                    shape, dtype, device = signature[i]
+                    current = torch.empty(shape, dtype=dtype, device=device)
+                param_state[name] = current
+                dsts.append(current)
+                srcs.append(views[i])
+            optimizer.state[param] = param_state
+        self._arena.restore(dsts, srcs)
+
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+def _make_handler(value: Any, offload: Offload) -> StateHandler | None:
+    # Walk horovod's registry so user registrations (set_handler_registry) still apply;
+    # only horovod's deep-copying model and optimizer handlers are swapped for ours.
+    for value_type, handler_cls in get_handler_registry():
+        if isinstance(value, value_type):
+            if handler_cls is ModelStateHandler:
+                return _ModelHandler(value, offload)
+            if handler_cls is OptimizerStateHandler:
+                return _OptimizerHandler(value, offload)
+            return handler_cls(value)
+    return None
+
+
+class TorchState(ObjectState):
+    """Elastic training state of a PyTorch worker, committed into preallocated buffers.
+
+    A drop-in for ``hvd.elastic.TorchState``: every keyword argument becomes an
+    attribute; modules and optimizers are tracked by buffer-copying handlers, other
+    registered types (``ElasticSampler``, user handlers) by horovod's handlers, and
+    anything else as a plain Python object. Pass it to a function wrapped by
+    ``hvd.elastic.run``.
+
+    Args:
+        model: Optional module (parameters and persistent buffers are committed).
+        optimizer: Optional optimizer (state tensors and param_group settings).
+        offload: Where committed copies of CUDA tensors live. ``"auto"`` (default):
+            pinned host memory for CUDA tensors, the tensor's own device otherwise;
+            ``"host"``: always host memory; ``"device"``: always the tensor's device.
+        commit_every: ``commit()`` saves and checks for host updates on every N-th
+            call only; the other calls return at once. All workers must use the same N
+            and call ``commit()`` equally often (the host-update check is collective).
+        **kwargs: Further objects to track, exposed as attributes (horovod semantics).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        offload: Offload = "auto",
+        commit_every: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        if offload not in _OFFLOADS:
+            raise ValueError(f"offload must be one of {_OFFLOADS}, not {offload!r}")
+        if int(commit_every) < 1:
+            raise ValueError(f"commit_every must be >= 1, not {commit_every!r}")
+        self._commit_every = int(commit_every)
+        self._calls_since_save = 0
+        self._rolled_back = 0
+        kwargs.update(model=model, optimizer=optimizer)  # same order as horovod
+        handlers: dict[str, StateHandler] = {}
+        plain: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            handler = _make_handler(value, offload)
+            if handler is None:
+                plain[name] = value
+            else:
+                handlers[name] = handler
+        self._handlers = handlers
+        for name, handler in handlers.items():
+            setattr(self, name, handler.value)
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **plain)
+
+    @property
+    def steps_since_commit(self) -> int:
+        """``commit()`` calls since the last save: the steps a restore would roll back."""
+        return self._calls_since_save
+
+    @property
+    def steps_rolled_back(self) -> int:
+        """Total ``commit()`` calls discarded by ``restore()`` over this object's life."""
+        return self._rolled_back
+
+    def commit(self) -> None:
+        """Save the state and check for host updates, on every ``commit_every``-th call.
+
+        Raises ``HostsUpdatedInterrupt`` (from the check) when hosts were added or
+        removed; the other calls do nothing, so they cost nothing.
+        """
+        self._calls_since_save += 1
+        if self._calls_since_save < self._commit_every:
+            return
+        self.save()
+        self.check_host_updates()
+
+    def save(self) -> None:
+        """Copy the current state into the commit buffers (unconditionally)."""
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+        self._calls_since_save = 0
+
+    def restore(self) -> None:
+        """Copy the last commit back in place; state created since then is dropped."""
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+        self._rolled_back += self._calls_since_save
+        self._calls_since_save = 0
+
+    def sync(self) -> None:
+        """Broadcast the state from rank 0, then commit it so every rank's commit agrees."""
+        for handler in self._handlers.values():
+            handler.sync()
+        super().sync()
+        self.save()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # As horovod's TorchState: assigning a tracked attribute re-targets its handler.
+        if hasattr(self, name) and name in self._handlers:
+            self._handlers[name].set_value(value)
+        super().__setattr__(name, value)
