@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 import pluggy
+
 from spotring.autoscaler.controller import Controller, hosts_for_slots
 from spotring.autoscaler.inventory import Inventory
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
@@ -350,7 +351,7 @@ def _discover(provider: Provider) -> int:
 
 def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManager) -> int:
     # Horovod is imported here, not at the top: `spotring --help` stays fast.
-    from spotring.driver.elastic import ElasticOptions, JobTracker, run_elastic
+    from spotring.driver.elastic import ElasticOptions, RingTracker, run_elastic
     from spotring.driver.launcher import ProcessLauncher
 
     target = None
@@ -377,7 +378,7 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
     )
     if hasattr(provider, "worker_started"):
         launcher.add_listener(_ProviderProcesses(provider))
-    tracker = JobTracker()
+    rings = RingTracker(options.verbose, on_ring=reporter.ring_formed)
     elastic = ElasticOptions(
         num_proc=options.num_proc,
         min_num_proc=options.min_num_proc,
@@ -398,14 +399,16 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
         inventory = controller.wait_for_inventory(options.start_timeout)
         reporter.started(provider, inventory)
         try:
-            run_elastic(options.job, controller, launcher, elastic, tracker)
+            run_elastic(options.job, controller, launcher, elastic, rings)
             ok, message = True, ""
         except RuntimeError as error:
             ok, message = False, str(error).strip().splitlines()[0]
     finally:
         controller.stop()
         provider.job_finished(options)
-    reporter.summary(tracker, ok, time.monotonic() - started, getattr(provider, "events", ()))
+    reporter.summary(
+        rings.world_sizes, ok, time.monotonic() - started, getattr(provider, "events", ())
+    )
     if not ok:
         print(f"{PROG} run: job failed: {message}", file=sys.stderr)
         return EXIT_FAILURE

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pluggy
+
 from spotring.autoscaler.inventory import Inventory
 from spotring.providers.base import ConfigurationError, Instance, Provider, ProviderError
 

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterable, Iterator
 
 import pluggy
+
 from spotring.autoscaler import hookspecs
 from spotring.providers.base import Provider
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from typing import IO, Any
+from typing import IO
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.autoscaler.inventory import Inventory
@@ -51,15 +51,23 @@ class ProgressReporter:
         self.host_failures.append(instance.address)
         self._say(f"host {instance.address} failed ({reason}); taken out and replaced")
 
+    def ring_formed(self, size: int, hosts: list[str]) -> None:
+        """Horovod's driver assigned ranks for a new ring."""
+        self._say(f"ring of {size} workers on {', '.join(hosts)}")
+
     def summary(
-        self, tracker: Any, ok: bool, seconds: float, events: Iterable[tuple[float, str]] = ()
+        self,
+        world_sizes: Sequence[int],
+        ok: bool,
+        seconds: float,
+        events: Iterable[tuple[float, str]] = (),
     ) -> None:
         """Print the closing summary of a job."""
-        sizes = " -> ".join(str(size) for size in tracker.world_sizes) or "none"
+        sizes = " -> ".join(str(size) for size in world_sizes) or "none"
         lines = [
             f"job {'finished' if ok else 'FAILED'} in {seconds:.1f}s",
             f"world sizes: {sizes}",
-            f"resets: {tracker.resets}",
+            f"resets: {max(0, len(world_sizes) - 1)}",
             f"membership changes: {self.membership_changes}",
             f"failed hosts: {', '.join(self.host_failures) or 'none'}",
         ]

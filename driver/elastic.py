@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from horovod.runner.common.util import secret, timeout
@@ -21,6 +20,7 @@ from horovod.runner.elastic.driver import ElasticDriver
 from horovod.runner.elastic.settings import ElasticSettings
 from horovod.runner.gloo_run import launch_gloo_elastic
 from horovod.runner.http.http_server import RendezvousServer
+
 from spotring.autoscaler.controller import Controller
 from spotring.driver.discovery import InventoryHostDiscovery
 from spotring.driver.launcher import ProcessLauncher, WorkerExit
@@ -44,37 +44,29 @@ class ElasticOptions:
     verbose: int = 0
 
 
-class JobTracker:
-    """Follows the job for the progress lines and the closing summary."""
+class RingTracker(RendezvousServer):
+    """Horovod's rendezvous server, recording every ring the driver forms.
 
-    def __init__(self) -> None:
+    Horovod calls ``init`` with the new slot plan at the start and after every reset,
+    which makes it the one place that sees each world size.
+    """
+
+    def __init__(self, verbose: int = 0, on_ring: Callable[[int, list[str]], None] | None = None):
+        super().__init__(verbose)
         self.world_sizes: list[int] = []
-        self.failures: list[WorkerExit] = []
-        self._driver: ElasticDriver | None = None
-        self._lock = threading.Lock()
+        self._on_ring = on_ring
 
-    def attach(self, driver: ElasticDriver) -> None:
-        self._driver = driver
-
-    def worker_started(self, host: str, process_group: int) -> None:
-        driver = self._driver
-        if driver is None:
-            return
-        size = driver.world_size()
-        with self._lock:
-            if not self.world_sizes or self.world_sizes[-1] != size:
-                self.world_sizes.append(size)
-                print(f"spotring: world size {size}", file=sys.stderr, flush=True)
-
-    def worker_exited(self, exit: WorkerExit, process_group: int) -> None:
-        if exit.failed:
-            with self._lock:
-                self.failures.append(exit)
+    def init(self, host_alloc_plan):  # type: ignore[no-untyped-def]
+        result = super().init(host_alloc_plan)
+        hosts = sorted({slot.hostname for slot in host_alloc_plan})
+        self.world_sizes.append(len(host_alloc_plan))
+        if self._on_ring is not None:
+            self._on_ring(len(host_alloc_plan), hosts)
+        return result
 
     @property
     def resets(self) -> int:
-        driver = self._driver
-        return driver._worker_registry._reset_count if driver is not None else 0
+        return max(0, len(self.world_sizes) - 1)
 
 
 def run_elastic(
@@ -82,17 +74,15 @@ def run_elastic(
     controller: Controller,
     launcher: ProcessLauncher,
     options: ElasticOptions,
-    tracker: JobTracker | None = None,
+    rendezvous: RingTracker | None = None,
 ) -> None:
     """Run ``command`` as an elastic Horovod job on the controller's hosts.
 
     Returns when the job succeeds; raises ``RuntimeError`` with Horovod's message when
     it fails.
     """
-    tracker = tracker or JobTracker()
     notifier = PeerFailureNotifier()
     launcher.add_listener(_FailureRouter(controller, notifier))
-    launcher.add_listener(tracker)
 
     settings = ElasticSettings(
         discovery=InventoryHostDiscovery(controller),
@@ -113,7 +103,6 @@ def run_elastic(
     def get_common_interfaces(driver: ElasticDriver) -> set[str]:
         # Horovod hands us its driver here: the one chance to reach its worker clients.
         notifier.attach(driver)
-        tracker.attach(driver)
         if options.nics:
             return set(options.nics)
         hosts = driver.wait_for_available_slots(options.num_proc, min_hosts=2)
@@ -126,7 +115,7 @@ def run_elastic(
         settings,
         env,
         get_common_interfaces,
-        RendezvousServer(options.verbose),
+        rendezvous or RingTracker(options.verbose),
         sys.executable,
     )
 

@@ -25,9 +25,10 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
-from spotring.driver.state import TorchState
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from spotring.driver.state import TorchState
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,10 +89,12 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.events, "a") as stream:
                 stream.write(json.dumps(record) + "\n")
 
-    state = TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, step=0, resets=0)
+    state = TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, step=0)
+    resets = 0  # seen by this process: a counter in `state` would roll back with the rest
 
     def on_reset() -> None:
-        state.resets += 1
+        nonlocal resets
+        resets += 1
         for group in optimizer.param_groups:
             group["lr"] = args.lr * hvd.size()
 
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     @hvd.elastic.run
     def train(state: TorchState) -> None:
-        emit("resume", step=state.step, epoch=state.epoch, resets=state.resets)
+        emit("resume", step=state.step, epoch=state.epoch, resets=resets)
         while state.epoch < args.epochs:
             model.train()
             for inputs, targets in loader:
@@ -136,12 +139,13 @@ def main(argv: list[str] | None = None) -> int:
             "done",
             step=state.step,
             epochs=args.epochs,
-            resets=state.resets,
+            resets=resets,
             accuracy=round(accuracy, 4),
         )
         print(
-            f"training done: {state.step} steps, {args.epochs} epochs, {state.resets} resets, "
-            f"final world size {hvd.size()}, test accuracy {accuracy:.3f}",
+            f"training done: {state.step} steps, {args.epochs} epochs, "
+            f"{resets} resets seen by rank 0, final world size {hvd.size()}, "
+            f"test accuracy {accuracy:.3f}",
             flush=True,
         )
     return 0

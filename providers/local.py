@@ -164,7 +164,7 @@ class LocalProvider(Provider):
             for host in self._hosts.values():
                 if (
                     host.state is InstanceState.PENDING
-                    and now - host.launched_at >= self._boot_seconds
+                    and self._clock() - host.launched_at >= self._boot_seconds
                 ):
                     host.state = InstanceState.READY
             instances = [self._instance(host) for host in self._hosts.values()]

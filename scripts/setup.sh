@@ -19,13 +19,17 @@ horovod_version=0.28.1
 python=${PYTHON:-python3}
 
 log() { printf '[setup] %s\n' "$*" >&2; }
+# pip, minus the warnings some machines' pip.conf causes for index folders they lack.
+quiet_pip() {
+  "$venv/bin/python" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
 
 if [ ! -x "$venv/bin/python" ]; then
   log "creating virtual environment at .venv"
   "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip wheel setuptools
+  quiet_pip install -q --upgrade pip wheel setuptools
 fi
-pip=("$venv/bin/python" -m pip install -q)
+pip=(quiet_pip install -q)
 
 # torch first and pinned: an unpinned torch (pulled in by another package) is a
 # multi-GB CUDA build; 2.13.0 is a CPU build from local disk.
@@ -39,7 +43,7 @@ build_horovod_wheel() {
   work=$(mktemp -d)
   trap 'rm -rf "$work"' RETURN
   log "building horovod $horovod_version from source (about 5 minutes, once)"
-  "$venv/bin/python" -m pip download -q --no-deps --no-binary=:all: \
+  quiet_pip download -q --no-deps --no-binary=:all: \
     "horovod==$horovod_version" -d "$work"
   tar -xzf "$work/horovod-$horovod_version.tar.gz" -C "$work"
   local src="$work/horovod-$horovod_version"
@@ -50,7 +54,7 @@ build_horovod_wheel() {
   HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_PARALLEL="$(nproc)" \
-    "$venv/bin/python" -m pip wheel -q --no-deps --no-build-isolation \
+    quiet_pip wheel -q --no-deps --no-build-isolation \
     -w "$cache/wheels" "$src"
 }
 
@@ -66,8 +70,8 @@ if ! "$venv/bin/python" -c "import horovod.torch" 2>/dev/null; then
 fi
 
 # The project itself, editable; pip skips what is already satisfied.
-stamp="$venv/.spotring-installed"
-want="$extras $(cat "$root/pyproject.toml" | sha1sum)"
+stamp="$venv/.spotring-installed-${extras:-base}"
+want=$(sha1sum <"$root/pyproject.toml")
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   log "installing spotring${extras:+[$extras]}"
   "${pip[@]}" -e "$root${extras:+[$extras]}"

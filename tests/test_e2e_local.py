@@ -1,0 +1,172 @@
+"""End to end: `spotring run --provider local` with real Horovod workers.
+
+These run the digits example through the CLI, as a user would, and check the
+committed-step log rank 0 writes: every resume starts from the last commit (nothing
+committed is lost, nothing beyond it is replayed) and the ring has the size it should.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SPOTRING = str(Path(sys.executable).with_name("spotring"))
+JOB_TIMEOUT = 300
+
+
+def job(repo: Path, events: Path, *train_args: str) -> list[str]:
+    return [
+        "--",
+        sys.executable,
+        str(repo / "examples" / "train_digits.py"),
+        "--events",
+        str(events),
+        *train_args,
+    ]
+
+
+def read_events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_no_committed_step_lost(events: list[dict]) -> None:
+    """Each resume continues from the last commit before it; commits only go forward."""
+    last_commit = 0
+    for event in events:
+        if event["event"] == "resume":
+            assert event["step"] == last_commit, (
+                f"resumed at step {event['step']}, last commit was {last_commit}"
+            )
+        elif event["event"] == "commit":
+            assert event["step"] >= last_commit, f"commit went back to {event['step']}"
+            last_commit = event["step"]
+
+
+def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    result = subprocess.run(
+        [
+            SPOTRING,
+            "run",
+            "--provider",
+            "local",
+            "-np",
+            "2",
+            "--min-np",
+            "1",
+            "--max-np",
+            "3",
+            "--refresh-interval",
+            "0.5",
+            "--boot-seconds",
+            "0",
+            "--scale-up-at",
+            "1",
+            "--scale-up-to",
+            "3",
+            "--preempt-at",
+            "20",
+            *job(repo, events, "--epochs", "12", "--step-seconds", "0.1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT,
+        cwd=tmp_path,
+        check=False,
+    )
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-4000:]
+    recorded = read_events(events)
+    assert_no_committed_step_lost(recorded)
+    done = recorded[-1]
+    assert done["event"] == "done" and done["epochs"] == 12
+    assert done["accuracy"] > 0.8
+    # host-2 joined, was preempted, and its replacement host-3 joined.
+    assert "chaos: preempted host-2" in log
+    assert "host host-2 failed" in log
+    assert "+host-3" in log
+    sizes = [int(s) for s in log.split("world sizes: ")[1].splitlines()[0].split(" -> ")]
+    assert 3 in sizes and sizes[-1] == 3 == done["size"]
+    assert any(a == 3 and b == 2 for a, b in zip(sizes, sizes[1:])), sizes
+
+
+def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
+    repo: Path, tmp_path: Path
+) -> None:
+    events = tmp_path / "events.jsonl"
+    env = dict(os.environ, HOROVOD_GLOO_TIMEOUT_SECONDS="120")  # a stall would show
+    process = subprocess.Popen(
+        [
+            SPOTRING,
+            "run",
+            "--provider",
+            "local",
+            "-np",
+            "3",
+            "--min-np",
+            "2",
+            "--max-np",
+            "3",
+            "--hosts",
+            "3",
+            "--refresh-interval",
+            "60",  # the provider will not notice anything itself
+            "--boot-seconds",
+            "3600",  # and no replacement arrives during the test
+            *job(repo, events, "--epochs", "6", "--step-seconds", "0.05"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        victim = wait_for_worker(process.pid, "host-1", events, min_step=10)
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        output, _ = process.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, output[-4000:]
+    recorded = read_events(events)
+    assert_no_committed_step_lost(recorded)
+    assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 2
+    assert "host host-1 failed" in output
+    assert "a peer died: shut down" in output
+    assert "Timed out waiting" not in output
+    after = [e for e in recorded if e["time"] > killed_at and e["event"] == "commit"]
+    assert after and after[0]["size"] == 2
+
+
+def wait_for_worker(driver_pid: int, host: str, events: Path, min_step: int) -> int:
+    """The pid of the worker on ``host`` once rank 0 has committed ``min_step`` at size 3."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        if any(
+            e["event"] == "commit" and e["size"] == 3 and e["step"] >= min_step
+            for e in read_events(events)
+        ):
+            for child in psutil.Process(driver_pid).children(recursive=True):
+                try:
+                    environ = child.environ()
+                    if environ.get("HOROVOD_HOSTNAME") == host and "python" in child.name():
+                        return child.pid
+                except psutil.Error:
+                    continue
+        time.sleep(0.2)
+    raise AssertionError(f"no worker on {host} reached step {min_step} at size 3")

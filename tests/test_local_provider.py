@@ -1,0 +1,130 @@
+"""The embedded local provider: contract, desired size, chaos."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from spotring.providers.base import ConfigurationError, InstanceState, Provider
+from spotring.providers.conformance import ProviderContract
+from spotring.providers.local import LocalProvider
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FailingLocalProvider(LocalProvider):
+    """The local group behind an API that always fails."""
+
+    def list_instances(self):  # type: ignore[no-untyped-def]
+        from spotring.providers.base import ProviderError
+
+        raise ProviderError("simulated API outage")
+
+
+class TestLocalContract(ProviderContract):
+    @pytest.fixture
+    def provider(self) -> Provider:
+        return LocalProvider(3, boot_seconds=0)
+
+    @pytest.fixture
+    def failing_provider(self) -> Provider:
+        return FailingLocalProvider(2)
+
+
+def states(provider: LocalProvider) -> dict[str, InstanceState]:
+    return {i.id: i.state for i in provider.list_instances()}
+
+
+def test_initial_hosts_are_ready_and_new_ones_boot() -> None:
+    clock = Clock()
+    provider = LocalProvider(2, boot_seconds=5, clock=clock)
+    assert states(provider) == {"host-0": InstanceState.READY, "host-1": InstanceState.READY}
+    provider.set_target_size(3)
+    assert states(provider)["host-2"] is InstanceState.PENDING
+    clock.now += 5
+    assert states(provider)["host-2"] is InstanceState.READY
+
+
+def test_shrinking_terminates_the_newest_hosts() -> None:
+    provider = LocalProvider(3, boot_seconds=0)
+    provider.set_target_size(1)
+    assert states(provider) == {
+        "host-0": InstanceState.READY,
+        "host-1": InstanceState.GONE,
+        "host-2": InstanceState.GONE,
+    }
+    # GONE is reported once, then the host is forgotten.
+    assert states(provider) == {"host-0": InstanceState.READY}
+
+
+def test_replace_keeps_the_desired_size() -> None:
+    provider = LocalProvider(2, boot_seconds=0)
+    provider.replace_instance("host-1")
+    provider.replace_instance("host-1")  # idempotent
+    assert states(provider) == {
+        "host-0": InstanceState.READY,
+        "host-1": InstanceState.GONE,
+        "host-2": InstanceState.READY,
+    }
+    provider.replace_instance("host-9")  # unknown: nothing to do
+    assert set(states(provider)) == {"host-0", "host-2"}
+
+
+def test_scheduled_scale_up() -> None:
+    clock = Clock()
+    provider = LocalProvider(2, boot_seconds=1, scale_up_at=10, scale_up_to=4, clock=clock)
+    clock.now += 9
+    assert len(states(provider)) == 2
+    clock.now += 1
+    assert list(states(provider).values()).count(InstanceState.PENDING) == 2
+    assert any("scaled up to 4" in what for _, what in provider.events)
+
+
+def test_preemption_kills_the_hosts_workers_and_reports_it_gone() -> None:
+    provider = LocalProvider(2, boot_seconds=60)
+    worker = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        provider.worker_started("host-1", worker.pid)
+        assert provider.preempt() == "host-1"
+        assert worker.wait(timeout=5) == -signal.SIGKILL
+        listed = states(provider)
+        assert listed["host-1"] is InstanceState.GONE
+        assert listed["host-2"] is InstanceState.PENDING, "the group launches a replacement"
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def test_timed_preemption() -> None:
+    provider = LocalProvider(2, preempt_at=[0.05], preempt_host="host-0")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not provider.events:
+        time.sleep(0.01)
+    provider.close()
+    assert states(provider)["host-0"] is InstanceState.GONE
+
+
+def test_worker_on_a_host_that_is_going_is_killed() -> None:
+    provider = LocalProvider(1)
+    provider.set_target_size(0)
+    worker = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    provider.worker_started("host-0", worker.pid)
+    assert worker.wait(timeout=5) == -signal.SIGKILL
+
+
+def test_bad_sizes_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError):
+        LocalProvider(5, max_hosts=4)
+    with pytest.raises(ConfigurationError, match="go together"):
+        LocalProvider(1, scale_up_at=3)
+    with pytest.raises(ConfigurationError):
+        LocalProvider(1).set_target_size(-1)
