@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,7 +17,8 @@ torch = pytest.importorskip("torch")
 hvd = pytest.importorskip("horovod.torch")
 
 from horovod.common.elastic import State  # noqa: E402
-from horovod.common.exceptions import HorovodInternalError  # noqa: E402
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: E402
+from horovod.runner.elastic.worker import HostUpdateResult  # noqa: E402
 from horovod.torch.elastic import ElasticSampler  # noqa: E402
 from horovod.torch.elastic import TorchState as HorovodTorchState  # noqa: E402
 from horovod.torch.elastic.state import SamplerStateHandler  # noqa: E402
@@ -250,6 +252,14 @@ def test_commit_every_saves_every_nth_call(horovod_size1, monkeypatch) -> None:
     state.restore()  # back to call 6: the seventh call was not saved
     _assert_matches(committed, model, optimizer)
     assert state.steps_rolled_back == 1
+    assert state.steps_since_commit == 0
+
+    # A host update is noticed by the next saving commit(), not by the free ones.
+    state.on_hosts_updated(time.time(), HostUpdateResult.added)
+    state.commit()
+    state.commit()
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.commit()
     assert state.steps_since_commit == 0
 
 
