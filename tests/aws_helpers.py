@@ -1,0 +1,270 @@
+"""Helpers for the AWS provider tests: moto groups, injected API errors, a fast fake API.
+
+moto answers in process (``mock_aws``) or on loopback (``ThreadedMotoServer``), but
+serialises each EC2 instance in about 30 ms, so groups of hundreds of members go through
+:class:`FakeGroupApi` instead.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"  # moto's default account
+AMI = "ami-12c6146b"  # an image moto knows in us-east-1
+
+
+_botocore_sessions: list[Any] = []
+
+
+def boto_session() -> Any:
+    """A boto3 session over one botocore session shared by the tests.
+
+    Loading the EC2 service model costs about 0.3 s per botocore session, and moto
+    drops boto3's default session each time a mock starts.
+    """
+    import boto3
+    import botocore.session
+
+    if not _botocore_sessions:
+        _botocore_sessions.append(botocore.session.Session())
+    return boto3.session.Session(botocore_session=_botocore_sessions[0], region_name=REGION)
+
+
+def create_group(
+    name: str = "workers",
+    *,
+    size: int = 3,
+    min_size: int = 0,
+    max_size: int = 8,
+    instance_type: str = "t3.micro",
+    region: str = REGION,
+    endpoint_url: str | None = None,
+) -> list[str]:
+    """Create a launch template and an Auto Scaling group; return the member ids."""
+    session = boto_session()
+    ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url)
+    autoscaling = session.client("autoscaling", region_name=region, endpoint_url=endpoint_url)
+    template = f"{name}-template"
+    ec2.create_launch_template(
+        LaunchTemplateName=template,
+        LaunchTemplateData={"ImageId": AMI, "InstanceType": instance_type},
+    )
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName=name,
+        MinSize=min_size,
+        MaxSize=max_size,
+        DesiredCapacity=size,
+        LaunchTemplate={"LaunchTemplateName": template},
+        AvailabilityZones=[f"{region}a"],
+    )
+    group = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])
+    return [m["InstanceId"] for m in group["AutoScalingGroups"][0]["Instances"]]
+
+
+def moto_members(name: str, region: str = REGION) -> dict[str, Any]:
+    """moto's own records of a group's members (``InstanceState``), by instance id.
+
+    Tests set ``lifecycle_state`` / ``health_status`` on these, and on ``.instance``
+    (the EC2 record) ``lifecycle = "spot"`` or the EC2 state, where the AWS API offers
+    no way to put a member in that state.
+    """
+    from moto.autoscaling.models import autoscaling_backends
+
+    group = autoscaling_backends[ACCOUNT][region].autoscaling_groups[name]
+    return {member.instance.id: member for member in group.instance_states}
+
+
+def set_ec2_state(member: Any, state: str) -> None:
+    """Put moto's EC2 record of ``member`` into ``state`` (pending, stopped, ...)."""
+    codes = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48}
+    codes |= {"stopping": 64, "stopped": 80}
+    member.instance._state.name = state
+    member.instance._state.code = codes[state]
+
+
+def forget_ec2_instance(instance_id: str, region: str = REGION) -> None:
+    """Drop an instance from moto's EC2 records while its group still lists it."""
+    from moto.ec2.models import ec2_backends
+
+    for reservation in ec2_backends[ACCOUNT][region].reservations.values():
+        reservation.instances = [i for i in reservation.instances if i.id != instance_id]
+
+
+# ------------------------------------------------------------ injected API errors
+
+
+class _Body(io.BytesIO):
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.getvalue()
+
+
+def error_response(client: Any, status: int, code: str, message: str = "injected") -> Any:
+    """An HTTP error response in ``client``'s wire protocol, for a ``before-send`` hook."""
+    from botocore.awsrequest import AWSResponse
+
+    if client.meta.service_model.protocol == "ec2":
+        body = (
+            f"<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message>"
+            "</Error></Errors><RequestID>injected</RequestID></Response>"
+        )
+    else:  # query: Auto Scaling
+        body = (
+            f"<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code>"
+            f"<Message>{message}</Message></Error><RequestId>injected</RequestId></ErrorResponse>"
+        )
+    return AWSResponse(client.meta.endpoint_url, status, {}, _Body(body.encode()))
+
+
+def inject_errors(
+    client: Any, operation: str, status: int, code: str, *, times: int | None = None
+) -> Callable[[], int]:
+    """Answer the next ``times`` sends of ``operation`` (all, if None) with an error.
+
+    Hooks ``before-send``, so botocore's retry logic sees the errors as it would see
+    AWS's. Returns a function giving how many errors were injected.
+    """
+    sent = {"errors": 0}
+
+    def before_send(**_: Any) -> Any:
+        if times is not None and sent["errors"] >= times:
+            return None
+        sent["errors"] += 1
+        return error_response(client, status, code)
+
+    event_service = client.meta.service_model.service_id.hyphenize()
+    client.meta.events.register_first(f"before-send.{event_service}.{operation}", before_send)
+    return lambda: sent["errors"]
+
+
+def count_operations(*clients: Any) -> Counter[str]:
+    """Count the operations (not retries) made through ``clients`` from now on."""
+    counter: Counter[str] = Counter()
+
+    def before_call(model: Any, **_: Any) -> None:
+        counter[f"{model.service_model.signing_name}:{model.name}"] += 1
+
+    for client in clients:
+        client.meta.events.register("before-call", before_call)
+    return counter
+
+
+# ----------------------------------------------------------- fast fake for big groups
+
+
+class _FakeClient:
+    def __init__(self, api: FakeGroupApi, endpoint_url: str) -> None:
+        self._api = api
+        self.meta = type("Meta", (), {"endpoint_url": endpoint_url, "region_name": REGION})()
+
+    def __getattr__(self, name: str) -> Callable[..., dict[str, Any]]:
+        handler = getattr(self._api, name)
+
+        def call(**kwargs: Any) -> dict[str, Any]:
+            self._api.calls[name] += 1
+            return handler(**kwargs)
+
+        return call
+
+
+class FakeGroupApi:
+    """An Auto Scaling group of ``size`` members answered from dicts, with AWS's limits.
+
+    Install with ``provider.autoscaling, provider.ec2 = api.autoscaling, api.ec2``. It
+    enforces what moto does not: at most 200 values in an EC2 filter, MaxResults within
+    5..1000 and paging by it, at most 100 instance types per DescribeInstanceTypes.
+    """
+
+    def __init__(self, name: str, size: int, instance_type: str = "p3.8xlarge") -> None:
+        self.name = name
+        self.calls: Counter[str] = Counter()
+        self.filter_sizes: list[int] = []
+        self.page_limit = 1000
+        """Most instances per DescribeInstances page; AWS may return fewer than asked."""
+        launched = datetime(2024, 1, 1, tzinfo=timezone.utc)
+        self.members = [
+            {
+                "InstanceId": f"i-{n:017x}",
+                "LifecycleState": "InService",
+                "HealthStatus": "Healthy",
+                "AvailabilityZone": f"{REGION}a",
+                "InstanceType": instance_type,
+            }
+            for n in range(size)
+        ]
+        self.instances = {
+            m["InstanceId"]: {
+                "InstanceId": m["InstanceId"],
+                "InstanceType": instance_type,
+                "PrivateIpAddress": f"10.{n // 65536}.{n // 256 % 256}.{n % 256}",
+                "State": {"Code": 16, "Name": "running"},
+                "InstanceLifecycle": "spot",
+                "Placement": {"AvailabilityZone": f"{REGION}a"},
+                "LaunchTime": launched,
+                "Tags": [{"Key": "aws:autoscaling:groupName", "Value": name}],
+            }
+            for n, m in enumerate(self.members)
+        }
+        self.autoscaling = _FakeClient(self, "https://autoscaling.us-east-1.amazonaws.com")
+        self.ec2 = _FakeClient(self, "https://ec2.us-east-1.amazonaws.com")
+
+    def describe_auto_scaling_groups(self, AutoScalingGroupNames: list[str]) -> dict[str, Any]:
+        assert len(AutoScalingGroupNames) <= 100
+        record = {
+            "AutoScalingGroupName": self.name,
+            "MinSize": 0,
+            "MaxSize": len(self.members) * 2,
+            "DesiredCapacity": len(self.members),
+            "Instances": self.members,
+        }
+        groups = [record] if self.name in AutoScalingGroupNames else []
+        return {"AutoScalingGroups": groups}
+
+    def describe_instances(
+        self,
+        Filters: list[dict[str, Any]],
+        MaxResults: int,
+        NextToken: str | None = None,
+    ) -> dict[str, Any]:
+        assert 5 <= MaxResults <= 1000, "EC2 takes MaxResults in 5..1000"
+        (only,) = Filters
+        assert only["Name"] == "instance-id"
+        assert len(only["Values"]) <= 200, "EC2 takes at most 200 values per filter"
+        self.filter_sizes.append(len(only["Values"]))
+        found = [self.instances[i] for i in only["Values"] if i in self.instances]
+        start = int(NextToken or 0)
+        end = start + min(MaxResults, self.page_limit)
+        response: dict[str, Any] = {"Reservations": [{"Instances": found[start:end]}]}
+        if end < len(found):
+            response["NextToken"] = str(end)
+        return response
+
+    def describe_instance_types(self, InstanceTypes: list[str]) -> dict[str, Any]:
+        assert len(InstanceTypes) <= 100
+        gpus = {"p3.8xlarge": 4, "p3.2xlarge": 1}
+        return {
+            "InstanceTypes": [
+                {"InstanceType": t, "GpuInfo": {"Gpus": [{"Count": gpus[t]}]}}
+                if t in gpus
+                else {"InstanceType": t}
+                for t in InstanceTypes
+            ]
+        }
+
+
+def capture_params(client: Any, operation: str) -> list[dict[str, Any]]:
+    """Record the parameters of every ``operation`` call made through ``client``."""
+    captured: list[dict[str, Any]] = []
+
+    def provide_params(params: dict[str, Any], **_: Any) -> None:
+        captured.append(dict(params))
+
+    event_service = client.meta.service_model.service_id.hyphenize()
+    client.meta.events.register(
+        f"provide-client-params.{event_service}.{operation}", provide_params
+    )
+    return captured
