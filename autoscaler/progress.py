@@ -7,6 +7,7 @@ third-party plugin would implement.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import IO
@@ -24,10 +25,13 @@ class ProgressReporter:
         self._started = time.monotonic()
         self.membership_changes = 0
         self.host_failures: list[str] = []
+        self._lock = threading.Lock()
 
     def _say(self, text: str) -> None:
         elapsed = time.monotonic() - self._started
-        print(f"spotring [{elapsed:6.1f}s] {text}", file=self._stream, flush=True)
+        with self._lock:  # one write per line: the controller thread prints too
+            self._stream.write(f"spotring [{elapsed:6.1f}s] {text}\n")
+            self._stream.flush()
 
     def started(self, provider: Provider, inventory: Inventory) -> None:
         ready = inventory.hosts_and_slots()

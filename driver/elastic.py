@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from horovod.runner.common.util import secret, timeout
 from horovod.runner.driver import driver_service
 from horovod.runner.elastic.driver import ElasticDriver
 from horovod.runner.elastic.settings import ElasticSettings
+from horovod.runner.elastic.worker import HostUpdateResult
 from horovod.runner.gloo_run import launch_gloo_elastic
 from horovod.runner.http.http_server import RendezvousServer
 
@@ -27,6 +29,8 @@ from spotring.driver.launcher import ProcessLauncher, WorkerExit
 from spotring.driver.peer_failure import PeerFailureNotifier
 
 log = logging.getLogger(__name__)
+
+COORDINATOR_REPLAY_DELAY_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ def run_elastic(
     def get_common_interfaces(driver: ElasticDriver) -> set[str]:
         # Horovod hands us its driver here: the one chance to reach its worker clients.
         notifier.attach(driver)
+        _replay_host_changes_for_new_coordinator(driver)
         if options.nics:
             return set(options.nics)
         hosts = driver.wait_for_available_slots(options.num_proc, min_hosts=2)
@@ -118,6 +123,40 @@ def run_elastic(
         rendezvous or RingTracker(options.verbose),
         sys.executable,
     )
+
+
+def _replay_host_changes_for_new_coordinator(driver: ElasticDriver) -> None:
+    """Tell a newly registered coordinator of host changes it missed.
+
+    Horovod notifies only the coordinator (rank 0) of host changes, and silently skips
+    the notification while no coordinator has registered yet, i.e. while the workers
+    are still starting. A host that became ready in that window would then wait for
+    the *next* change to be noticed. We re-check shortly after the coordinator
+    registers: not at once, because the worker registers its state object as a
+    listener just after registering its address, and a message in between is lost.
+    """
+    register = driver.register_worker_server
+
+    def replay() -> None:
+        with driver._wait_hosts_cond:
+            if driver.finished():
+                return
+            # Horovod itself returns early when the assignments would not change.
+            current = driver._host_manager.current_hosts
+            driver._notify_workers_host_changes(current, HostUpdateResult.mixed)
+
+    def register_worker_server(host, slot, addresses, secret_key):  # type: ignore[no-untyped-def]
+        register(host, slot, addresses, secret_key)
+        coordinator = driver.get_coordinator_info()
+        if coordinator is not None and (coordinator.hostname, coordinator.local_rank) == (
+            host,
+            slot,
+        ):
+            timer = threading.Timer(COORDINATOR_REPLAY_DELAY_SECONDS, replay)
+            timer.daemon = True
+            timer.start()
+
+    driver.register_worker_server = register_worker_server  # type: ignore[method-assign]
 
 
 class _FailureRouter:

@@ -7,6 +7,7 @@ committed is lost, nothing beyond it is replayed) and the ring has the size it s
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -99,7 +100,7 @@ def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
     assert "+host-3" in log
     sizes = [int(s) for s in log.split("world sizes: ")[1].splitlines()[0].split(" -> ")]
     assert 3 in sizes and sizes[-1] == 3 == done["size"]
-    assert any(a == 3 and b == 2 for a, b in zip(sizes, sizes[1:])), sizes
+    assert any(a == 3 and b == 2 for a, b in itertools.pairwise(sizes)), sizes
 
 
 def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(

@@ -1,0 +1,342 @@
+"""Hard-kill recovery, steps lost per failure, and scale-up latency.
+
+Set-up: 4 workers of ``bench/workloads/steps.py`` (a 0.3 M-parameter MLP, a commit
+after every step, 50 ms of sleep per step to stand for compute) on 4 hosts. A worker
+process is killed with SIGKILL while its host is still listed; the time from the kill
+to the next completed step at the new size is the recovery time. Then the host comes
+back, the ring returns to 4 workers, and the next kill follows.
+
+- spotring: ``spotring run --provider local`` (the killed host is taken out of the
+  inventory at once, its peers are freed, and the group launches a replacement that
+  boots in 2 s);
+- anchor: plain ``horovodrun --host-discovery-script`` with a script that always lists
+  the same 4 local host names (``localhost``, ``127.0.0.1``, this machine's name and
+  its IP): the host stays listed, as a cloud API keeps listing a dead spot instance;
+  ``--blacklist-cooldown-range`` lets it back after a few seconds.
+
+Scale-up latency: from the moment spotring reports the replacement host READY to the
+first completed step at size 4.
+
+    python bench/recovery.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOAD = REPO / "bench" / "workloads" / "steps.py"
+BIN = Path(sys.executable).parent
+WORKERS = 4
+CYCLE_TIMEOUT = 120.0
+
+
+class Job:
+    """A running elastic job whose rank 0 logs every step to a file."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        self.log = log
+        self.lines: list[tuple[float, str]] = []  # (arrival time, driver output line)
+        self.process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=log.parent,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+    def events(self) -> list[dict]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def wait_steady(self, size: int, after: float, steps: int = 5) -> None:
+        """Wait until rank 0 completed ``steps`` steps at ``size`` after time ``after``."""
+        deadline = time.monotonic() + CYCLE_TIMEOUT
+        while time.monotonic() < deadline:
+            done = [e for e in self.events() if e["event"] == "step" and e["t"] > after]
+            if sum(1 for e in done if e["size"] == size) >= steps and done[-1]["size"] == size:
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    "the job ended:\n" + "\n".join(line for _, line in self.lines[-30:])
+                )
+            time.sleep(0.1)
+        raise TimeoutError(f"no steady state at size {size}")
+
+    def workers(self) -> dict[str, int]:
+        """``{HOROVOD_HOSTNAME: pid}`` of the running worker Python processes."""
+        found: dict[str, int] = {}
+        for child in psutil.Process(self.process.pid).children(recursive=True):
+            try:
+                host = child.environ().get("HOROVOD_HOSTNAME")
+                if host and "python" in child.name() and "steps.py" in " ".join(child.cmdline()):
+                    found[host] = child.pid
+            except psutil.Error:
+                continue
+        return found
+
+    def stop(self) -> None:
+        try:
+            tree = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
+        if self.process.poll() is None:
+            tree.append(psutil.Process(self.process.pid))
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        self.process.wait(timeout=30)
+
+
+def _kill_cycles(job: Job, kills: int) -> list[dict]:
+    """Kill a worker ``kills`` times; measure each recovery."""
+    results = []
+    job.wait_steady(WORKERS, after=0.0)
+    for _ in range(kills):
+        workers = job.workers()
+        events = job.events()
+        # The newest worker: rank 0 (which logs) is the oldest host's.
+        victim = max(workers, key=workers.__getitem__)
+        committed = max(e["step"] for e in events if e["event"] == "commit")
+        last_step = max(e["step"] for e in events if e["event"] == "step")
+        killed_at = time.time()
+        os.kill(workers[victim], signal.SIGKILL)
+        job.wait_steady(WORKERS - 1, after=killed_at, steps=1)
+        after = [e for e in job.events() if e["t"] > killed_at]
+        resumed = next(e for e in after if e["event"] == "resume")
+        first = next(e for e in after if e["event"] == "step" and e["size"] == WORKERS - 1)
+        results.append(
+            {
+                "recovery_s": first["t"] - killed_at,
+                "committed_at_kill": committed,
+                "last_step_at_kill": last_step,
+                "resumed_from": resumed["step"],
+                "killed_at": killed_at,
+            }
+        )
+        job.wait_steady(WORKERS, after=first["t"], steps=5)
+    return results
+
+
+def _scale_up_latencies(job: Job, cycles: list[dict]) -> list[float]:
+    """Replacement READY (spotring's progress line) -> first step at size 4."""
+    latencies = []
+    events = job.events()
+    for cycle in cycles:
+        ready = next(
+            (
+                t
+                for t, line in job.lines
+                if t > cycle["killed_at"] and re.search(r"\] hosts \+host-\d+", line)
+            ),
+            None,
+        )
+        if ready is None:
+            continue
+        first = next(
+            (
+                e["t"]
+                for e in events
+                if e["event"] == "step" and e["size"] == WORKERS and e["t"] > ready
+            ),
+            None,
+        )
+        if first is not None:
+            latencies.append(first - ready)
+    return latencies
+
+
+def _local_host_names() -> list[str]:
+    """Up to 4 names Horovod treats as this machine, so horovodrun runs them without ssh."""
+    names = ["localhost", "127.0.0.1", socket.gethostname()]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: picks the primary address
+            names.append(probe.getsockname()[0])
+    except OSError:
+        pass
+    return list(dict.fromkeys(names))[:WORKERS]
+
+
+def run_spotring(workdir: Path, kills: int) -> tuple[list[dict], list[float]]:
+    log = workdir / "spotring.jsonl"
+    argv = [
+        str(BIN / "spotring"),
+        "run",
+        "--provider",
+        "local",
+        "-np",
+        str(WORKERS),
+        "--min-np",
+        "2",
+        "--max-np",
+        str(WORKERS),
+        "--hosts",
+        str(WORKERS),
+        "--refresh-interval",
+        "1",
+        "--boot-seconds",
+        "2",
+        "--",
+        sys.executable,
+        str(WORKLOAD),
+        "--log",
+        str(log),
+        "--stop-file",
+        str(workdir / "stop"),
+        "--state",
+        "spotring",
+    ]
+    job = Job(argv, log, dict(os.environ))
+    try:
+        cycles = _kill_cycles(job, kills)
+        return cycles, _scale_up_latencies(job, cycles)
+    finally:
+        job.stop()
+
+
+def run_anchor(workdir: Path, kills: int) -> list[dict]:
+    names = _local_host_names()
+    if len(names) < WORKERS:
+        raise RuntimeError(f"only {len(names)} local host names: {names}")
+    script = workdir / "discover.sh"
+    script.write_text("#!/bin/sh\n" + "".join(f"echo {n}:1\n" for n in names))
+    script.chmod(0o755)
+    log = workdir / "anchor.jsonl"
+    argv = [
+        str(BIN / "horovodrun"),
+        "-np",
+        str(WORKERS),
+        "--min-np",
+        "2",
+        "--max-np",
+        str(WORKERS),
+        "--host-discovery-script",
+        str(script),
+        "--network-interface",
+        "lo",
+        "--blacklist-cooldown-range",
+        "3",
+        "5",
+        sys.executable,
+        str(WORKLOAD),
+        "--log",
+        str(log),
+        "--stop-file",
+        str(workdir / "stop"),
+        "--state",
+        "horovod",
+    ]
+    job = Job(argv, log, dict(os.environ))
+    try:
+        return _kill_cycles(job, kills)
+    finally:
+        job.stop()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def measure(quick: bool = False) -> list[dict]:
+    """Rows for bench/run: recovery p50/p95/max, steps lost, scale-up latency."""
+    kills = 3 if quick else 10
+    anchor_kills = 2 if quick else 5
+    with tempfile.TemporaryDirectory(prefix="spotring-bench-") as tmp:
+        workdir = Path(tmp)
+        ours, scale_up = run_spotring(workdir, kills)
+        anchor = run_anchor(workdir, anchor_kills)
+    ours_s = [c["recovery_s"] for c in ours]
+    anchor_s = [c["recovery_s"] for c in anchor]
+    setup = {
+        "workers": WORKERS,
+        "kills": len(ours),
+        "anchor kills": len(anchor),
+        "anchor": "horovodrun --host-discovery-script (host stays listed)",
+    }
+    rows = []
+    for label, q in (("p50", 0.5), ("p95", 0.95), ("max", 1.0)):
+        value, base = _percentile(ours_s, q), _percentile(anchor_s, q)
+        rows.append(
+            {
+                "benchmark": "hard-kill recovery, 4 local workers",
+                "metric": f"{label} s kill -> next step",
+                "value": value,
+                "anchor_name": "horovodrun + discovery script",
+                "anchor_value": base,
+                "ratio": value / base if base else float("nan"),
+                "target": "p95 < 3 s" if label == "p95" else "",
+                "met": value < 3.0 if label == "p95" else None,
+                "extra": setup,
+            }
+        )
+    lost = [c["committed_at_kill"] - c["resumed_from"] for c in ours]
+    redone = [c["last_step_at_kill"] - c["resumed_from"] for c in ours]
+    anchor_lost = [c["committed_at_kill"] - c["resumed_from"] for c in anchor]
+    rows.append(
+        {
+            "benchmark": "steps lost per failure",
+            "metric": "max committed steps lost",
+            "value": float(max(lost)),
+            "anchor_name": "horovodrun + discovery script",
+            "anchor_value": float(max(anchor_lost)),
+            "ratio": float("nan"),
+            "target": "0",
+            "met": max(lost) == 0,
+            "extra": {"uncommitted steps redone (max)": max(redone), "per kill": lost},
+        }
+    )
+    if scale_up:
+        rows.append(
+            {
+                "benchmark": "scale-up latency",
+                "metric": "median s host READY -> step at size 4",
+                "value": statistics.median(scale_up),
+                "anchor_name": "recovery p50 (for scale)",
+                "anchor_value": _percentile(ours_s, 0.5),
+                "ratio": statistics.median(scale_up) / _percentile(ours_s, 0.5),
+                "target": "",
+                "met": None,
+                "extra": {"samples": [round(s, 2) for s in scale_up]},
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    for row in measure(args.quick):
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

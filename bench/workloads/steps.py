@@ -1,0 +1,68 @@
+"""A training loop for the recovery benchmark: one JSON line per completed step.
+
+Rank 0 appends ``{"t", "step", "size", "event"}`` to ``--log`` after every optimizer
+step ("step"), after every commit ("commit") and when training (re)starts ("resume").
+``--state spotring`` uses spotring's TorchState (fail-fast on a dead peer);
+``--state horovod`` uses ``hvd.elastic.TorchState`` (the anchor). Runs until
+``--stop-file`` exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import horovod.torch as hvd
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--state", choices=["spotring", "horovod"], default="spotring")
+    parser.add_argument("--step-seconds", type=float, default=0.05)
+    args = parser.parse_args()
+
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    )
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
+    if args.state == "spotring":
+        from spotring.driver.state import TorchState
+    else:
+        TorchState = hvd.elastic.TorchState
+    state = TorchState(model, optimizer, step=0)
+
+    def log(event: str) -> None:
+        if hvd.rank() == 0:
+            record = {"t": time.time(), "event": event, "step": state.step, "size": hvd.size()}
+            with open(args.log, "a") as stream:
+                stream.write(json.dumps(record) + "\n")
+
+    @hvd.elastic.run
+    def train(state) -> None:  # type: ignore[no-untyped-def]
+        log("resume")
+        while not os.path.exists(args.stop_file):
+            optimizer.zero_grad()
+            model(torch.randn(32, 512)).square().mean().backward()
+            optimizer.step()
+            state.step += 1
+            log("step")
+            time.sleep(args.step_seconds)
+            state.commit()
+            log("commit")
+
+    train(state)
+
+
+if __name__ == "__main__":
+    main()
