@@ -72,14 +72,14 @@ def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
             "--refresh-interval",
             "0.5",
             "--boot-seconds",
-            "0",
+            "5",
             "--scale-up-at",
             "1",
             "--scale-up-to",
             "3",
             "--preempt-at",
-            "20",
-            *job(repo, events, "--epochs", "12", "--step-seconds", "0.1"),
+            "30",
+            *job(repo, events, "--epochs", "16", "--step-seconds", "0.1"),
         ],
         capture_output=True,
         text=True,
@@ -92,7 +92,7 @@ def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
     done = recorded[-1]
-    assert done["event"] == "done" and done["epochs"] == 12
+    assert done["event"] == "done" and done["epochs"] == 16
     assert done["accuracy"] > 0.8
     # host-2 joined, was preempted, and its replacement host-3 joined.
     assert "chaos: preempted host-2" in log
@@ -135,7 +135,8 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
         env=env,
     )
     try:
-        victim = wait_for_worker(process.pid, "host-1", events, min_step=10)
+        # Not rank 0: it writes the step log this test reads.
+        victim, host = wait_for_worker(process.pid, 1, events, min_step=10)
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         output, _ = process.communicate(timeout=JOB_TIMEOUT)
@@ -147,27 +148,32 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
     assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 2
-    assert "host host-1 failed" in output
+    assert f"host {host} failed" in output
     assert "a peer died: shut down" in output
     assert "Timed out waiting" not in output
-    after = [e for e in recorded if e["time"] > killed_at and e["event"] == "commit"]
-    assert after and after[0]["size"] == 2
+    resumed = [e for e in recorded if e["time"] > killed_at and e["event"] == "resume"]
+    assert resumed and resumed[0]["size"] == 2
 
 
-def wait_for_worker(driver_pid: int, host: str, events: Path, min_step: int) -> int:
-    """The pid of the worker on ``host`` once rank 0 has committed ``min_step`` at size 3."""
+def wait_for_worker(driver_pid: int, rank: int, events: Path, min_step: int) -> tuple[int, str]:
+    """(pid, host) of the worker of ``rank`` once rank 0 committed ``min_step`` at size 3.
+
+    Ranks are read from the workers' launch environment, valid while no reset happened.
+    """
     deadline = time.monotonic() + JOB_TIMEOUT
     while time.monotonic() < deadline:
+        recorded = read_events(events)
+        if any(e["event"] == "resume" and e["step"] > 0 for e in recorded):
+            raise AssertionError("a reset happened before the kill")
         if any(
-            e["event"] == "commit" and e["size"] == 3 and e["step"] >= min_step
-            for e in read_events(events)
+            e["event"] == "commit" and e["size"] == 3 and e["step"] >= min_step for e in recorded
         ):
             for child in psutil.Process(driver_pid).children(recursive=True):
                 try:
                     environ = child.environ()
-                    if environ.get("HOROVOD_HOSTNAME") == host and "python" in child.name():
-                        return child.pid
+                    if environ.get("HOROVOD_RANK") == str(rank) and "python" in child.name():
+                        return child.pid, environ["HOROVOD_HOSTNAME"]
                 except psutil.Error:
                     continue
         time.sleep(0.2)
-    raise AssertionError(f"no worker on {host} reached step {min_step} at size 3")
+    raise AssertionError(f"rank {rank} did not reach step {min_step} at size 3")
