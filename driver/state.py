@@ -303,9 +303,27 @@ class _OptimizerHandler(StateHandler):
                 srcs.append(views[i])
             optimizer.state[param] = param_state
         self._arena.restore(dsts, srcs)
+        _forget_pending_allreduces(optimizer)
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
+
+
+def _forget_pending_allreduces(optimizer: torch.optim.Optimizer) -> None:
+    """Clear a ``hvd.DistributedOptimizer``'s in-flight gradient allreduces.
+
+    A failure between ``backward()`` and ``step()`` leaves handles of a collective that
+    will never finish; horovod's TorchState drops them through ``load_state_dict``,
+    which our in-place restore does not call. Without this, the next ``zero_grad()``
+    raises "called after loss.backward() but before optimizer.step()".
+    """
+    if not hasattr(optimizer, "_handles"):
+        return
+    optimizer._handles = {}
+    optimizer._synchronized = False
+    optimizer._should_synchronize = True
+    for param in optimizer._allreduce_delay:
+        optimizer._allreduce_delay[param] = optimizer.backward_passes_per_step
 
 
 def _make_handler(value: Any, offload: Offload) -> StateHandler | None:
