@@ -20,7 +20,7 @@ import torch
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--log", required=True)
+    parser.add_argument("--step-log", required=True)
     parser.add_argument("--stop-file", required=True)
     parser.add_argument("--state", choices=["spotring", "horovod"], default="spotring")
     parser.add_argument("--step-seconds", type=float, default=0.05)
@@ -45,7 +45,7 @@ def main() -> None:
     def log(event: str) -> None:
         if hvd.rank() == 0:
             record = {"t": time.time(), "event": event, "step": state.step, "size": hvd.size()}
-            with open(args.log, "a") as stream:
+            with open(args.step_log, "a") as stream:
                 stream.write(json.dumps(record) + "\n")
 
     @hvd.elastic.run
