@@ -1,0 +1,267 @@
+"""End to end: the ``spotring`` CLI with ``--provider aws`` against a moto server on loopback.
+
+``spotring discover`` needs no Horovod: it checks the exact ``host:slots`` lines the
+provider makes of a group. ``spotring run`` trains the digits example with local worker
+processes standing in for the group's hosts, while the test scales the group up and
+takes a member away, as AWS would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from aws_helpers import REGION, boto_session, create_group, moto_members
+
+SPOTRING = str(Path(sys.executable).with_name("spotring"))
+JOB_TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """Fake credentials for this process and the CLI; nothing from this machine's AWS setup."""
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    fake = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_CONFIG_FILE": str(tmp_path / "aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    for key, value in fake.items():
+        monkeypatch.setenv(key, value)
+    return dict(os.environ)
+
+
+def client(service: str, url: str) -> Any:
+    return boto_session().client(service, region_name=REGION, endpoint_url=url)
+
+
+def aws_args(group: str, url: str) -> list[str]:
+    return ["--provider", "aws", "--group", group, "--region", REGION, "--endpoint-url", url]
+
+
+def addresses(url: str, ids: list[str]) -> dict[str, str]:
+    reservations = client("ec2", url).describe_instances(InstanceIds=ids)["Reservations"]
+    return {i["InstanceId"]: i["PrivateIpAddress"] for r in reservations for i in r["Instances"]}
+
+
+# ------------------------------------------------------------------------ discover
+
+
+def test_discover_prints_ready_hosts_and_slots(moto_url: str, aws_env: dict[str, str]) -> None:
+    ids = create_group("discover", size=4, instance_type="g4dn.12xlarge", endpoint_url=moto_url)
+    client("ec2", moto_url).create_tags(
+        Resources=[ids[1]], Tags=[{"Key": "spotring:slots", "Value": "2"}]
+    )
+    moto_members("discover")[ids[2]].lifecycle_state = "Pending:Wait"
+    client("autoscaling", moto_url).set_instance_health(InstanceId=ids[3], HealthStatus="Unhealthy")
+    ip = addresses(moto_url, ids)
+
+    result = subprocess.run(
+        [SPOTRING, "discover", *aws_args("discover", moto_url)],
+        capture_output=True,
+        text=True,
+        env=aws_env,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{ip[ids[0]]}:4\n{ip[ids[1]]}:2\n"
+
+
+def test_discover_slots_per_host_flag(moto_url: str, aws_env: dict[str, str]) -> None:
+    ids = create_group("discover-flag", size=2, endpoint_url=moto_url)
+    ip = addresses(moto_url, ids)
+
+    result = subprocess.run(
+        [SPOTRING, "discover", *aws_args("discover-flag", moto_url), "--slots-per-host", "3"],
+        capture_output=True,
+        text=True,
+        env=aws_env,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == sorted(f"{ip[i]}:3" for i in ids)
+
+
+def test_discover_unknown_group_fails_with_one_line(moto_url: str, aws_env: dict[str, str]) -> None:
+    result = subprocess.run(
+        [SPOTRING, "discover", *aws_args("no-such-group", moto_url)],
+        capture_output=True,
+        text=True,
+        env=aws_env,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 2
+    assert result.stdout == "", "a failed listing prints no hosts"
+    assert result.stderr.strip() == (
+        "spotring discover: error: auto scaling group 'no-such-group' not found in region us-east-1"
+    )
+
+
+def test_discover_without_group_or_credentials(moto_url: str, aws_env: dict[str, str]) -> None:
+    no_group = subprocess.run(
+        [SPOTRING, "discover", "--provider", "aws", "--region", REGION],
+        capture_output=True,
+        text=True,
+        env=aws_env,
+        timeout=60,
+        check=False,
+    )
+    no_credentials = subprocess.run(
+        [SPOTRING, "discover", *aws_args("discover", moto_url)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in aws_env.items() if not k.startswith("AWS_ACCESS_KEY_ID")},
+        timeout=60,
+        check=False,
+    )
+
+    assert no_group.returncode == 2
+    assert "--group is required for --provider aws" in no_group.stderr
+    assert no_credentials.returncode == 2 and no_credentials.stdout == ""
+    assert "no AWS credentials" in no_credentials.stderr
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for(
+    process: subprocess.Popen[str], events: Path, what: str, predicate: Any
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        recorded = read_events(events)
+        if predicate(recorded):
+            return recorded
+        if process.poll() is not None:
+            output = process.stdout.read() if process.stdout else ""
+            raise AssertionError(f"job ended before {what}:\n{output[-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def committed_at(size: int, steps: int) -> Any:
+    def predicate(recorded: list[dict[str, Any]]) -> bool:
+        at_size = [e for e in recorded if e["event"] == "commit" and e["size"] == size]
+        return len(at_size) >= steps
+
+    return predicate
+
+
+def worker_on(driver_pid: int, host: str) -> int:
+    for child in psutil.Process(driver_pid).children(recursive=True):
+        try:
+            if child.environ().get("HOROVOD_HOSTNAME") == host and "python" in child.name():
+                return child.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no worker process for host {host}")
+
+
+@pytest.mark.e2e
+def test_run_follows_the_group(
+    repo: Path, tmp_path: Path, moto_url: str, aws_env: dict[str, str]
+) -> None:
+    ids = create_group("run", size=2, min_size=1, max_size=4, endpoint_url=moto_url)
+    autoscaling = client("autoscaling", moto_url)
+    events = tmp_path / "events.jsonl"
+    process = subprocess.Popen(
+        [
+            SPOTRING,
+            "run",
+            *aws_args("run", moto_url),
+            "--scale-down-on-exit",
+            "--launcher",
+            "local",
+            "--refresh-interval",
+            "0.5",
+            "-np",
+            "2",
+            "--min-np",
+            "1",
+            "--max-np",
+            "3",
+            "--",
+            sys.executable,
+            str(repo / "examples" / "train_digits.py"),
+            "--events",
+            str(events),
+            "--epochs",
+            "8",
+            "--step-seconds",
+            "0.1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        env=aws_env,
+    )
+    try:
+        wait_for(process, events, "training at size 2", committed_at(2, 10))
+        # The group grows, as when someone raises its desired capacity.
+        autoscaling.set_desired_capacity(AutoScalingGroupName="run", DesiredCapacity=3)
+        wait_for(process, events, "training at size 3", committed_at(3, 10))
+
+        # A spot interruption: the host's processes die and the group drops it.
+        victim = ids[0]
+        victim_ip = addresses(moto_url, [victim])[victim]
+        os.kill(worker_on(process.pid, victim_ip), signal.SIGKILL)
+        autoscaling.terminate_instance_in_auto_scaling_group(
+            InstanceId=victim, ShouldDecrementDesiredCapacity=True
+        )
+        output, _ = process.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+    assert process.returncode == 0, output[-4000:]
+    recorded = read_events(events)
+    done = recorded[-1]
+    assert done["event"] == "done" and done["epochs"] == 8, recorded[-3:]
+    assert done["size"] == 2
+    sizes = [e["size"] for e in recorded if e["event"] == "commit"]
+    assert sizes[0] == 2 and 3 in sizes and sizes[-1] == 2
+    assert f"host {victim_ip} failed" in output or f"-{victim_ip}" in output, output[-4000:]
+    # --scale-down-on-exit: the group is back at its MinSize.
+    group = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=["run"])
+    assert group["AutoScalingGroups"][0]["DesiredCapacity"] == 1
