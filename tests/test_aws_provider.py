@@ -751,9 +751,9 @@ def test_iam_actions_are_exactly_the_calls_made(moto: None) -> None:
 
 
 def test_docs_policy_matches_iam_actions(repo: Path) -> None:
-    text = (repo / "docs" / "aws.md").read_text()
+    text = (repo / "README.md").read_text()
     block = re.search(r"```json\n(.*?)```", text, re.DOTALL)
-    assert block, "docs/aws.md has no json policy block"
+    assert block, "README.md has no json policy block"
     policy = json.loads(block.group(1))
     arn = policy["Statement"][1]["Resource"]
     assert policy == iam_policy(arn)
