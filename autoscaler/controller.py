@@ -45,6 +45,10 @@ class Controller:
     :param refresh_interval: seconds between refreshes while the cloud answers.
     :param target_size: members to ask the group for at start; None leaves it alone.
     :param replace_failed: ask the provider to replace hosts whose workers failed.
+    :param replace_grace: seconds the job must carry on without a failed host before
+        it is replaced. When the whole job fails within that time (a bug in the
+        training script fails every worker), the hosts were not at fault and none is
+        replaced: a cloud group would otherwise replace every instance for nothing.
     """
 
     def __init__(
@@ -56,6 +60,7 @@ class Controller:
         backoff: Backoff = Backoff(),
         target_size: int | None = None,
         replace_failed: bool = True,
+        replace_grace: float = 5.0,
     ) -> None:
         self.provider = provider
         self._hook = hook
@@ -63,11 +68,12 @@ class Controller:
         self._backoff = backoff
         self._target_size = target_size
         self._replace_failed = replace_failed
+        self._replace_grace = replace_grace
 
         self._lock = threading.Lock()
         self._inventory: Inventory | None = None
         self._excluded: set[str] = set()
-        self._pending_replacements: list[str] = []
+        self._pending_replacements: dict[str, float] = {}  # instance id -> when due
         self._failures = 0
         self._last_error: ProviderError | None = None
         self._wake = threading.Event()
@@ -104,6 +110,13 @@ class Controller:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        with self._lock:
+            if self._pending_replacements:
+                log.info(
+                    "not replacing %s: the job ended before their grace period did",
+                    ", ".join(self._pending_replacements),
+                )
+            self._pending_replacements.clear()
 
     def wait_for_inventory(self, timeout: float) -> Inventory:
         """Block until the first successful refresh.
@@ -130,12 +143,13 @@ class Controller:
         if self._target_size is not None:
             self._steer(self._target_size)
         while not self._stopped.is_set():
-            self._replace_pending()
+            next_replacement = self._replace_pending()
             ok = self.refresh()
-            if isinstance(self._last_error, ConfigurationError) and not ok:
-                delay = self._refresh_interval
-            else:
-                delay = self._refresh_interval if ok else self._backoff.delay(self._failures)
+            # A configuration error will not go away by itself: no point backing off.
+            backing_off = not ok and not isinstance(self._last_error, ConfigurationError)
+            delay = self._backoff.delay(self._failures) if backing_off else self._refresh_interval
+            if next_replacement is not None:
+                delay = min(delay, next_replacement)
             self._wake.wait(delay)
             self._wake.clear()
 
@@ -203,25 +217,35 @@ class Controller:
             self._excluded.add(instance.id)
             self._inventory = inventory.with_excluded([instance.id])
             if self._replace_failed:
-                self._pending_replacements.append(instance.id)
-        log.warning("host %s (%s) taken out of the job: %s", address, instance.id, reason)
+                due = time.monotonic() + self._replace_grace
+                self._pending_replacements.setdefault(instance.id, due)
+        log.info("host %s (%s) taken out of the job: %s", address, instance.id, reason)
         if self._hook is not None:
             self._hook.spotring_host_failed(instance=instance, reason=reason)
             self._announce(inventory, self._inventory)
         self._wake.set()
         return instance
 
-    def _replace_pending(self) -> None:
+    def _replace_pending(self) -> float | None:
+        """Replace the failed hosts whose grace period is over.
+
+        Returns seconds until the next one is due, or None when none is pending.
+        """
+        now = time.monotonic()
         with self._lock:
-            pending, self._pending_replacements = self._pending_replacements, []
-        for instance_id in pending:
+            due = [i for i, at in self._pending_replacements.items() if at <= now]
+        for instance_id in due:
             try:
                 self.provider.replace_instance(instance_id)
                 log.info("asked %s to replace %s", self.provider.describe(), instance_id)
             except ProviderError as error:
                 log.warning("could not replace %s, will retry: %s", instance_id, error)
-                with self._lock:
-                    self._pending_replacements.append(instance_id)
+                continue
+            with self._lock:
+                self._pending_replacements.pop(instance_id, None)
+        with self._lock:
+            upcoming = [at for i, at in self._pending_replacements.items() if i not in due]
+        return max(0.0, min(upcoming) - now) if upcoming else None
 
     # ------------------------------------------------------------------ steering
 

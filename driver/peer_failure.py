@@ -173,7 +173,8 @@ class CollectiveAbort:
         if not int(update_res) & PEER_FAILED:
             return False
         count = self.abort()
-        log.warning("a peer died: shut down %d sockets of the collective to fail fast", count)
+        if count:  # zero when this worker's own collective had already failed
+            log.warning("a peer died: shut down %d sockets of the collective to fail fast", count)
         return True
 
 

@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         if hvd.rank() != 0:
             return
         record = {"event": event, "time": time.time(), "size": hvd.size(), **fields}
-        print(json.dumps(record), flush=True)
+        if event != "commit" or fields.get("end_of_epoch"):
+            print(json.dumps(record), flush=True)
         if args.events:
             with open(args.events, "a") as stream:
                 stream.write(json.dumps(record) + "\n")

@@ -74,6 +74,10 @@ stamp="$venv/.spotring-installed-${extras:-base}"
 want=$(sha1sum <"$root/pyproject.toml")
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   log "installing spotring${extras:+[$extras]}"
-  "${pip[@]}" -e "$root${extras:+[$extras]}"
+  # setuptools' editable-install warnings are noise here; show them only on failure.
+  if ! "${pip[@]}" -e "$root${extras:+[$extras]}" >"$venv/install.log" 2>&1; then
+    cat "$venv/install.log" >&2
+    exit 1
+  fi
   printf '%s' "$want" >"$stamp"
 fi

@@ -8,7 +8,6 @@ takes a member away, as AWS would.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -19,9 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from aws_helpers import REGION, boto_session, create_group, moto_members
+
+from tests.aws_helpers import REGION, boto_session, create_group, moto_members
+from tests.e2e_support import read_events, worker_pids
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 JOB_TIMEOUT = 300
@@ -157,12 +157,6 @@ def test_discover_without_group_or_credentials(moto_url: str, aws_env: dict[str,
 # ----------------------------------------------------------------------------- run
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def wait_for(
     process: subprocess.Popen[str], events: Path, what: str, predicate: Any
 ) -> list[dict[str, Any]]:
@@ -184,16 +178,6 @@ def committed_at(size: int, steps: int) -> Any:
         return len(at_size) >= steps
 
     return predicate
-
-
-def worker_on(driver_pid: int, host: str) -> int:
-    for child in psutil.Process(driver_pid).children(recursive=True):
-        try:
-            if child.environ().get("HOROVOD_HOSTNAME") == host and "python" in child.name():
-                return child.pid
-        except psutil.Error:
-            continue
-    raise AssertionError(f"no worker process for host {host}")
 
 
 @pytest.mark.e2e
@@ -244,7 +228,8 @@ def test_run_follows_the_group(
         # A spot interruption: the host's processes die and the group drops it.
         victim = ids[0]
         victim_ip = addresses(moto_url, [victim])[victim]
-        os.kill(worker_on(process.pid, victim_ip), signal.SIGKILL)
+        ((pid, _),) = worker_pids(process.pid, HOROVOD_HOSTNAME=victim_ip)
+        os.kill(pid, signal.SIGKILL)
         autoscaling.terminate_instance_in_auto_scaling_group(
             InstanceId=victim, ShouldDecrementDesiredCapacity=True
         )

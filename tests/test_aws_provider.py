@@ -14,18 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aws_helpers import (
-    REGION,
-    FakeGroupApi,
-    boto_session,
-    capture_params,
-    count_operations,
-    create_group,
-    forget_ec2_instance,
-    inject_errors,
-    moto_members,
-    set_ec2_state,
-)
 from botocore.retries.standard import ExponentialBackoff
 from moto import mock_aws
 
@@ -44,6 +32,18 @@ from spotring.providers.base import (
     ProviderError,
 )
 from spotring.providers.conformance import ProviderContract
+from tests.aws_helpers import (
+    REGION,
+    FakeGroupApi,
+    boto_session,
+    capture_params,
+    count_operations,
+    create_group,
+    forget_ec2_instance,
+    inject_errors,
+    moto_members,
+    set_ec2_state,
+)
 
 SECRET = "wJalrXUtnFEMI-spotring-test-secret"
 

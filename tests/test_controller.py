@@ -44,7 +44,7 @@ def recorder() -> Recorder:
 def controller(provider: ScriptedProvider, recorder: Recorder) -> Controller:
     pm = get_plugin_manager(load_entry_points=False)
     pm.register(recorder)
-    return Controller(provider, pm.hook, refresh_interval=0.01)
+    return Controller(provider, pm.hook, refresh_interval=0.01, replace_grace=0)
 
 
 def test_discovery_answers_ready_hosts_from_cache(
@@ -187,3 +187,16 @@ def test_hosts_for_slots() -> None:
     assert hosts_for_slots(4, 1) == 4
     assert hosts_for_slots(5, 2) == 3
     assert hosts_for_slots(1, 8) == 1
+
+
+def test_no_host_is_replaced_when_the_whole_job_fails_within_the_grace(
+    provider: ScriptedProvider,
+) -> None:
+    controller = Controller(provider, refresh_interval=0.01, replace_grace=60)
+    controller.refresh()
+    for host in ("a", "b"):
+        controller.host_failed(host, "exit 1")
+    assert controller._replace_pending() == pytest.approx(60, abs=1)
+    controller.stop()  # the job ended: nothing is due any more
+    controller._replace_pending()
+    assert provider.replaced == []

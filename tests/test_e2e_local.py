@@ -8,7 +8,6 @@ committed is lost, nothing beyond it is replayed) and the ring has the size it s
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import subprocess
@@ -16,8 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+
+from tests.e2e_support import assert_no_committed_step_lost, read_events, worker_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -34,25 +34,6 @@ def job(repo: Path, events: Path, *train_args: str) -> list[str]:
         str(events),
         *train_args,
     ]
-
-
-def read_events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def assert_no_committed_step_lost(events: list[dict]) -> None:
-    """Each resume continues from the last commit before it; commits only go forward."""
-    last_commit = 0
-    for event in events:
-        if event["event"] == "resume":
-            assert event["step"] == last_commit, (
-                f"resumed at step {event['step']}, last commit was {last_commit}"
-            )
-        elif event["event"] == "commit":
-            assert event["step"] >= last_commit, f"commit went back to {event['step']}"
-            last_commit = event["step"]
 
 
 def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
@@ -168,12 +149,7 @@ def wait_for_worker(driver_pid: int, rank: int, events: Path, min_step: int) -> 
         if any(
             e["event"] == "commit" and e["size"] == 3 and e["step"] >= min_step for e in recorded
         ):
-            for child in psutil.Process(driver_pid).children(recursive=True):
-                try:
-                    environ = child.environ()
-                    if environ.get("HOROVOD_RANK") == str(rank) and "python" in child.name():
-                        return child.pid, environ["HOROVOD_HOSTNAME"]
-                except psutil.Error:
-                    continue
+            for pid, environ in worker_pids(driver_pid, HOROVOD_RANK=str(rank)):
+                return pid, environ["HOROVOD_HOSTNAME"]
         time.sleep(0.2)
     raise AssertionError(f"rank {rank} did not reach step {min_step} at size 3")
