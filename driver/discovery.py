@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from horovod.runner.elastic.discovery import HostDiscovery
+
 from spotring.autoscaler.controller import Controller
 
 
