@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+
 from spotring.providers.base import Instance, InstanceState, Provider, ProviderError
 
 
