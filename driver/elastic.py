@@ -68,10 +68,6 @@ class RingTracker(RendezvousServer):
             self._on_ring(len(host_alloc_plan), hosts)
         return result
 
-    @property
-    def resets(self) -> int:
-        return max(0, len(self.world_sizes) - 1)
-
 
 def run_elastic(
     command: Sequence[str],

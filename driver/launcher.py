@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Protocol
 
@@ -160,6 +160,3 @@ def _stop(process: subprocess.Popen[str]) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-ExitCallback = Callable[[WorkerExit], None]
