@@ -402,7 +402,7 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
             run_elastic(options.job, controller, launcher, elastic, rings)
             ok, message = True, ""
         except RuntimeError as error:
-            ok, message = False, str(error).strip().splitlines()[0]
+            ok, message = False, " ".join(str(error).split())
     finally:
         controller.stop()
         provider.job_finished(options)

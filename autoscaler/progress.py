@@ -53,7 +53,7 @@ class ProgressReporter:
     @hookimpl
     def spotring_host_failed(self, instance: Instance, reason: str) -> None:
         self.host_failures.append(instance.address)
-        self._say(f"host {instance.address} failed ({reason}); taken out and replaced")
+        self._say(f"host {instance.address} failed ({reason}); taken out of the job")
 
     def ring_formed(self, size: int, hosts: list[str]) -> None:
         """Horovod's driver assigned ranks for a new ring."""
