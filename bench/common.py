@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -489,6 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             produced = module.measure(args.quick)
         except Exception as error:  # one broken benchmark must not lose the others
+            traceback.print_exc()
             note = f"{name}: failed: {type(error).__name__}: {error}"
             print(note, flush=True)
             notes.append(note)
