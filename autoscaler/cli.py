@@ -25,6 +25,8 @@ from spotring.providers.base import ConfigurationError, Provider, ProviderError
 PROG = "spotring"
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+DEFAULT_REFRESH_INTERVAL = 10.0
+"""Seconds between refreshes: one cloud call each for a steady group, 0.1 calls/s."""
 
 
 class UsageError(Exception):
@@ -172,9 +174,10 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
     control.add_argument(
         "--refresh-interval",
         type=_positive_float,
-        default=5.0,
+        default=DEFAULT_REFRESH_INTERVAL,
         metavar="SECONDS",
-        help="seconds between inventory refreshes (default: 5)",
+        help="seconds between inventory refreshes (default: 10; a worker failure is "
+        "acted on at once, whatever the interval)",
     )
     control.add_argument(
         "--target-hosts",

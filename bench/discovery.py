@@ -18,7 +18,7 @@ children's rusage. Horovod runs it on every 1 s poll through ``HostDiscoveryScri
 API calls are counted at the server (every request moto serves), and by the provider.
 
 (a) cost at 64 instances -- targets: < 20 ms CPU per refresh; steady state <= 0.1 cloud
-    API calls/s (spotring refreshes every ``--refresh-interval``, default 5 s; the script
+    API calls/s (spotring refreshes every ``--refresh-interval``, default 10 s; the script
     runs on every poll); a Horovod poll of spotring in microseconds.
 (b) scale at 100, 1,000 (and 5,000 in full mode) instances -- target: 1,000 instances
     in < 2 s with a bounded number of paginated calls (1 + ceil(N / 200)). moto itself
@@ -58,11 +58,11 @@ from bench.common import (
     moto_server,
     row,
 )
+from spotring.autoscaler.cli import DEFAULT_REFRESH_INTERVAL
 
 COST = "discovery, 64 instances"
 SCALE = "discovery scale"
 COST_SIZE = 64
-DEFAULT_REFRESH_INTERVAL = 5.0  # spotring run --refresh-interval's default
 HOROVOD_POLL_S = 1.0  # horovod.runner.elastic.driver.DISCOVER_HOSTS_FREQUENCY_SECS
 API_CALLS_TARGET = 0.1  # cloud API calls/s, steady state
 CREATE_BUDGET_S = 120.0  # give up growing a moto group after this long

@@ -241,6 +241,9 @@ class AwsProvider(Provider):
         self._gpus_by_type: dict[str, int] = {}
         self._bad_slot_tags: set[str] = set()
         self._group_record: dict[str, Any] | None = None
+        # EC2 details of running members: address, type, zone, lifecycle and tags do
+        # not change while an instance runs, so each member is described once.
+        self._running_details: dict[str, dict[str, Any]] = {}
         # Public so that tests and plugins can hook botocore events on them.
         self.autoscaling, self.ec2 = self._make_clients(
             region, profile, endpoint_url, max_api_attempts, session
@@ -329,13 +332,18 @@ class AwsProvider(Provider):
         """Every member of the group, with lifecycle, health and EC2 state combined.
 
         Costs one DescribeAutoScalingGroups page (a group's members all come in its
-        one record), ceil(members / 200) DescribeInstances calls and, the first time
-        a type is seen without a slots tag, one DescribeInstanceTypes call.
+        one record); DescribeInstances only for members not yet seen running, in
+        batches of 200; and, the first time a type is seen without a slots tag, one
+        DescribeInstanceTypes call. A steady group costs one call per refresh.
+
+        Once a member is running, its EC2 details are not asked for again: its later
+        fate (stopping, terminated by a spot reclaim) shows in the group's lifecycle
+        and health states, and spotring sees its workers die before either.
         """
         calls_before = self.api_calls
         record = self._describe_group()
         members = record.get("Instances", [])
-        details = self._describe_instances([m["InstanceId"] for m in members])
+        details = self._member_details([m["InstanceId"] for m in members])
         self._learn_gpu_counts(
             details[m["InstanceId"]].get("InstanceType", "")
             for m in members
@@ -395,6 +403,16 @@ class AwsProvider(Provider):
             )
         self._group_record = record
         return record
+
+    def _member_details(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """EC2 details by id: remembered for running members, described for the rest."""
+        known = self._running_details
+        fresh = self._describe_instances([i for i in ids if i not in known])
+        details = {i: known.get(i) or fresh[i] for i in ids if i in known or i in fresh}
+        self._running_details = {
+            i: detail for i, detail in details.items() if detail["State"]["Name"] == "running"
+        }
+        return details
 
     def _describe_instances(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         details: dict[str, dict[str, Any]] = {}

@@ -356,7 +356,7 @@ def test_slots_from_gpu_count_cached_per_type(moto: None) -> None:
 
     assert [i.slots for i in first + second] == [4] * 4
     assert ops["ec2:DescribeInstanceTypes"] == 1
-    assert provider.last_refresh_calls == 2
+    assert provider.last_refresh_calls == 1  # steady group: the group record only
 
 
 def test_unknown_instance_type_counts_one_slot(moto: None) -> None:
@@ -429,8 +429,8 @@ def test_thousand_member_group_costs_bounded_calls() -> None:
     assert len({i.id for i in first}) == 1000
     assert all(i.is_ready and i.slots == 4 and i.lifecycle is Lifecycle.SPOT for i in first)
     assert first_calls == 1 + batches + 1  # + the one DescribeInstanceTypes
-    assert provider.last_refresh_calls == 1 + batches
-    assert provider.api_calls == first_calls + 1 + batches
+    assert provider.last_refresh_calls == 1  # all running: only the group record
+    assert provider.api_calls == first_calls + 1
     assert api.calls["describe_instance_types"] == 1
     assert max(api.filter_sizes) <= 200
 
@@ -758,3 +758,19 @@ def test_docs_policy_matches_iam_actions(repo: Path) -> None:
     arn = policy["Statement"][1]["Resource"]
     assert policy == iam_policy(arn)
     assert arn.startswith("arn:aws:autoscaling:")
+
+
+def test_only_members_not_yet_running_are_described_again(moto: None) -> None:
+    ids = create_group(size=2)
+    provider = make_provider()
+    ops = count_operations(provider.ec2)
+    provider.list_instances()
+    assert ops["ec2:DescribeInstances"] == 1
+    provider.list_instances()
+    assert ops["ec2:DescribeInstances"] == 1, "running members are not described again"
+
+    provider.autoscaling.set_desired_capacity(AutoScalingGroupName="workers", DesiredCapacity=3)
+    listed = provider.list_instances()
+    assert ops["ec2:DescribeInstances"] == 2
+    (new,) = [i for i in listed if i.id not in ids]
+    assert new.address and new.is_ready
