@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from spotring.autoscaler.hookspecs import hookimpl
@@ -58,19 +58,20 @@ class LocalProvider(Provider):
         scale_up_to: int | None = None,
         preempt_at: Sequence[float] = (),
         preempt_host: str | None = None,
-        clock=time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if hosts < 0 or hosts > max_hosts:
             raise ConfigurationError(f"--hosts must be between 0 and --max-hosts ({max_hosts})")
         if (scale_up_at is None) != (scale_up_to is None):
             raise ConfigurationError("--scale-up-at and --scale-up-to go together")
+        if scale_up_to is not None and not 0 <= scale_up_to <= max_hosts:
+            raise ConfigurationError(f"--scale-up-to must be between 0 and {max_hosts}")
         self._clock = clock
         self._started = clock()
         self._slots = slots
         self._max_hosts = max_hosts
         self._boot_seconds = boot_seconds
         self._scale_up = (scale_up_at, scale_up_to) if scale_up_at is not None else None
-        self._preempt_host = preempt_host
         self._lock = threading.Lock()
         self._hosts: dict[str, _Host] = {}
         self._next_index = 0
