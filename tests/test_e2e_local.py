@@ -59,7 +59,7 @@ def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
             "--scale-up-to",
             "3",
             "--preempt-at",
-            "30",
+            "40",
             *job(repo, events, "--epochs", "16", "--step-seconds", "0.1"),
         ],
         capture_output=True,
