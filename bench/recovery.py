@@ -39,10 +39,14 @@ from pathlib import Path
 
 import psutil
 
+from bench.common import Row, format_table, row
+
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "bench" / "workloads" / "steps.py"
 BIN = Path(sys.executable).parent
 WORKERS = 4
+RECOVERY = "hard-kill recovery, 4 local workers"
+ANCHOR = "horovodrun + discovery script"
 CYCLE_TIMEOUT = 120.0
 
 
@@ -183,6 +187,10 @@ def _local_host_names() -> list[str]:
     return list(dict.fromkeys(names))[:WORKERS]
 
 
+def _workload(log: Path, state: str) -> list[str]:
+    return [sys.executable, str(WORKLOAD), "--step-log", str(log), "--state", state]
+
+
 def run_spotring(workdir: Path, kills: int) -> tuple[list[dict], list[float]]:
     log = workdir / "spotring.jsonl"
     argv = [
@@ -203,14 +211,7 @@ def run_spotring(workdir: Path, kills: int) -> tuple[list[dict], list[float]]:
         "--boot-seconds",
         "2",
         "--",
-        sys.executable,
-        str(WORKLOAD),
-        "--step-log",
-        str(log),
-        "--stop-file",
-        str(workdir / "stop"),
-        "--state",
-        "spotring",
+        *_workload(log, "spotring"),
     ]
     job = Job(argv, log, dict(os.environ))
     try:
@@ -243,14 +244,7 @@ def run_anchor(workdir: Path, kills: int) -> list[dict]:
         "--blacklist-cooldown-range",
         "3",
         "5",
-        sys.executable,
-        str(WORKLOAD),
-        "--step-log",
-        str(log),
-        "--stop-file",
-        str(workdir / "stop"),
-        "--state",
-        "horovod",
+        *_workload(log, "horovod"),
     ]
     job = Job(argv, log, dict(os.environ))
     try:
@@ -265,10 +259,10 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def measure(quick: bool = False) -> list[dict]:
+def measure(quick: bool = False) -> list[Row]:
     """Rows for bench/run: recovery p50/p95/max, steps lost, scale-up latency."""
     kills = 3 if quick else 10
-    anchor_kills = 2 if quick else 5
+    anchor_kills = 2 if quick else 5  # each costs Gloo's 30 s timeout
     with tempfile.TemporaryDirectory(prefix="spotring-bench-") as tmp:
         workdir = Path(tmp)
         ours, scale_up = run_spotring(workdir, kills)
@@ -279,56 +273,32 @@ def measure(quick: bool = False) -> list[dict]:
         "workers": WORKERS,
         "kills": len(ours),
         "anchor kills": len(anchor),
-        "anchor": "horovodrun --host-discovery-script (host stays listed)",
+        "spotring recoveries s": [round(s, 2) for s in ours_s],
+        "anchor recoveries s": [round(s, 2) for s in anchor_s],
     }
-    rows = []
-    for label, q in (("p50", 0.5), ("p95", 0.95), ("max", 1.0)):
-        value, base = _percentile(ours_s, q), _percentile(anchor_s, q)
-        rows.append(
-            {
-                "benchmark": "hard-kill recovery, 4 local workers",
-                "metric": f"{label} s kill -> next step",
-                "value": value,
-                "anchor_name": "horovodrun + discovery script",
-                "anchor_value": base,
-                "ratio": value / base if base else float("nan"),
-                "target": "p95 < 3 s" if label == "p95" else "",
-                "met": value < 3.0 if label == "p95" else None,
-                "extra": setup,
-            }
-        )
+    rows = [
+        row(RECOVERY, f"{label} s kill -> next step", _percentile(ours_s, q), ANCHOR,
+            _percentile(anchor_s, q), target, setup)
+        for label, q, target in (("p50", 0.5, ""), ("p95", 0.95, "< 3 s"), ("max", 1.0, ""))
+    ]  # fmt: skip
     # A commit in flight at the kill can land after we read the log: resuming past the
     # step we read is not a loss, hence the clamp at 0.
     lost = [max(0, c["committed_at_kill"] - c["resumed_from"]) for c in ours]
     redone = [max(0, c["last_step_at_kill"] - c["resumed_from"]) for c in ours]
     anchor_lost = [max(0, c["committed_at_kill"] - c["resumed_from"]) for c in anchor]
     rows.append(
-        {
-            "benchmark": "steps lost per failure",
-            "metric": "max committed steps lost",
-            "value": float(max(lost)),
-            "anchor_name": "horovodrun + discovery script",
-            "anchor_value": float(max(anchor_lost)),
-            "ratio": float("nan"),
-            "target": "0",
-            "met": max(lost) == 0,
-            "extra": {"uncommitted steps redone (max)": max(redone), "per kill": lost},
-        }
-    )
+        row("steps lost per failure", "max committed steps lost", max(lost), ANCHOR,
+            max(anchor_lost), "== 0",
+            {"uncommitted steps redone (max)": max(redone), "per kill": lost})
+    )  # fmt: skip
     if scale_up:
+        base = _percentile(ours_s, 0.5)
         rows.append(
-            {
-                "benchmark": "scale-up latency",
-                "metric": "median s host READY -> step at size 4",
-                "value": statistics.median(scale_up),
-                "anchor_name": "recovery p50 (for scale)",
-                "anchor_value": _percentile(ours_s, 0.5),
-                "ratio": statistics.median(scale_up) / _percentile(ours_s, 0.5),
-                "target": "",
-                "met": None,
-                "extra": {"samples": [round(s, 2) for s in scale_up]},
-            }
-        )
+            row("scale-up latency", "median s host READY -> step at size 4",
+                statistics.median(scale_up), "recovery p50 (for scale)", base, "",
+                {"samples": [round(s, 2) for s in scale_up],
+                 "includes": "the new worker's start-up (imports) and a reset of the ring"})
+        )  # fmt: skip
     return rows
 
 
@@ -336,8 +306,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    for row in measure(args.quick):
-        print(json.dumps(row))
+    print(format_table(measure(args.quick)))
 
 
 if __name__ == "__main__":

@@ -3,15 +3,14 @@
 Rank 0 appends ``{"t", "step", "size", "event"}`` to ``--log`` after every optimizer
 step ("step"), after every commit ("commit") and when training (re)starts ("resume").
 ``--state spotring`` uses spotring's TorchState (fail-fast on a dead peer);
-``--state horovod`` uses ``hvd.elastic.TorchState`` (the anchor). Runs until
-``--stop-file`` exists.
+``--state horovod`` uses ``hvd.elastic.TorchState`` (the anchor). Runs until the
+benchmark stops the job.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import horovod.torch as hvd
@@ -21,7 +20,6 @@ import torch
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--step-log", required=True)
-    parser.add_argument("--stop-file", required=True)
     parser.add_argument("--state", choices=["spotring", "horovod"], default="spotring")
     parser.add_argument("--step-seconds", type=float, default=0.05)
     args = parser.parse_args()
@@ -51,7 +49,7 @@ def main() -> None:
     @hvd.elastic.run
     def train(state) -> None:  # type: ignore[no-untyped-def]
         log("resume")
-        while not os.path.exists(args.stop_file):
+        while True:  # the benchmark ends the job from outside
             optimizer.zero_grad()
             model(torch.randn(32, 512)).square().mean().backward()
             optimizer.step()
