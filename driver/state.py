@@ -114,6 +114,11 @@ class _Arena:
             self.flats[key][start : start + t.numel()].view(t.shape)
             for (key, start), t in zip(placement, tensors, strict=True)
         ]
+        self._placement = placement
+        # Set by adopt(): live tensors moved into flat buffers laid out like `flats`.
+        self._live: dict[tuple[torch.dtype, torch.device, bool], torch.Tensor] = {}
+        self._live_ptrs: list[int] = []
+        self._loose: list[int] = list(range(len(tensors)))  # indices outside `_live`
         # Copies touching a GPU are asynchronous; these are the devices to wait for.
         self.cuda_devices = sorted({t.device for t in tensors if t.is_cuda}, key=str)
 
@@ -133,12 +138,56 @@ class _Arena:
             t is not None and _signature(t) == s for t, s in zip(tensors, sig, strict=True)
         )
 
+    def adopt(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Move the live CPU tensors into flat buffers laid out like the copies.
+
+        Each tensor keeps its identity (``tensor.data`` is re-pointed at a view), and a
+        commit becomes one copy per buffer, at memcpy speed, instead of one per tensor.
+        Only buffers whose tensors all live in ordinary CPU memory are adopted: a CUDA
+        tensor's copy sits in pinned host memory and is saved tensor by tensor.
+        """
+        with torch.no_grad():
+            for key, flat in self.flats.items():
+                members = [i for i, (k, _) in enumerate(self._placement) if k == key]
+                if key[1] != _CPU or key[2] or any(tensors[i].device != _CPU for i in members):
+                    continue
+                live = torch.empty_like(flat)
+                for i in members:
+                    start, tensor = self._placement[i][1], tensors[i]
+                    view = live[start : start + tensor.numel()].view(tensor.shape)
+                    view.copy_(tensor)
+                    tensor.data = view
+                self._live[key] = live
+        adopted = {i for i, (k, _) in enumerate(self._placement) if k in self._live}
+        self._loose = [i for i in range(len(tensors)) if i not in adopted]
+        self._live_ptrs = [t.data_ptr() for t in tensors]
+
+    def _adopted(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether every tensor still lives where adopt() put it (none was replaced)."""
+        return bool(self._live) and [t.data_ptr() for t in tensors] == self._live_ptrs
+
     def save(self, tensors: list[torch.Tensor]) -> None:
-        _copy_all(self.views, tensors, non_blocking=bool(self.cuda_devices))
+        if self._adopted(tensors):
+            with torch.no_grad():
+                for key, live in self._live.items():
+                    self.flats[key].copy_(live)
+            loose = self._loose
+            _copy_all([self.views[i] for i in loose], [tensors[i] for i in loose],
+                      non_blocking=bool(self.cuda_devices))  # fmt: skip
+        else:
+            _copy_all(self.views, tensors, non_blocking=bool(self.cuda_devices))
         self._wait()
 
     def restore(self, tensors: list[torch.Tensor], views: list[torch.Tensor] | None = None) -> None:
-        _copy_all(tensors, self.views if views is None else views, bool(self.cuda_devices))
+        if views is None and self._adopted(tensors):
+            with torch.no_grad():
+                for key, live in self._live.items():
+                    live.copy_(self.flats[key])
+            loose = self._loose
+            _copy_all([tensors[i] for i in loose], [self.views[i] for i in loose],
+                      bool(self.cuda_devices))  # fmt: skip
+        else:
+            _copy_all(tensors, self.views if views is None else views, bool(self.cuda_devices))
         self._wait()
 
     def _wait(self) -> None:
@@ -171,6 +220,7 @@ class _ModelHandler(StateHandler):
         if self._arena is None or keys != self._keys or not self._arena.matches(tensors):
             self._arena = None  # free the old layout before allocating the new one
             self._arena = _Arena(tensors, self._offload)
+            self._arena.adopt(tensors)
             self._keys = keys
         self._arena.save(tensors)
         self._other = other
@@ -253,6 +303,7 @@ class _OptimizerHandler(StateHandler):
         if self._arena is None or slots != self._slots or not self._arena.matches(tensors):
             self._arena = None
             self._arena = _Arena(tensors, self._offload)
+            self._arena.adopt(tensors)
             self._slots = slots
             self._slot_views = {slot: i for i, slot in enumerate(slots)}
         self._arena.save(tensors)

@@ -32,3 +32,30 @@ def test_restore_forgets_allreduces_of_a_failed_step(monkeypatch: pytest.MonkeyP
     model(torch.ones(3, 4)).sum().backward()
     optimizer.step()
     state.commit()
+
+
+def test_commit_adopts_cpu_state_into_one_buffer_and_survives_replaced_tensors() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    params = list(model.parameters())
+    state = TorchState(model, optimizer)
+    state.commit()
+    storages = {p.untyped_storage().data_ptr() for p in params}
+    assert len(storages) == 1, "parameters were not moved into one flat buffer"
+    assert params == list(model.parameters()), "parameters must stay the same objects"
+
+    committed = [p.detach().clone() for p in params]
+    # Someone replaces a parameter's storage: commits must fall back, not go stale.
+    params[0].data = params[0].data.clone()
+    with torch.no_grad():
+        params[0].add_(1.0)
+    committed[0] = params[0].detach().clone()
+    state.commit()
+    with torch.no_grad():
+        for p in params:
+            p.mul_(3.0)
+    state.restore()
+    for p, saved in zip(params, committed, strict=True):
+        assert torch.equal(p, saved)
