@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from spotring.providers.base import Instance, InstanceState
 
@@ -24,7 +25,7 @@ class Inventory:
     excluded: frozenset[str] = field(default_factory=frozenset)
     """Ids of members spotring took out of the job (failed workers, notices)."""
 
-    @property
+    @cached_property  # snapshots never change; Horovod reads this every second
     def ready(self) -> tuple[Instance, ...]:
         """Members Horovod may place workers on, in a stable order."""
         return tuple(i for i in self.instances if i.is_ready and i.id not in self.excluded)
