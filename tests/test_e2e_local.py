@@ -92,17 +92,19 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
     process = subprocess.Popen(
         [
             SPOTRING,
+            "--log-level",
+            "info",
             "run",
             "--provider",
             "local",
             "-np",
-            "3",
+            "4",
             "--min-np",
-            "2",
+            "3",
             "--max-np",
-            "3",
+            "4",
             "--hosts",
-            "3",
+            "4",
             "--refresh-interval",
             "60",  # the provider will not notice anything itself
             "--boot-seconds",
@@ -128,16 +130,18 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
-    assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 2
+    assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 3
     assert f"host {host} failed" in output
-    assert "a peer died: shut down" in output
+    # The driver told both survivors before Horovod recorded the failure. (Which of
+    # them was still blocked, if either, is a race; the timeout check below is not.)
+    assert f"told 3 peers of {host}[0] that it died" in output
     assert "Timed out waiting" not in output
     resumed = [e for e in recorded if e["time"] > killed_at and e["event"] == "resume"]
-    assert resumed and resumed[0]["size"] == 2
+    assert resumed and resumed[0]["size"] == 3
 
 
 def wait_for_worker(driver_pid: int, rank: int, events: Path, min_step: int) -> tuple[int, str]:
-    """(pid, host) of the worker of ``rank`` once rank 0 committed ``min_step`` at size 3.
+    """(pid, host) of the worker of ``rank`` once rank 0 committed ``min_step`` at size 4.
 
     Ranks are read from the workers' launch environment, valid while no reset happened.
     """
@@ -147,9 +151,9 @@ def wait_for_worker(driver_pid: int, rank: int, events: Path, min_step: int) -> 
         if any(e["event"] == "resume" and e["step"] > 0 for e in recorded):
             raise AssertionError("a reset happened before the kill")
         if any(
-            e["event"] == "commit" and e["size"] == 3 and e["step"] >= min_step for e in recorded
+            e["event"] == "commit" and e["size"] == 4 and e["step"] >= min_step for e in recorded
         ):
             for pid, environ in worker_pids(driver_pid, HOROVOD_RANK=str(rank)):
                 return pid, environ["HOROVOD_HOSTNAME"]
         time.sleep(0.2)
-    raise AssertionError(f"rank {rank} did not reach step {min_step} at size 3")
+    raise AssertionError(f"rank {rank} did not reach step {min_step} at size 4")
