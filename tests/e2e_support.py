@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +43,19 @@ def worker_pids(driver_pid: int, **environ: str) -> list[tuple[int, dict[str, st
         except psutil.Error:
             continue
     return found
+
+
+@contextmanager
+def running_job(
+    argv: Sequence[str], cwd: Path, env: dict[str, str]
+) -> Iterator[subprocess.Popen[str]]:
+    """A ``spotring run`` process (output on its stdout), killed if still running at exit."""
+    process = subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.aws_helpers import REGION, boto_session, create_group, moto_members
-from tests.e2e_support import read_events, worker_pids
+from tests.e2e_support import read_events, running_job, worker_pids
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 JOB_TIMEOUT = 300
@@ -187,7 +187,7 @@ def test_run_follows_the_group(
     ids = create_group("run", size=2, min_size=1, max_size=4, endpoint_url=moto_url)
     autoscaling = client("autoscaling", moto_url)
     events = tmp_path / "events.jsonl"
-    process = subprocess.Popen(
+    with running_job(
         [
             SPOTRING,
             "run",
@@ -213,13 +213,9 @@ def test_run_follows_the_group(
             "--step-seconds",
             "0.1",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
         cwd=tmp_path,
         env=aws_env,
-    )
-    try:
+    ) as process:
         wait_for(process, events, "training at size 2", committed_at(2, 10))
         # The group grows, as when someone raises its desired capacity.
         autoscaling.set_desired_capacity(AutoScalingGroupName="run", DesiredCapacity=3)
@@ -234,10 +230,6 @@ def test_run_follows_the_group(
             InstanceId=victim, ShouldDecrementDesiredCapacity=True
         )
         output, _ = process.communicate(timeout=JOB_TIMEOUT)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
 
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_support import assert_no_committed_step_lost, read_events, worker_pids
+from tests.e2e_support import assert_no_committed_step_lost, read_events, running_job, worker_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -89,7 +89,7 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
 ) -> None:
     events = tmp_path / "events.jsonl"
     env = dict(os.environ, HOROVOD_GLOO_TIMEOUT_SECONDS="120")  # a stall would show
-    process = subprocess.Popen(
+    with running_job(
         [
             SPOTRING,
             "--log-level",
@@ -111,28 +111,20 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
             "3600",  # and no replacement arrives during the test
             *job(repo, events, "--epochs", "6", "--step-seconds", "0.05"),
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
         cwd=tmp_path,
         env=env,
-    )
-    try:
+    ) as process:
         # Not rank 0: it writes the step log this test reads.
         victim, host = wait_for_worker(process.pid, 1, events, min_step=10)
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         output, _ = process.communicate(timeout=JOB_TIMEOUT)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
     assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 3
     assert f"host {host} failed" in output
-    # The driver told both survivors before Horovod recorded the failure. (Which of
+    # The driver told every survivor before Horovod recorded the failure. (Which of
     # them was still blocked, if either, is a race; the timeout check below is not.)
     assert f"told 3 peers of {host}[0] that it died" in output
     assert "Timed out waiting" not in output
