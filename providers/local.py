@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from spotring.autoscaler.controller import hosts_for_slots
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
@@ -139,7 +140,8 @@ class LocalProvider(Provider):
         slots = options.slots_per_host or 1
         hosts = options.hosts
         if hosts is None:
-            hosts = -(-options.num_proc // slots) if getattr(options, "num_proc", None) else 1
+            num_proc = getattr(options, "num_proc", None)  # `discover` has no -np
+            hosts = hosts_for_slots(num_proc, slots) if num_proc else 1
         return cls(
             hosts,
             slots=slots,
