@@ -1,30 +1,64 @@
 """Worker launchers: start one Horovod worker per slot, watch it, report its exit.
 
-Horovod's elastic driver calls the launcher on a thread per slot with the full worker
-command (Horovod's environment variables prefixed with ``env``) and a list of events;
-any event set means "stop this worker". The launcher returns ``(exit_code, time)``.
+Horovod's elastic driver calls the launcher on a thread per slot; any of the events
+set means "stop this worker". The launcher returns ``(exit_code, time)``.
 
-spotring's launchers add what Horovod's own lacks: they report every worker start and
+Each worker runs under ``spotring.worker_image.supervisor``, started as a local process
+or over ssh; the worker's command and environment go to it as one JSON line on its
+stdin, so no environment value appears in any process's argv. Closing that stdin stops
+the worker (on a remote host too, where a signal would only reach the ssh client).
+
+spotring's launchers add what Horovod's own lack: they report every worker start and
 exit to listeners the moment it happens, so a dead worker's host leaves discovery and
-its peers are told at once instead of after Gloo's 30 s timeout.
+its peers are told at once instead of after Gloo's 30 s timeout; and any failure to
+start or watch a worker becomes that worker's failed exit, never a silent hang.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import IO, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Literal, Protocol
+
+from spotring.providers.base import is_valid_address
+
+log = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 5.0
 """How long a stopped worker gets between SIGTERM and SIGKILL."""
+
+LAUNCH_FAILED_EXIT = 255
+"""The exit code reported for a worker that could not be started or watched."""
+
+STOPPED_EXIT = 128 + signal.SIGTERM
+"""Reported for a stopped worker that exited 0 anyway (over ssh, a remote worker killed
+by a signal can look like that): Horovod takes any 0 as success and ends the job."""
+
+HostKeyChecking = Literal["accept-new", "yes", "no"]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What to run for one slot: Horovod's slot, the command, its environment."""
+
+    host: str
+    local_rank: int
+    rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,12 +84,33 @@ class WorkerListener(Protocol):
     def worker_exited(self, exit: WorkerExit, process_group: int) -> None: ...
 
 
+@dataclass(frozen=True)
+class SshOptions:
+    """How the ssh launcher reaches worker hosts.
+
+    ``host_key_checking``: ``accept-new`` (default) trusts a host's key the first time
+    and refuses a changed one, in a known_hosts file of the job's own (or
+    ``known_hosts``); ``yes`` accepts only keys already in ``known_hosts`` (default:
+    ssh's own files); ``no`` checks nothing. Keys are pinned under the instance id when
+    one is known, so a new instance that reuses a private IP is not mistaken for an
+    attacker.
+    """
+
+    port: int | None = None
+    identity_file: str | None = None
+    host_key_checking: HostKeyChecking = "accept-new"
+    known_hosts: str | None = None
+
+
 class ProcessLauncher:
-    """Runs each worker as a process group, locally or over ssh.
+    """Runs each worker under the supervisor, as a local process or over ssh.
 
     :param remote: run workers over ssh on their host (False: as local processes, for
         the ``local`` provider and for tests that map cloud instances to this machine).
     :param listeners: told of every start and exit, on the worker's thread.
+    :param ssh: ssh settings for remote workers.
+    :param python: the interpreter that runs the supervisor on the hosts.
+    :param host_alias: the instance id of an address, to pin its ssh host key under.
     """
 
     def __init__(
@@ -63,81 +118,145 @@ class ProcessLauncher:
         *,
         remote: bool,
         listeners: Sequence[WorkerListener] = (),
-        ssh_port: int | None = None,
-        ssh_identity_file: str | None = None,
+        ssh: SshOptions = SshOptions(),
+        python: str = sys.executable,
+        host_alias: Callable[[str], str | None] = lambda address: None,
         output: IO[str] | None = None,
     ) -> None:
         self._remote = remote
         self._listeners = list(listeners)
-        self._ssh_port = ssh_port
-        self._ssh_identity_file = ssh_identity_file
+        self._ssh = ssh
+        self._python = python
+        self._host_alias = host_alias
         self._output = output or sys.stdout
         self._output_lock = threading.Lock()
+        self._job_dir: str | None = None
+        self._job_dir_lock = threading.Lock()
 
     def add_listener(self, listener: WorkerListener) -> None:
         self._listeners.append(listener)
 
-    def __call__(
-        self, command: str, slot_info, events: Sequence[threading.Event]
-    ) -> tuple[int, float]:
-        """Horovod's ``exec_command``: run ``command`` for ``slot_info`` until it ends."""
-        host, local_rank, rank = slot_info.hostname, slot_info.local_rank, slot_info.rank
-        argv = self._argv(command, host)
+    def close(self) -> None:
+        """Remove the job's own known_hosts file, if one was made."""
+        with self._job_dir_lock:
+            if self._job_dir is not None:
+                shutil.rmtree(self._job_dir, ignore_errors=True)
+                self._job_dir = None
+
+    def __call__(self, spec: WorkerSpec, events: Sequence[threading.Event]) -> tuple[int, float]:
+        """Run ``spec`` until it ends or an event is set; never raises.
+
+        A worker that cannot be started or watched (a bad address, no ssh binary, a
+        listener raising) is reported as failed with :data:`LAUNCH_FAILED_EXIT`, so
+        Horovod records its exit instead of waiting for it forever.
+        """
+        process: subprocess.Popen[str] | None = None
+        try:
+            process = self._start(spec)
+            self._tell("worker_started", spec.host, process.pid)
+            exit_code, stopped = self._watch(process, spec, events)
+        except Exception as error:
+            log.error(
+                "could not run worker rank %d on %s: %s: %s",
+                spec.rank,
+                spec.host,
+                type(error).__name__,
+                error,
+            )
+            if process is not None and process.poll() is None:
+                _kill_group(process)
+            exit_code, stopped = LAUNCH_FAILED_EXIT, False
+        result = WorkerExit(spec.host, spec.local_rank, spec.rank, exit_code, stopped)
+        self._tell("worker_exited", result, process.pid if process is not None else -1)
+        return exit_code, time.time()
+
+    # ---------------------------------------------------------------- starting
+
+    def _start(self, spec: WorkerSpec) -> subprocess.Popen[str]:
+        if not is_valid_address(spec.host):
+            raise ValueError(f"{spec.host!r} is not a host name or IP address")
         process = subprocess.Popen(
-            argv,
+            self.argv(spec.host),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, so kills reach its children
+            env=dict(spec.env) if not self._remote else None,
             text=True,
             errors="replace",
         )
-        for listener in self._listeners:
-            listener.worker_started(host, process.pid)
-        pump = threading.Thread(
-            target=self._pump, args=(process.stdout, f"[{rank}]<{host}:{local_rank}>"), daemon=True
-        )
-        pump.start()
-        stopped = self._wait(process, events)
-        pump.join(timeout=2.0)
-        exit_code = process.returncode
-        result = WorkerExit(host, local_rank, rank, exit_code, stopped)
-        for listener in self._listeners:
-            listener.worker_exited(result, process.pid)
-        return exit_code, time.time()
+        assert process.stdin is not None
+        line = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": spec.cwd}
+        line["grace"] = STOP_GRACE_SECONDS
+        process.stdin.write(json.dumps(line) + "\n")
+        process.stdin.flush()  # stays open: closing it stops the worker
+        return process
 
-    def _argv(self, command: str, host: str) -> list[str]:
+    def argv(self, host: str) -> list[str]:
+        """The command line that starts the supervisor for ``host``: no secrets in it."""
+        supervisor = [self._python, "-m", "spotring.worker_image.supervisor"]
         if not self._remote:
-            return ["/bin/sh", "-c", command]
-        remote_command = f"cd {shlex.quote(os.getcwd())} >/dev/null 2>&1; {command}"
-        argv = [
-            "ssh",
+            return supervisor
+        options = [
             "-o",
-            "PasswordAuthentication=no",
-            "-o",
-            "StrictHostKeyChecking=no",
+            "BatchMode=yes",  # never prompt for a password or passphrase
             # A host that vanishes (spot reclaim) drops ssh within ~10 s, not at TCP timeout.
             "-o",
             "ServerAliveInterval=5",
             "-o",
             "ServerAliveCountMax=2",
+            *self._host_key_options(host),
         ]
-        if self._ssh_port is not None:
-            argv += ["-p", str(self._ssh_port)]
-        if self._ssh_identity_file is not None:
-            argv += ["-i", self._ssh_identity_file]
-        return [*argv, host, remote_command]
+        if self._ssh.port is not None:
+            options += ["-p", str(self._ssh.port)]
+        if self._ssh.identity_file is not None:
+            options += ["-i", self._ssh.identity_file]
+        remote = "exec " + shlex.join(supervisor)
+        # "--" ends ssh's options: nothing from a provider is ever read as one.
+        return ["ssh", *options, "--", host, remote]
 
-    @staticmethod
-    def _wait(process: subprocess.Popen[str], events: Sequence[threading.Event]) -> bool:
-        """Wait for the process; stop it if any event is set. True if we stopped it."""
+    def _host_key_options(self, host: str) -> list[str]:
+        mode = self._ssh.host_key_checking
+        if mode == "no":
+            return ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+        options = ["-o", f"StrictHostKeyChecking={mode}"]
+        known_hosts = self._ssh.known_hosts
+        if known_hosts is None and mode == "accept-new":
+            known_hosts = os.path.join(self._job_directory(), "known_hosts")
+        if known_hosts is not None:
+            options += ["-o", f"UserKnownHostsFile={known_hosts}"]
+        alias = self._host_alias(host)
+        if alias and is_valid_address(alias):
+            options += ["-o", f"HostKeyAlias={alias}"]
+        return options
+
+    def _job_directory(self) -> str:
+        with self._job_dir_lock:
+            if self._job_dir is None:
+                self._job_dir = tempfile.mkdtemp(prefix="spotring-ssh-")
+            return self._job_dir
+
+    # ---------------------------------------------------------------- watching
+
+    def _watch(
+        self, process: subprocess.Popen[str], spec: WorkerSpec, events: Sequence[threading.Event]
+    ) -> tuple[int, bool]:
+        """Wait for the worker; stop it if any event is set. Returns (code, stopped)."""
+        prefix = f"[{spec.rank}]<{spec.host}:{spec.local_rank}>"
+        pump = threading.Thread(target=self._pump, args=(process.stdout, prefix), daemon=True)
+        pump.start()
+        stopped = False
         while process.poll() is None:
             if any(event.is_set() for event in events):
                 _stop(process)
-                return True
+                stopped = True
+                break
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=0.05)
-        return False
+        pump.join(timeout=2.0)
+        if stopped and process.returncode == 0:
+            return STOPPED_EXIT, True
+        return process.returncode, stopped
 
     def _pump(self, stream: IO[str] | None, prefix: str) -> None:
         if stream is None:
@@ -147,16 +266,28 @@ class ProcessLauncher:
                 self._output.write(f"{prefix}: {line}")
                 self._output.flush()
 
+    def _tell(self, method: str, *args: Any) -> None:
+        """Call every listener; one that raises is logged and does not stop the others."""
+        for listener in self._listeners:
+            try:
+                getattr(listener, method)(*args)
+            except Exception:
+                log.exception("worker listener %r failed in %s", listener, method)
+
 
 def _stop(process: subprocess.Popen[str]) -> None:
-    """SIGTERM the worker's process group, SIGKILL it after a grace period."""
-    for sig, grace in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, None)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """Close the supervisor's stdin (it stops the worker); kill what is left after that."""
+    with contextlib.suppress(OSError):
+        assert process.stdin is not None
+        process.stdin.close()
+    try:
+        process.wait(timeout=STOP_GRACE_SECONDS + 2.0)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5.0)

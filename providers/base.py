@@ -25,6 +25,9 @@ from __future__ import annotations
 import abc
 import argparse
 import enum
+import ipaddress
+import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -89,8 +92,36 @@ class Instance:
 
     @property
     def is_ready(self) -> bool:
-        """True when Horovod may place workers on this member."""
-        return self.state is InstanceState.READY and bool(self.address) and self.notice is None
+        """True when Horovod may place workers on this member.
+
+        A member whose address is not a host name or IP address never is: the address
+        goes to ssh and into Horovod's host list.
+        """
+        return (
+            self.state is InstanceState.READY
+            and self.notice is None
+            and is_valid_address(self.address)
+        )
+
+
+_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?:\.(?!-)[A-Za-z0-9_-]{1,63})*\.?")
+
+
+def is_valid_address(address: str) -> bool:
+    """Whether ``address`` is an IP address or a DNS host name (nothing ssh could read
+    as an option, no spaces, no shell or URL syntax)."""
+    if not address or len(address) > 253:
+        return False
+    try:
+        ipaddress.ip_address(address)
+        return True
+    except ValueError:
+        return _HOST_NAME.fullmatch(address) is not None
+
+
+def hosts_for_slots(num_proc: int, slots_per_host: int) -> int:
+    """Hosts needed to run ``num_proc`` workers at ``slots_per_host`` each (at least 1)."""
+    return max(1, math.ceil(num_proc / max(1, slots_per_host)))
 
 
 class ProviderError(Exception):

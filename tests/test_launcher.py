@@ -1,14 +1,31 @@
-"""ProcessLauncher: output, exits reported to listeners, stopping on events."""
+"""ProcessLauncher and the worker supervisor: output, exits, stops, secrets, ssh."""
 
 from __future__ import annotations
 
 import io
+import os
+import stat
+import subprocess
+import sys
 import threading
 import time
+import uuid
+from pathlib import Path
 
-from horovod.runner.common.util.hosts import SlotInfo
+import psutil
+import pytest
 
-from spotring.driver.launcher import ProcessLauncher, WorkerExit
+from spotring.driver.launcher import (
+    LAUNCH_FAILED_EXIT,
+    ProcessLauncher,
+    SshOptions,
+    WorkerExit,
+    WorkerSpec,
+)
+from spotring.driver.worker_env import parse_forwarded, worker_base_environment
+from spotring.worker_image.supervisor import SITEHOOK_DIR, interface_towards
+
+ENV = {"PATH": os.environ["PATH"]}
 
 
 class Listener:
@@ -23,16 +40,22 @@ class Listener:
         self.exits.append(exit)
 
 
-def slot(host: str = "host-1", rank: int = 2) -> SlotInfo:
-    return SlotInfo(
-        hostname=host, rank=rank, local_rank=0, cross_rank=rank, size=3, local_size=1, cross_size=3
-    )
+def spec(*argv: str, host: str = "host-1", env: dict[str, str] | None = None) -> WorkerSpec:
+    return WorkerSpec(host=host, local_rank=0, rank=2, argv=argv, env=env or ENV)
+
+
+def processes_with(marker: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(marker in part for part in process.info["cmdline"] or ()):
+            found.append(process)
+    return found
 
 
 def test_output_is_prefixed_and_exit_reported() -> None:
     out, listener = io.StringIO(), Listener()
     launcher = ProcessLauncher(remote=False, listeners=[listener], output=out)
-    code, _ = launcher("echo hello; exit 3", slot(), [threading.Event()])
+    code, _ = launcher(spec("sh", "-c", "echo hello; exit 3"), [threading.Event()])
     assert code == 3
     assert out.getvalue() == "[2]<host-1:0>: hello\n"
     assert listener.started and listener.started[0][0] == "host-1"
@@ -46,27 +69,186 @@ def test_output_is_prefixed_and_exit_reported() -> None:
     )
 
 
+def test_a_worker_killed_by_a_signal_is_reported_with_it() -> None:
+    code, _ = ProcessLauncher(remote=False, output=io.StringIO())(
+        spec("sh", "-c", "kill -9 $$"), []
+    )
+    assert code == -9
+
+
 def test_event_stops_the_whole_process_group_and_is_not_a_failure() -> None:
     listener, event = Listener(), threading.Event()
+    marker = f"spotring-test-{uuid.uuid4().hex}"
     launcher = ProcessLauncher(remote=False, listeners=[listener], output=io.StringIO())
-    threading.Timer(0.3, event.set).start()
+    threading.Timer(0.5, event.set).start()
     began = time.monotonic()
-    code, _ = launcher("sleep 60 & sleep 60; wait", slot(), [event])
+    code, _ = launcher(spec("sh", "-c", f"sleep 60 {marker} & sleep 60; wait", marker), [event])
     assert time.monotonic() - began < 10
     assert code != 0
     (exit,) = listener.exits
     assert exit.stopped and not exit.failed
+    assert not processes_with(marker), "a child of the worker survived the stop"
 
 
 def test_success_is_not_a_failure() -> None:
     listener = Listener()
-    ProcessLauncher(remote=False, listeners=[listener], output=io.StringIO())("true", slot(), [])
+    ProcessLauncher(remote=False, listeners=[listener], output=io.StringIO())(spec("true"), [])
     assert listener.exits[0].exit_code == 0 and not listener.exits[0].failed
 
 
-def test_remote_workers_go_over_ssh_with_keepalive() -> None:
-    launcher = ProcessLauncher(remote=True, ssh_port=2222, ssh_identity_file="/k")
-    argv = launcher._argv("python train.py", "10.0.0.5")
-    assert argv[0] == "ssh" and "10.0.0.5" in argv
-    assert "ServerAliveInterval=5" in argv and argv[argv.index("-p") + 1] == "2222"
-    assert argv[-1].endswith("python train.py") and argv[-1].startswith("cd ")
+def test_worker_environment_comes_through_stdin_never_argv() -> None:
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    out = io.StringIO()
+    seen_in_argv: list[bool] = []
+
+    def look() -> None:
+        time.sleep(0.5)
+        seen_in_argv.append(bool(processes_with(secret)))
+
+    watcher = threading.Thread(target=look)
+    watcher.start()
+    ProcessLauncher(remote=False, output=out)(
+        spec("sh", "-c", 'echo "$MY_TOKEN|$PYTHONPATH"; sleep 1', env={**ENV, "MY_TOKEN": secret}),
+        [],
+    )
+    watcher.join()
+    assert out.getvalue().split(": ", 1)[1].strip() == f"{secret}|{SITEHOOK_DIR}"
+    assert seen_in_argv == [False]
+
+
+def test_failures_to_start_or_watch_become_failed_exits() -> None:
+    class Raising(Listener):
+        def worker_started(self, host: str, process_group: int) -> None:
+            raise RuntimeError("a listener's bug")
+
+    listener = Raising()
+    launcher = ProcessLauncher(remote=False, listeners=[listener], output=io.StringIO())
+    # A listener raising does not lose the worker: it is still watched to its end.
+    assert launcher(spec("sh", "-c", "exit 4"), [])[0] == 4
+    assert listener.exits[-1].exit_code == 4
+    # An address ssh could take for an option is never started.
+    code, _ = launcher(spec("true", host="-oProxyCommand=touch /tmp/x"), [])
+    assert code == LAUNCH_FAILED_EXIT and listener.exits[-1].failed
+    # No interpreter to run the supervisor (or no ssh binary): a failed exit, not a hang.
+    broken = ProcessLauncher(remote=False, python="/nonexistent/python", listeners=[listener])
+    assert broken(spec("true"), [])[0] == LAUNCH_FAILED_EXIT
+    assert listener.exits[-1].failed
+
+
+def test_supervisor_rejects_a_bad_spec_in_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "spotring.worker_image.supervisor"],
+        input="not json\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "bad worker spec" in result.stderr
+
+
+def test_workers_pick_the_interface_that_routes_to_the_driver() -> None:
+    assert interface_towards("127.0.0.1") == "lo"
+
+
+# ---------------------------------------------------------------------- environment
+
+
+def test_only_allow_listed_and_named_variables_are_forwarded() -> None:
+    driver = {
+        "PATH": "/bin",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",
+        "NCCL_DEBUG": "INFO",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONPATH": "/src",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "AWS_ACCESS_KEY_ID": "AKIA",
+        "GOOGLE_APPLICATION_CREDENTIALS": "/key.json",
+        "AZURE_CLIENT_SECRET": "azure-secret",
+        "MY_SECRET_TOKEN": "token",
+        "WANDB_API_KEY": "wandb",
+    }
+    forwarded = parse_forwarded(["WANDB_API_KEY", "EXTRA=1"], driver)
+    env = worker_base_environment(driver, forwarded)
+    assert env == {
+        "PATH": "/bin",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",
+        "NCCL_DEBUG": "INFO",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONPATH": "/src",
+        "WANDB_API_KEY": "wandb",
+        "EXTRA": "1",
+    }
+
+
+@pytest.mark.parametrize("item", ["1BAD", "A-B=1", "", "NOT_SET_ANYWHERE"])
+def test_bad_forwarded_names_are_rejected(item: str) -> None:
+    with pytest.raises(ValueError):
+        parse_forwarded([item], {})
+
+
+# ------------------------------------------------------------------------------ ssh
+
+
+def test_ssh_argv_ends_options_before_the_host_and_pins_host_keys() -> None:
+    launcher = ProcessLauncher(
+        remote=True,
+        ssh=SshOptions(port=2222, identity_file="/k"),
+        python="/opt/spotring/venv/bin/python",
+        host_alias=lambda address: "i-0abc",
+    )
+    try:
+        argv = launcher.argv("10.0.0.5")
+        assert argv[0] == "ssh" and argv[-3:-1] == ["--", "10.0.0.5"]
+        assert argv[-1] == "exec /opt/spotring/venv/bin/python -m spotring.worker_image.supervisor"
+        options = argv[1 : argv.index("--")]
+        assert "StrictHostKeyChecking=accept-new" in options
+        assert "HostKeyAlias=i-0abc" in options
+        assert "BatchMode=yes" in options and "ServerAliveInterval=5" in options
+        known = next(o for o in options if o.startswith("UserKnownHostsFile="))
+        assert Path(known.split("=", 1)[1]).parent.name.startswith("spotring-ssh-")
+        assert options[options.index("-p") + 1] == "2222"
+    finally:
+        launcher.close()
+    no_check = ProcessLauncher(remote=True, ssh=SshOptions(host_key_checking="no"))
+    assert "StrictHostKeyChecking=no" in no_check.argv("h")
+
+
+@pytest.fixture
+def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An ``ssh`` that runs the remote command in a session of its own, as a remote host
+    would, fed by a pipe that closes when this "client" dies or its stdin closes."""
+    script = tmp_path / "bin" / "ssh"
+    script.parent.mkdir()
+    script.write_text(
+        "#!/bin/sh\n"
+        'while [ "$1" != "--" ]; do shift; done; shift\n'
+        'echo "$1" >> "$FAKE_SSH_HOSTS"; shift\n'
+        'cat | setsid sh -c "$1"\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_HOSTS", str(tmp_path / "hosts"))
+    return tmp_path / "hosts"
+
+
+def test_a_stop_reaches_the_remote_process_group(fake_ssh: Path) -> None:
+    marker = f"spotring-remote-{uuid.uuid4().hex}"
+    event, listener = threading.Event(), Listener()
+    launcher = ProcessLauncher(
+        remote=True,
+        listeners=[listener],
+        ssh=SshOptions(host_key_checking="no"),
+        output=io.StringIO(),
+    )
+    threading.Timer(1.0, event.set).start()
+    code, _ = launcher(
+        spec("sh", "-c", f"sleep 60 {marker} & wait", marker, host="10.1.2.3"), [event]
+    )
+    # Never 0 for a stopped worker, whatever ssh says: Horovod would take it as success.
+    assert listener.exits[-1].stopped and code != 0
+    assert fake_ssh.read_text().split() == ["10.1.2.3"]
+    deadline = time.monotonic() + 10
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_with(marker), "the remote worker outlived its stop"

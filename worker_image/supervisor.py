@@ -1,0 +1,174 @@
+"""Runs one Horovod worker on its host for spotring's launcher, and stops it on EOF.
+
+The launcher starts ``python -m spotring.worker_image.supervisor`` (locally, or on the
+worker host over ssh) and writes one JSON line to its stdin::
+
+    {"argv": [...], "env": {...}, "cwd": "/dir", "grace": 5.0}
+
+Why a supervisor instead of ``env K=V ... command`` on a command line:
+
+* The worker's environment (Horovod's settings, what the user forwarded, the job key)
+  travels over the pipe, or ssh's encrypted channel, never through any process's argv,
+  where ``ps`` on the driver or the host would show it.
+* The launcher keeps stdin open for the worker's life. When it closes (a stop, or the
+  driver dying, or ssh's connection dropping), the supervisor stops the worker's whole
+  process group: SIGTERM, then SIGKILL after ``grace`` seconds. Over ssh this is the only
+  way a stop reaches the remote process, since signals reach the local ssh client only.
+* The worker gets spotring's ``sitecustomize`` (the fast peer-failure abort, whatever
+  state class the script uses) and, unless given one, the network interface that routes
+  to the driver's rendezvous server, found on this host.
+
+The supervisor exits as its worker did: with its exit code, or killed by the same signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+SITEHOOK_DIR = str(Path(__file__).resolve().with_name("sitehook"))
+"""Put first on the worker's PYTHONPATH: its sitecustomize installs the peer abort."""
+
+DEFAULT_GRACE_SECONDS = 5.0
+CANNOT_START_EXIT = 127
+
+
+def worker_environment(base: Mapping[str, str], given: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment: this host's, the launcher's on top, spotring's hooks."""
+    env = {**base, **given}
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = SITEHOOK_DIR + (os.pathsep + path if path else "")
+    env.setdefault("SPOTRING_PEER_ABORT", "1")
+    if "HOROVOD_GLOO_IFACE" not in env and "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env:
+        iface = interface_towards(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"])
+        if iface is not None:
+            env["HOROVOD_GLOO_IFACE"] = iface
+            env.setdefault("NCCL_SOCKET_IFNAME", iface)
+    return env
+
+
+def interface_towards(address: str) -> str | None:
+    """The name of this host's interface whose address routes to ``address``."""
+    import psutil
+
+    try:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # UDP: picks a route, sends nothing
+            local = probe.getsockname()[0]
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == local for a in addresses):
+            return name
+    return None
+
+
+def _die_with_parent() -> None:
+    """In the worker, before exec: SIGKILL it if the supervisor dies (Linux), so a
+    killed supervisor never leaves a worker training on its own."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _read_line(fd: int, limit: int = 16 << 20) -> bytes:
+    """One line from ``fd``, unbuffered: nothing past it is consumed."""
+    chunks = bytearray()
+    while len(chunks) < limit:
+        byte = os.read(fd, 1)
+        if not byte or byte == b"\n":
+            break
+        chunks += byte
+    return bytes(chunks)
+
+
+def _read_spec(fd: int) -> dict[str, Any]:
+    try:
+        spec = json.loads(_read_line(fd) or b"null")
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON: {error}") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("argv"), list) or not spec["argv"]:
+        raise ValueError("expected a JSON object with a non-empty 'argv' list")
+    if not all(isinstance(a, str) for a in spec["argv"]):
+        raise ValueError("'argv' must hold strings")
+    env = spec.get("env", {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ValueError("'env' must map strings to strings")
+    return spec
+
+
+def _stop_group_when_stdin_closes(grace: float) -> None:
+    # The raw descriptor, not sys.stdin: a daemon thread blocked in a buffered read
+    # holds its lock, which would abort the interpreter's shutdown.
+    while os.read(0, 65536):
+        pass
+    group = os.getpgid(0)
+    try:
+        os.killpg(group, signal.SIGTERM)  # the worker and its children; ours is a no-op
+        time.sleep(grace)
+        os.killpg(group, signal.SIGKILL)  # whatever is left, this process included
+    except ProcessLookupError:
+        pass
+
+
+def main() -> int:
+    try:
+        spec = _read_spec(0)
+    except ValueError as error:
+        print(f"spotring supervisor: bad worker spec: {error}", file=sys.stderr)
+        return 2
+    if os.getpgid(0) != os.getpid():
+        os.setsid()  # over ssh: a group of our own, so a stop reaches every child
+    # A stop signals the whole group: the worker decides what SIGTERM means, we wait.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    cwd = spec.get("cwd")
+    if not (isinstance(cwd, str) and os.path.isdir(cwd)):
+        cwd = None
+    env = worker_environment(os.environ, spec.get("env", {}))
+    try:
+        worker = subprocess.Popen(
+            spec["argv"],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,  # one libc call before exec: no locks taken
+        )
+    except OSError as error:
+        print(f"spotring: cannot start {spec['argv'][0]!r}: {error}", file=sys.stderr)
+        return CANNOT_START_EXIT
+    grace = float(spec.get("grace", DEFAULT_GRACE_SECONDS))
+    threading.Thread(target=_stop_group_when_stdin_closes, args=(grace,), daemon=True).start()
+    while True:
+        try:
+            code = worker.wait()
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+            continue
+    if code < 0:  # die the way the worker did, so the driver sees the signal
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # no interpreter shutdown while the stdin thread is blocked
