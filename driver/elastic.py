@@ -1,41 +1,77 @@
-"""Runs Horovod's elastic driver with spotring's discovery and launcher.
+"""Runs Horovod's elastic driver with spotring's discovery, launcher and stop conditions.
 
-We call ``horovod.runner.gloo_run.launch_gloo_elastic`` -- the function ``horovodrun``
-uses -- with our own ``HostDiscovery`` (the controller's inventory) and our own
-``exec_command`` (the launcher). Horovod keeps doing what it does well: rendezvous,
-rank assignment, blacklisting and resets.
+We drive ``horovod.runner.elastic.driver.ElasticDriver`` -- the engine ``horovodrun``
+uses -- with our own ``HostDiscovery`` (the controller's inventory) and our own worker
+factory. Horovod keeps doing what it does well: rendezvous, rank assignment,
+blacklisting and resets. What we do instead of ``horovod.runner.gloo_run`` and why:
+
+* Each worker's command and environment go to the launcher as data (a
+  :class:`~spotring.driver.launcher.WorkerSpec`), not as an ``env K=V ...`` string, so
+  no value reaches any process's argv; and only allow-listed variables are forwarded.
+* No interface probe over ssh (Horovod's pickles the job's secret key onto each task's
+  command line): with ``--network-interface`` the named interfaces are used, otherwise
+  the driver listens on its address towards the hosts and each worker picks its own
+  interface towards the driver.
+* Every ring gets a generation number, published on the rendezvous server, which the
+  peer-failure messages are bound to.
+* The job stops cleanly, with the controller's message, when the controller hits an
+  error it cannot retry (a missing group, denied permissions, a plugin's bug).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
+import secrets
+import socket
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from horovod.runner.common.util import secret, timeout
-from horovod.runner.driver import driver_service
+from horovod.runner.common.util import codec
 from horovod.runner.elastic.driver import ElasticDriver
-from horovod.runner.elastic.settings import ElasticSettings
+from horovod.runner.elastic.rendezvous import create_rendezvous_handler
 from horovod.runner.elastic.worker import HostUpdateResult
-from horovod.runner.gloo_run import launch_gloo_elastic
+from horovod.runner.gloo_run import create_slot_env_vars
 from horovod.runner.http.http_server import RendezvousServer
+from horovod.runner.util.network import get_driver_ip
 
-from spotring.autoscaler.controller import Controller
+from spotring.autoscaler.inventory import Inventory
 from spotring.driver.discovery import InventoryHostDiscovery
-from spotring.driver.launcher import ProcessLauncher, WorkerExit
+from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.peer_failure import PeerFailureNotifier
+from spotring.worker_image.peer_abort import JOB_KEY_ENV, RING_KEY, RING_SCOPE
 
 log = logging.getLogger(__name__)
 
 COORDINATOR_REPLAY_DELAY_SECONDS = 1.0
 
 
+class JobController(Protocol):
+    """What the driver needs of spotring's controller."""
+
+    @property
+    def inventory(self) -> Inventory | None: ...
+
+    def host_failed(self, address: str, reason: str) -> object: ...
+
+    def wait_for_fatal_error(self, timeout: float | None = None) -> Exception | None:
+        """Block until the controller stops for good; its error, or None on timeout."""
+        ...
+
+
+class JobAborted(RuntimeError):
+    """The job was stopped before it could finish: by the controller, or a signal."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 @dataclass(frozen=True)
 class ElasticOptions:
-    """The elastic options of ``horovodrun``, by the same names."""
+    """The elastic options of ``horovodrun``, by the same names, and the worker env."""
 
     num_proc: int
     min_num_proc: int
@@ -46,13 +82,16 @@ class ElasticOptions:
     start_timeout: int = 120
     nics: tuple[str, ...] = ()
     verbose: int = 0
+    worker_env: Mapping[str, str] = field(default_factory=dict)
+    """The allow-listed and user-forwarded environment every worker starts from."""
 
 
 class RingTracker(RendezvousServer):
     """Horovod's rendezvous server, recording every ring the driver forms.
 
     Horovod calls ``init`` with the new slot plan at the start and after every reset,
-    which makes it the one place that sees each world size.
+    which makes it the one place that sees each ring. Each ring's generation is
+    published in the server's store, where workers read it after their ``init``.
     """
 
     def __init__(self, verbose: int = 0, on_ring: Callable[[int, list[str]], None] | None = None):
@@ -60,10 +99,19 @@ class RingTracker(RendezvousServer):
         self.world_sizes: list[int] = []
         self._on_ring = on_ring
 
+    @property
+    def generation(self) -> int:
+        """The current ring's number: 1 for the first ring, +1 per reset."""
+        return len(self.world_sizes)
+
     def init(self, host_alloc_plan):  # type: ignore[no-untyped-def]
-        result = super().init(host_alloc_plan)
-        hosts = sorted({slot.hostname for slot in host_alloc_plan})
+        result = super().init(host_alloc_plan)  # clears the store
         self.world_sizes.append(len(host_alloc_plan))
+        httpd = self._httpd
+        with httpd.cache_lock:
+            value = codec.dumps_base64(self.generation, to_ascii=False)
+            httpd.cache.setdefault(RING_SCOPE, {})[RING_KEY] = value
+        hosts = sorted({slot.hostname for slot in host_alloc_plan})
         if self._on_ring is not None:
             self._on_ring(len(host_alloc_plan), hosts)
         return result
@@ -71,7 +119,7 @@ class RingTracker(RendezvousServer):
 
 def run_elastic(
     command: Sequence[str],
-    controller: Controller,
+    controller: JobController,
     launcher: ProcessLauncher,
     options: ElasticOptions,
     rendezvous: RingTracker | None = None,
@@ -79,46 +127,131 @@ def run_elastic(
     """Run ``command`` as an elastic Horovod job on the controller's hosts.
 
     Returns when the job succeeds; raises ``RuntimeError`` with Horovod's message when
-    it fails.
+    it fails, and :class:`JobAborted` when the controller stopped it.
     """
-    notifier = PeerFailureNotifier()
+    rendezvous = rendezvous or RingTracker(options.verbose)
+    job_key = secrets.token_bytes(32)
+    notifier = PeerFailureNotifier(job_key, lambda: rendezvous.generation)
     launcher.add_listener(_FailureRouter(controller, notifier))
 
-    settings = ElasticSettings(
-        discovery=InventoryHostDiscovery(controller),
-        min_num_proc=options.min_num_proc,
-        max_num_proc=options.max_num_proc,
-        elastic_timeout=options.elastic_timeout,
+    driver = ElasticDriver(
+        rendezvous,
+        InventoryHostDiscovery(controller),
+        options.min_num_proc,
+        options.max_num_proc,
+        timeout=options.elastic_timeout,
         reset_limit=options.reset_limit,
         cooldown_range=options.cooldown_range,
-        num_proc=options.num_proc,
         verbose=options.verbose,
-        nics=set(options.nics) or None,
-        key=secret.make_secret_key(),
-        start_timeout=timeout.Timeout(
-            options.start_timeout, message="Timed out waiting for {activity}."
-        ),
     )
+    port = rendezvous.start(create_rendezvous_handler(driver))
+    notifier.attach(driver)
+    _replay_host_changes_for_new_coordinator(driver)
+    stopper = _Stopper(driver)
+    threading.Thread(
+        target=_stop_on_fatal_error, args=(controller, stopper), name="spotring-stop", daemon=True
+    ).start()
+    try:
+        hosts = driver.wait_for_available_slots(options.num_proc)
+        run_env = _rendezvous_env(options.nics, hosts.host_assignment_order, port)
+        run_env[JOB_KEY_ENV] = job_key.hex()
+        base = {**options.worker_env, **run_env, "PYTHONUNBUFFERED": "1"}
 
-    def get_common_interfaces(driver: ElasticDriver) -> set[str]:
-        # Horovod hands us its driver here: the one chance to reach its worker clients.
-        notifier.attach(driver)
-        _replay_host_changes_for_new_coordinator(driver)
-        if options.nics:
-            return set(options.nics)
-        hosts = driver.wait_for_available_slots(options.num_proc, min_hosts=2)
-        return driver_service.get_common_interfaces(settings, hosts.host_assignment_order)
+        def create_worker(slot_info: Any, events: Sequence[threading.Event]) -> tuple[int, float]:
+            spec = WorkerSpec(
+                host=slot_info.hostname,
+                local_rank=slot_info.local_rank,
+                rank=slot_info.rank,
+                argv=tuple(command),
+                env={**base, **create_slot_env_vars(slot_info)},
+                cwd=os.getcwd(),
+            )
+            return launcher(spec, events)
 
-    env = dict(os.environ)
-    launch_gloo_elastic(
-        list(command),
-        launcher,
-        settings,
-        env,
-        get_common_interfaces,
-        rendezvous or RingTracker(options.verbose),
-        sys.executable,
-    )
+        driver.start(options.num_proc, create_worker)
+        results = _wait_for_results(driver, stopper)
+    except RuntimeError:
+        if stopper.reason is None:
+            raise
+    finally:
+        stopper.stop()
+    if stopper.reason is not None:
+        raise JobAborted(stopper.reason, stopper.cause)
+    if results.error_message is not None:
+        raise RuntimeError(results.error_message)
+    for name, (exit_code, _) in sorted(results.worker_results.items(), key=lambda i: i[1][1]):
+        if exit_code != 0:
+            raise RuntimeError(
+                "Horovod detected that one or more processes exited with non-zero status, "
+                f"thus causing the job to be terminated. The first process to do so was: "
+                f"Process name: {name} Exit code: {exit_code}"
+            )
+
+
+def _rendezvous_env(nics: Sequence[str], hosts: Sequence[str], port: int) -> dict[str, str]:
+    """Where workers find the rendezvous server, and the interfaces they use."""
+    address = get_driver_ip(nics) if nics else _address_towards(hosts)
+    env = {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": address,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_ELASTIC": "1",
+    }
+    if nics:  # otherwise each worker's supervisor picks its interface towards the driver
+        env["HOROVOD_GLOO_IFACE"] = nics[0]
+        env["NCCL_SOCKET_IFNAME"] = ",".join(nics)
+    return env
+
+
+def _address_towards(hosts: Sequence[str]) -> str:
+    """This machine's address on the route to the first host it can route to."""
+    for host in hosts:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((host, 9))  # UDP: picks a route, sends nothing
+                return str(probe.getsockname()[0])
+        except OSError:
+            continue
+    raise RuntimeError(f"no route to any of the hosts {', '.join(hosts)}: pass --network-interface")
+
+
+class _Stopper:
+    """Stops Horovod's driver once, remembering why (None: the job ended by itself)."""
+
+    def __init__(self, driver: ElasticDriver) -> None:
+        self._driver = driver
+        self._lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.reason: str | None = None
+        self.cause: BaseException | None = None
+
+    def stop(self, reason: str | None = None, cause: BaseException | None = None) -> None:
+        with self._lock:
+            if self.stopped.is_set():
+                return
+            self.stopped.set()
+            self.reason, self.cause = reason, cause
+        self._driver.stop(error_message=reason)
+        with self._driver._wait_hosts_cond:  # wake a wait for slots: it sees the shutdown
+            self._driver._wait_hosts_cond.notify_all()
+
+
+def _stop_on_fatal_error(controller: JobController, stopper: _Stopper) -> None:
+    while not stopper.stopped.is_set():
+        error = controller.wait_for_fatal_error(timeout=0.5)
+        if error is not None:
+            log.error("stopping the job: %s", error)
+            stopper.stop(str(error), error)
+
+
+def _wait_for_results(driver: ElasticDriver, stopper: _Stopper) -> Any:
+    """Horovod's results; on Ctrl-C, stop every worker first (a second Ctrl-C forces)."""
+    try:
+        return driver.get_results()
+    except KeyboardInterrupt as interrupt:
+        stopper.stop("interrupted", interrupt)
+        return driver.get_results()
 
 
 def _replay_host_changes_for_new_coordinator(driver: ElasticDriver) -> None:
@@ -162,7 +295,7 @@ class _FailureRouter:
     so the peers are told before any new rendezvous can begin.
     """
 
-    def __init__(self, controller: Controller, notifier: PeerFailureNotifier) -> None:
+    def __init__(self, controller: JobController, notifier: PeerFailureNotifier) -> None:
         self._controller = controller
         self._notifier = notifier
 

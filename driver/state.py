@@ -35,8 +35,6 @@ from horovod.torch.functions import (
 )
 from horovod.torch.mpi_ops import rank
 
-from spotring.driver import peer_failure
-
 __all__ = ["Offload", "TorchState"]
 
 Offload = Literal["auto", "device", "host"]
@@ -440,20 +438,6 @@ class TorchState(ObjectState):
         for name, handler in handlers.items():
             setattr(self, name, handler.value)
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **plain)
-        # Built right after hvd.init(): learn which sockets are the Gloo context's, so a
-        # dead peer's message can free this worker from a hung collective.
-        self._collective_abort = peer_failure.install()
-
-    def on_hosts_updated(self, timestamp: int, update_res: int) -> None:
-        """Horovod's notification hook, plus spotring's peer-failure message.
-
-        A message with the PEER_FAILED bit shuts down the current Gloo context's
-        sockets (see ``spotring.driver.peer_failure``) instead of queueing a host
-        update: the hung collective then fails at once and the normal reset follows.
-        """
-        if self._collective_abort.handle(update_res):
-            return
-        super().on_hosts_updated(timestamp, update_res)
 
     @property
     def steps_since_commit(self) -> int:

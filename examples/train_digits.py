@@ -44,6 +44,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="sleep this long per step, to stretch a demo over chaos events",
     )
     parser.add_argument("--events", help="rank 0 appends JSON lines here")
+    parser.add_argument(
+        "--state",
+        choices=["spotring", "horovod"],
+        default="spotring",
+        help="spotring's TorchState (buffer commits) or horovod's hvd.elastic.TorchState",
+    )
     return parser.parse_args(argv)
 
 
@@ -90,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.events, "a") as stream:
                 stream.write(json.dumps(record) + "\n")
 
-    state = TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, step=0)
+    state_class = TorchState if args.state == "spotring" else hvd.elastic.TorchState
+    state = state_class(model, optimizer, sampler=sampler, epoch=0, batch=0, step=0)
     resets = 0  # seen by this process: a counter in `state` would roll back with the rest
 
     def on_reset() -> None:

@@ -38,7 +38,12 @@ def worker_pids(driver_pid: int, **environ: str) -> list[tuple[int, dict[str, st
     for child in psutil.Process(driver_pid).children(recursive=True):
         try:
             env = child.environ()
-            if "python" in child.name() and all(env.get(k) == v for k, v in environ.items()):
+            supervisor = "spotring.worker_image.supervisor" in child.cmdline()
+            if (
+                "python" in child.name()
+                and not supervisor
+                and all(env.get(k) == v for k, v in environ.items())
+            ):
                 found.append((child.pid, env))
         except psutil.Error:
             continue

@@ -1,13 +1,21 @@
-"""Worker side of the peer-failure abort: which sockets, and what shutting them does."""
+"""The peer-failure abort: which sockets, which messages, and what reaches whom."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 
-from horovod.runner.elastic.worker import HostUpdateResult
+import pytest
 
-from spotring.driver.peer_failure import PEER_FAILED, CollectiveAbort, own_tcp_sockets
+from spotring.worker_image.peer_abort import (
+    CollectiveAbort,
+    PeerFailedRequest,
+    own_tcp_sockets,
+    patch_notification_service,
+)
+
+KEY = bytes(range(32))
 
 
 def connected_pair() -> tuple[socket.socket, socket.socket]:
@@ -17,11 +25,17 @@ def connected_pair() -> tuple[socket.socket, socket.socket]:
     return client, accepted
 
 
+def guard_in_ring(generation: int = 3) -> tuple[CollectiveAbort, list[socket.socket]]:
+    """A guard whose current context (ring ``generation``) is one connected pair."""
+    guard = CollectiveAbort(KEY, lambda: generation)
+    opened: list[socket.socket] = []
+    guard.track_init(lambda: opened.extend(connected_pair()))()
+    return guard, opened
+
+
 def test_tracked_init_remembers_only_the_sockets_it_opened() -> None:
     unrelated = connected_pair()  # e.g. a data loader's connection, open before init
-    opened: list[socket.socket] = []
-    guard = CollectiveAbort()
-    guard.track_init(lambda: opened.extend(connected_pair()))()
+    guard, opened = guard_in_ring()
     try:
         assert guard.abort() == 2
         # The unrelated connection still works.
@@ -32,15 +46,12 @@ def test_tracked_init_remembers_only_the_sockets_it_opened() -> None:
             sock.close()
 
 
-def test_abort_frees_a_blocked_receive_at_once() -> None:
-    guard = CollectiveAbort()
-    before = own_tcp_sockets()
-    ours, peer = connected_pair()
-    guard.remember(own_tcp_sockets() - before)
+def test_a_valid_message_frees_a_blocked_receive_at_once() -> None:
+    guard, (ours, peer) = guard_in_ring(generation=3)
     received: list[bytes] = []
     reader = threading.Thread(target=lambda: received.append(ours.recv(1)))
     reader.start()  # blocked, like Gloo waiting on a peer that will never send
-    assert guard.handle(HostUpdateResult(HostUpdateResult.removed | PEER_FAILED))
+    assert guard.handle(PeerFailedRequest.sign(KEY, 3, 1, "host-1[0]"))
     reader.join(timeout=5)
     try:
         assert not reader.is_alive() and received == [b""]
@@ -49,26 +60,53 @@ def test_abort_frees_a_blocked_receive_at_once() -> None:
         peer.close()
 
 
-def test_plain_host_updates_are_left_to_horovod() -> None:
-    guard = CollectiveAbort()
-    before = own_tcp_sockets()
-    ours, peer = connected_pair()
-    guard.remember(own_tcp_sockets() - before)
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (PeerFailedRequest.sign(b"x" * 32, 3, 1, "host-1[0]"), "bad signature"),
+        (PeerFailedRequest(3, 1, "host-1[0]", b"\0" * 32), "bad signature"),
+        (PeerFailedRequest(3, "1", "host-1[0]", b"\0" * 32), "bad signature"),  # type: ignore[arg-type]
+        (PeerFailedRequest.sign(KEY, 2, 1, "host-1[0]"), "ring 2"),  # from an earlier ring
+        ("update", "not a peer-failure message"),
+    ],
+)
+def test_forged_stale_and_malformed_messages_leave_the_ring_alone(
+    request_: object, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    guard, (ours, peer) = guard_in_ring(generation=3)
     try:
-        assert not guard.handle(HostUpdateResult.removed)
-        assert not guard.handle(HostUpdateResult.added)
+        with caplog.at_level(logging.WARNING):
+            assert not guard.handle(request_)
+        assert reason in caplog.text and guard.rejected == 1
         peer.sendall(b"y")
-        assert ours.recv(1) == b"y"
+        assert ours.recv(1) == b"y", "the collective's sockets were touched"
     finally:
         ours.close()
         peer.close()
 
 
+def test_a_replayed_message_is_rejected() -> None:
+    guard, (ours, peer) = guard_in_ring(generation=3)
+    message = PeerFailedRequest.sign(KEY, 3, 7, "host-1[0]")
+    try:
+        assert guard.handle(message)
+        guard.context_formed(own_tcp_sockets(), 3)
+        assert guard.check(message) == "replayed (sequence 7)"
+        assert guard.check(PeerFailedRequest.sign(KEY, 3, 6, "host-1[0]")) is not None
+        assert guard.check(PeerFailedRequest.sign(KEY, 3, 8, "host-1[0]")) is None
+    finally:
+        ours.close()
+        peer.close()
+
+
+def test_a_worker_without_the_job_key_accepts_nothing() -> None:
+    guard = CollectiveAbort(None, lambda: 1)
+    guard.context_formed((), 1)
+    assert guard.check(PeerFailedRequest.sign(KEY, 1, 1, "h[0]")) == "this worker has no job key"
+
+
 def test_abort_touches_a_context_once() -> None:
-    guard = CollectiveAbort()
-    before = own_tcp_sockets()
-    pair = connected_pair()
-    guard.remember(own_tcp_sockets() - before)
+    guard, pair = guard_in_ring()
     try:
         assert guard.abort() == 2
         assert guard.abort() == 0  # a later context is not the one that was aborted
@@ -77,8 +115,11 @@ def test_abort_touches_a_context_once() -> None:
             sock.close()
 
 
+# ------------------------------------------------------------ through Horovod's service
+
+
 class Recorder:
-    """Stands in for a worker's WorkerNotificationManager: records what arrives."""
+    """Stands in for a worker's WorkerNotificationManager: records Horovod's updates."""
 
     def __init__(self) -> None:
         self.updates: list[int] = []
@@ -106,7 +147,9 @@ class Ring:
         return self.clients.get((slot_info.hostname, slot_info.local_rank))
 
 
-def test_notifier_reaches_every_survivor_through_horovods_service() -> None:
+def test_notifier_counts_deliveries_through_horovods_service(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from horovod.runner.common.util import secret
     from horovod.runner.elastic.worker import (
         WorkerNotificationClient,
@@ -115,23 +158,56 @@ def test_notifier_reaches_every_survivor_through_horovods_service() -> None:
 
     from spotring.driver.peer_failure import PeerFailureNotifier
 
-    key = secret.make_secret_key()
-    recorders = {host: Recorder() for host in ("host-0", "host-1", "host-2")}
-    services = {h: WorkerNotificationService(key, "lo", r) for h, r in recorders.items()}
+    monkeypatch.setattr(WorkerNotificationService, "_handle", WorkerNotificationService._handle)
+    hosts = ("host-0", "host-1", "host-2", "host-3")
+    guards = {h: CollectiveAbort(KEY, lambda: 5) for h in hosts}
+    for guard in guards.values():
+        guard.context_formed((), 5)
+    by_service: dict[int, CollectiveAbort] = {}
+    patch_notification_service(lambda service: by_service[id(service)])
+    recorders = {h: Recorder() for h in hosts}
+    worker_keys = {h: secret.make_secret_key() for h in hosts}
+    services = {h: WorkerNotificationService(worker_keys[h], "lo", recorders[h]) for h in hosts}
+    for host, service in services.items():
+        by_service[id(service)] = guards[host]
     try:
         clients = {
-            (h, 0): WorkerNotificationClient(s.addresses(), key, verbose=0)
+            (h, 0): WorkerNotificationClient(s.addresses(), worker_keys[h], verbose=0)
             for h, s in services.items()
         }
-        notifier = PeerFailureNotifier()
+        services["host-3"].shutdown()  # gone too: it cannot be told
+        notifier = PeerFailureNotifier(KEY, lambda: 5)
         notifier.attach(Ring(clients))
-        assert notifier.notify("host-1", 0) == 2
-        assert recorders["host-1"].updates == [], "the dead worker is not told"
+        with caplog.at_level(logging.INFO):
+            assert notifier.notify("host-1", 0) == 2
+        assert "told 2 peers of host-1[0] that it died" in caplog.text
+        assert "could not tell host-3[0]" in caplog.text
+        assert guards["host-1"].rejected == 0 and guards["host-1"]._last_sequence == -1
         for host in ("host-0", "host-2"):
-            (update,) = recorders[host].updates
-            assert update & PEER_FAILED and update & HostUpdateResult.removed
+            assert guards[host]._last_sequence == 1, f"{host} did not take the message"
+        assert all(not r.updates for r in recorders.values()), "reached Horovod's listeners"
         # A worker outside the current ring (already blacklisted) triggers nothing.
         assert notifier.notify("host-9", 0) == 0
     finally:
-        for service in services.values():
-            service.shutdown()
+        for host in ("host-0", "host-1", "host-2"):
+            services[host].shutdown()
+
+
+def test_ring_tracker_publishes_each_rings_generation() -> None:
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_client import read_data_from_kvstore
+
+    from spotring.driver.elastic import RingTracker
+    from spotring.worker_image.peer_abort import RING_KEY, RING_SCOPE
+
+    tracker = RingTracker()
+    port = tracker.start()
+    try:
+        plan = [SlotInfo("host-0", 0, 0, 0, 1, 1, 1)]
+        tracker.init(plan)
+        assert read_data_from_kvstore("127.0.0.1", port, RING_SCOPE, RING_KEY) == 1
+        tracker.init(plan)
+        assert read_data_from_kvstore("127.0.0.1", port, RING_SCOPE, RING_KEY) == 2
+        assert tracker.world_sizes == [1, 1]
+    finally:
+        tracker.stop()

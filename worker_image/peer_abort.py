@@ -1,0 +1,320 @@
+"""Worker side of the peer-failure abort: free a survivor from a collective a dead peer hung.
+
+When a worker dies mid-allreduce, a survivor waiting on *another survivor* (already gone
+to the reset) stays blocked in a Gloo recv until ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (30 s).
+spotring's driver sees the worker's process exit at once and sends every other worker of
+the ring a :class:`PeerFailedRequest` through Horovod's worker notification service. On
+that message the worker shuts down the sockets its current Gloo context opened: the
+blocked recv fails at once and Horovod takes its normal path (restore the last commit,
+re-rendezvous, sync).
+
+This runs inside the user's worker process whatever state class the script uses:
+spotring's launcher puts ``spotring/worker_image/sitehook`` on ``PYTHONPATH``, whose
+``sitecustomize`` calls :func:`install_when_imported`. Once ``horovod.torch`` is imported,
+:func:`install` wraps Horovod's ``init`` (to learn each context's sockets and its ring
+generation) and the notification service's request handler (to take our message before
+Horovod's own listeners, which only know host updates).
+
+Who can trigger an abort: a message is accepted only with a valid HMAC-SHA256 under the
+job key (a per-job secret the launcher hands the worker through its stdin, never argv or
+HTTP), for the ring generation the worker is in, and with a sequence number above every
+one accepted before. A forged, replayed or stale message (from an earlier ring) is
+rejected and logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ENABLE_ENV = "SPOTRING_PEER_ABORT"
+"""Set to ``1`` by spotring's launcher for the workers it starts."""
+
+JOB_KEY_ENV = "SPOTRING_JOB_KEY"
+"""Hex job key, handed over by the launcher; removed from the environment once read."""
+
+RING_SCOPE = "spotring"
+RING_KEY = "ring"
+"""Where the driver's rendezvous server publishes the current ring generation."""
+
+
+# ------------------------------------------------------------------ the message
+
+
+@dataclass(frozen=True)
+class PeerFailedRequest:
+    """A ring member's process died: the receiver should abort its collective."""
+
+    generation: int
+    """The ring (rendezvous round) the dead worker belonged to."""
+    sequence: int
+    """Increases with every message of the job: a repeat is a replay."""
+    failed: str
+    """``host[local_rank]`` of the dead worker, for logs."""
+    mac: bytes
+
+    @staticmethod
+    def payload(generation: int, sequence: int, failed: str) -> bytes:
+        return f"spotring-peer-failed:{generation}:{sequence}:{failed}".encode()
+
+    @classmethod
+    def sign(cls, key: bytes, generation: int, sequence: int, failed: str) -> PeerFailedRequest:
+        """A request authenticated with ``key`` (the job key)."""
+        mac = hmac.new(key, cls.payload(generation, sequence, failed), hashlib.sha256).digest()
+        return cls(generation, sequence, failed, mac)
+
+    def verify(self, key: bytes) -> bool:
+        """Whether the MAC is valid under ``key``."""
+        fields = (self.generation, self.sequence, self.failed, self.mac)
+        if not all(isinstance(v, t) for v, t in zip(fields, (int, int, str, bytes), strict=True)):
+            return False
+        expected = PeerFailedRequest.sign(key, self.generation, self.sequence, self.failed).mac
+        return hmac.compare_digest(expected, self.mac)
+
+
+# ------------------------------------------------------------- sockets of a context
+
+
+def _socket_inodes() -> dict[int, int]:
+    """``{inode: fd}`` of this process's sockets."""
+    inodes: dict[int, int] = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes[int(target[8:-1])] = int(name)
+    return inodes
+
+
+def _tcp_inodes() -> set[int]:
+    """Inodes of every TCP socket visible to this process (IPv4 and IPv6), any state."""
+    inodes: set[int] = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as stream:
+                next(stream)
+                for line in stream:
+                    inodes.add(int(line.split()[9]))
+        except OSError:
+            continue
+    return inodes
+
+
+def own_tcp_sockets() -> set[int]:
+    """Inodes of this process's TCP sockets."""
+    return set(_socket_inodes()) & _tcp_inodes()
+
+
+# ------------------------------------------------------------------- the abort
+
+
+class CollectiveAbort:
+    """Knows the current Gloo context's sockets and ring, and judges abort messages.
+
+    :param key: the job key messages must be signed with; None rejects every message.
+    :param read_generation: returns the ring generation of the context just formed
+        (None when it cannot be learned: then messages for that context are rejected).
+    """
+
+    def __init__(
+        self, key: bytes | None, read_generation: Callable[[], int | None] = lambda: None
+    ) -> None:
+        self._key = key
+        self._read_generation = read_generation
+        self._lock = threading.Lock()
+        self._context_sockets: set[int] = set()
+        self._generation: int | None = None
+        self._last_sequence = -1
+        self.rejected = 0
+        """Messages rejected so far (forged, replayed, stale, malformed)."""
+
+    def track_init(self, init: Callable[..., Any]) -> Callable[..., Any]:
+        """Wrap Horovod's ``init`` so each new context's sockets and ring are known."""
+
+        def tracked_init(*args: Any, **kwargs: Any) -> Any:
+            before = own_tcp_sockets()
+            result = init(*args, **kwargs)
+            self.context_formed(own_tcp_sockets() - before, self._read_generation())
+            return result
+
+        tracked_init.__wrapped__ = init  # type: ignore[attr-defined]
+        return tracked_init
+
+    def context_formed(self, sockets: Iterable[int], generation: int | None) -> None:
+        """A new context: these sockets are Gloo's, and it belongs to ``generation``."""
+        with self._lock:
+            self._context_sockets = set(sockets)
+            self._generation = generation
+
+    def check(self, request: object) -> str | None:
+        """Why ``request`` must be rejected, or None to accept it (and remember it)."""
+        if not isinstance(request, PeerFailedRequest):
+            return "not a peer-failure message"
+        if self._key is None:
+            return "this worker has no job key"
+        if not request.verify(self._key):
+            return "bad signature"
+        with self._lock:
+            if request.sequence <= self._last_sequence:
+                return f"replayed (sequence {request.sequence})"
+            if self._generation is None or request.generation != self._generation:
+                return f"for ring {request.generation}, this worker is in ring {self._generation}"
+            self._last_sequence = request.sequence
+        return None
+
+    def abort(self) -> int:
+        """Shut down the current context's sockets; returns how many were open."""
+        with self._lock:
+            targets, self._context_sockets = self._context_sockets, set()
+        fds = _socket_inodes()
+        count = 0
+        for inode in targets:
+            fd = fds.get(inode)
+            if fd is None:
+                continue
+            try:
+                # Shutdown acts on the connection, which the dup shares with Gloo's fd.
+                with socket.socket(fileno=os.dup(fd)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+                count += 1
+            except OSError:
+                continue
+        return count
+
+    def handle(self, request: object) -> bool:
+        """Abort the collective if ``request`` is a valid, fresh message. True if so."""
+        reason = self.check(request)
+        if reason is not None:
+            self.rejected += 1
+            log.warning("spotring: rejected a peer-failure message: %s", reason)
+            return False
+        count = self.abort()
+        if count:  # zero when this worker's own collective had already failed
+            log.warning(
+                "spotring: peer %s died: shut down %d sockets of the collective to fail fast",
+                getattr(request, "failed", "?"),
+                count,
+            )
+        return True
+
+
+# ------------------------------------------------------------ installing it
+
+
+_guard: CollectiveAbort | None = None
+_guard_lock = threading.Lock()
+
+
+def _read_ring_generation() -> int | None:
+    """The ring generation the driver published on its rendezvous server."""
+    from horovod.runner.http.http_client import read_data_from_kvstore
+
+    try:
+        addr = os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
+        port = int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
+        return int(read_data_from_kvstore(addr, port, RING_SCOPE, RING_KEY))
+    except Exception as error:  # no driver of ours, or it is gone: no aborts
+        log.warning("spotring: cannot learn the ring generation (%s); no fast abort", error)
+        return None
+
+
+def install() -> CollectiveAbort:
+    """Install the abort in this worker process, once; returns it.
+
+    Wraps every name under which Horovod's torch ``init`` is reached (``hvd.init``, the
+    elastic reset's ``init``, ``mpi_ops.init``) and the notification service's request
+    handler. Call it after ``horovod.torch`` is imported and before ``hvd.init()``.
+    """
+    global _guard
+    with _guard_lock:
+        if _guard is not None:
+            return _guard
+        import horovod.torch as hvd_torch
+        import horovod.torch.elastic as hvd_elastic
+        import horovod.torch.mpi_ops as mpi_ops
+
+        key_hex = os.environ.pop(JOB_KEY_ENV, "")
+        try:
+            key = bytes.fromhex(key_hex) if key_hex else None
+        except ValueError:
+            key = None
+        guard = CollectiveAbort(key, _read_ring_generation)
+        tracked = guard.track_init(mpi_ops.init)
+        for module in (mpi_ops, hvd_torch, hvd_elastic):
+            module.init = tracked  # type: ignore[attr-defined]
+
+        patch_notification_service(lambda service: guard)
+        _guard = guard
+        return guard
+
+
+def patch_notification_service(guard_for: Callable[[Any], CollectiveAbort]) -> None:
+    """Make Horovod's worker notification service hand :class:`PeerFailedRequest`s to
+    ``guard_for(service)`` before anything else; other requests go on as before."""
+    from horovod.runner.common.util import network
+    from horovod.runner.elastic.worker import WorkerNotificationService
+
+    handle_request = WorkerNotificationService._handle
+
+    def _handle(service: Any, request: Any, client_address: Any) -> Any:
+        if isinstance(request, PeerFailedRequest):
+            guard_for(service).handle(request)
+            return network.AckResponse()  # the same answer either way: no oracle
+        return handle_request(service, request, client_address)
+
+    WorkerNotificationService._handle = _handle  # type: ignore[method-assign]
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` right after the module ``name`` is first executed."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        self._name = name
+        self._callback = callback
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self._name:
+            return None
+        sys.meta_path.remove(self)  # once
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, callback = spec.loader, self._callback
+        exec_module = loader.exec_module  # type: ignore[union-attr]
+
+        def exec_then_call(module: ModuleType) -> None:
+            exec_module(module)
+            callback(module)
+
+        loader.exec_module = exec_then_call  # type: ignore[union-attr, method-assign]
+        return spec
+
+
+def install_when_imported() -> None:
+    """Install the abort as soon as the user's script imports ``horovod.torch``."""
+
+    def on_import(_module: ModuleType) -> None:
+        try:
+            install()
+        except Exception as error:  # never break the user's import over this
+            print(f"spotring: fast peer-failure abort not installed: {error}", file=sys.stderr)
+
+    if "horovod.torch" in sys.modules:
+        on_import(sys.modules["horovod.torch"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("horovod.torch", on_import))

@@ -1,0 +1,1 @@
+"""A directory for ``PYTHONPATH`` whose ``sitecustomize`` prepares spotring's workers."""
