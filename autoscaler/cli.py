@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-import time
 from collections.abc import Sequence
 
 import pluggy
 
-from spotring.autoscaler.controller import Controller, hosts_for_slots
 from spotring.autoscaler.inventory import Inventory
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
+from spotring.autoscaler.policy import JobShape
 from spotring.autoscaler.progress import ProgressReporter
+from spotring.driver.launcher import SshOptions
+from spotring.driver.worker_env import parse_forwarded
 from spotring.providers.base import ConfigurationError, Provider, ProviderError
 
 PROG = "spotring"
@@ -200,6 +202,38 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
     )
     control.add_argument("--ssh-port", type=_positive, metavar="PORT", help="ssh port on the hosts")
     control.add_argument("--ssh-identity-file", metavar="FILE", help="ssh private key")
+    control.add_argument(
+        "--ssh-host-key-checking",
+        choices=["accept-new", "yes", "no"],
+        default="accept-new",
+        help="accept-new (default): trust a host's key on first use, in a known_hosts "
+        "file of the job's own, and refuse a changed one; yes: only keys already known; "
+        "no: check nothing",
+    )
+    control.add_argument(
+        "--ssh-known-hosts",
+        metavar="FILE",
+        help="known_hosts file to check host keys against (default: the job's own for "
+        "accept-new, ssh's usual files for yes)",
+    )
+    control.add_argument(
+        "--worker-python",
+        default=sys.executable,
+        metavar="PATH",
+        help="the Python on the hosts that has spotring installed (default: this one, %(default)s)",
+    )
+    control.add_argument(
+        "-x",
+        "--env",
+        dest="forward_env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="forward the driver's NAME to the workers, or set NAME=VALUE (repeatable). "
+        "Workers get only HOROVOD_*, PYTHON*, locale, PATH/HOME/USER, CUDA/NCCL/GLOO/OMP/"
+        "TORCH settings and these; cloud credentials stay on the driver. A VALUE given "
+        "here shows on spotring's own command line: prefer exporting NAME",
+    )
 
 
 def _positive(text: str) -> int:
@@ -353,82 +387,46 @@ def _discover(provider: Provider) -> int:
 
 
 def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManager) -> int:
-    # Horovod is imported here, not at the top: `spotring --help` stays fast.
-    from spotring.driver.elastic import ElasticOptions, RingTracker, run_elastic
-    from spotring.driver.launcher import ProcessLauncher
+    from spotring.autoscaler.job import JobConfig, run_job
 
-    target = None
-    if not options.no_resize:
-        target = options.target_hosts
-        if target is None:
-            target = hosts_for_slots(options.num_proc, options.slots_per_host or 1)
-    controller = Controller(
-        provider,
-        pm.hook,
-        refresh_interval=options.refresh_interval,
-        target_size=target,
-        replace_failed=not options.no_replace,
-    )
-    reporter = ProgressReporter()
-    pm.register(reporter, name="spotring.progress")
-
-    local = options.launcher == "local" or (
-        options.launcher == "auto" and provider.runs_workers_locally
-    )
-    nics = options.nics or (("lo",) if local else ())
-    launcher = ProcessLauncher(
-        remote=not local, ssh_port=options.ssh_port, ssh_identity_file=options.ssh_identity_file
-    )
-    if hasattr(provider, "worker_started"):
-        launcher.add_listener(_ProviderProcesses(provider))
-    rings = RingTracker(options.verbose, on_ring=reporter.ring_formed)
-    elastic = ElasticOptions(
-        num_proc=options.num_proc,
-        min_num_proc=options.min_num_proc,
-        max_num_proc=options.max_num_proc,
+    try:
+        forwarded = parse_forwarded(options.forward_env, os.environ)
+    except ValueError as error:
+        raise UsageError(f"{PROG} run: error: {error}") from None
+    config = JobConfig(
+        command=tuple(options.job),
+        shape=JobShape(
+            num_proc=options.num_proc,
+            min_num_proc=options.min_num_proc,
+            max_num_proc=options.max_num_proc,
+            slots_per_host=options.slots_per_host,
+            target_hosts=options.target_hosts,
+            resize=not options.no_resize,
+            replace_failed=not options.no_replace,
+        ),
         reset_limit=options.reset_limit,
-        cooldown_range=tuple(options.blacklist_cooldown_range)
+        cooldown_range=tuple(options.blacklist_cooldown_range)  # type: ignore[arg-type]
         if options.blacklist_cooldown_range
         else None,
         elastic_timeout=options.elastic_timeout,
         start_timeout=options.start_timeout,
-        nics=nics,
+        nics=options.nics,
         verbose=options.verbose,
+        refresh_interval=options.refresh_interval,
+        launcher=options.launcher,
+        ssh=SshOptions(
+            port=options.ssh_port,
+            identity_file=options.ssh_identity_file,
+            host_key_checking=options.ssh_host_key_checking,
+            known_hosts=options.ssh_known_hosts,
+        ),
+        worker_python=options.worker_python,
+        forwarded_env=forwarded,
     )
-
-    started = time.monotonic()
-    controller.start()
-    try:
-        inventory = controller.wait_for_inventory(options.start_timeout)
-        reporter.started(provider, inventory)
-        try:
-            run_elastic(options.job, controller, launcher, elastic, rings)
-            ok, message = True, ""
-        except RuntimeError as error:
-            ok, message = False, " ".join(str(error).split())
-    finally:
-        controller.stop()
-        provider.job_finished(options)
-    reporter.summary(
-        rings.world_sizes, ok, time.monotonic() - started, getattr(provider, "events", ())
-    )
-    if not ok:
-        print(f"{PROG} run: job failed: {message}", file=sys.stderr)
-        return EXIT_FAILURE
-    return 0
-
-
-class _ProviderProcesses:
-    """Tells a provider that simulates hosts which process groups run on which host."""
-
-    def __init__(self, provider: Provider) -> None:
-        self._provider = provider
-
-    def worker_started(self, host: str, process_group: int) -> None:
-        self._provider.worker_started(host, process_group)  # type: ignore[attr-defined]
-
-    def worker_exited(self, exit, process_group: int) -> None:  # type: ignore[no-untyped-def]
-        self._provider.worker_exited(exit.host, process_group)  # type: ignore[attr-defined]
+    outcome = run_job(config, provider, pm, ProgressReporter(), options)
+    if outcome.exit_code:
+        print(f"{PROG} run: job failed: {outcome.message}", file=sys.stderr)
+    return outcome.exit_code
 
 
 if __name__ == "__main__":

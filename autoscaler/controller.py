@@ -4,24 +4,43 @@ Horovod's driver polls discovery every second under a lock, so the cloud is neve
 called from there: the controller refreshes on its own schedule and publishes an
 immutable :class:`Inventory` that discovery reads. A failed refresh keeps the last
 good inventory (and backs off); discovery never sees "no hosts" because a call failed.
+
+Every call into the provider and every hook runs on the controller's thread. The
+thread never dies silently: a retryable :class:`ProviderError` is retried with
+backoff; anything else (a :class:`ConfigurationError`, a provider's or plugin's bug)
+stops the controller with one message, which :meth:`Controller.wait_for_inventory`
+raises and :meth:`Controller.wait_for_fatal_error` hands to whoever runs the job.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import queue
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import pluggy
 
 from spotring.autoscaler.inventory import Inventory
-from spotring.providers.base import ConfigurationError, Instance, Provider, ProviderError
+from spotring.autoscaler.policy import JobShape
+from spotring.providers.base import (
+    Instance,
+    InstanceState,
+    Provider,
+    ProviderError,
+    hosts_for_slots,
+    is_valid_address,
+)
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+__all__ = ["Backoff", "Controller", "ControllerError", "hosts_for_slots"]
 
 
 @dataclass(frozen=True)
@@ -37,45 +56,67 @@ class Backoff:
         return ceiling * (0.5 + rng() / 2)
 
 
+class ControllerError(ProviderError):
+    """A provider or plugin raised something other than a :class:`ProviderError`: a bug.
+
+    Not retryable; the message names where it happened."""
+
+    retryable = False
+
+
 class Controller:
     """Refreshes the inventory, replaces failed hosts and steers the group's size.
 
     :param provider: the group to watch.
-    :param hook: the plugin manager's hook relay, for the inventory/host events.
+    :param hook: the plugin manager's hook relay: decisions and events.
+    :param job: the job's limits and steering options; None never steers or replaces
+        (as for ``spotring discover``).
     :param refresh_interval: seconds between refreshes while the cloud answers.
-    :param target_size: members to ask the group for at start; None leaves it alone.
-    :param replace_failed: ask the provider to replace hosts whose workers failed.
     :param replace_grace: seconds the job must carry on without a failed host before
         it is replaced. When the whole job fails within that time (a bug in the
         training script fails every worker), the hosts were not at fault and none is
         replaced: a cloud group would otherwise replace every instance for nothing.
+    :param readmit_after: seconds a failed host stays out of discovery (the lower end of
+        ``--blacklist-cooldown-range``; Horovod's own blacklist then decides); None
+        keeps it out until the cloud stops listing it, as Horovod does without a range.
     """
 
     def __init__(
         self,
         provider: Provider,
-        hook: pluggy.HookRelay | None = None,
+        hook: pluggy.HookRelay,
         *,
+        job: JobShape | None = None,
         refresh_interval: float = 5.0,
         backoff: Backoff = Backoff(),
-        target_size: int | None = None,
-        replace_failed: bool = True,
         replace_grace: float = 5.0,
+        readmit_after: float | None = None,
     ) -> None:
         self.provider = provider
         self._hook = hook
+        self._job = job
         self._refresh_interval = refresh_interval
         self._backoff = backoff
-        self._target_size = target_size
-        self._replace_failed = replace_failed
         self._replace_grace = replace_grace
+        self._readmit_after = readmit_after
 
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the fields below up to _failed_hosts
+        self._instances: tuple[Instance, ...] = ()
         self._inventory: Inventory | None = None
-        self._excluded: set[str] = set()
+        self._excluded: dict[str, float | None] = {}  # instance id -> readmit at (monotonic)
+        self._failed_hosts: queue.SimpleQueue[tuple[Instance, str]] = queue.SimpleQueue()
+
+        # Only the controller thread touches these.
+        self._announced: dict[str, Instance] = {}
         self._pending_replacements: dict[str, float] = {}  # instance id -> when due
+        self._target: int | None = None
+        self._broken_plugins: set[tuple[str, str]] = set()
+        self._invalid_addresses: set[str] = set()
         self._failures = 0
+
         self._last_error: ProviderError | None = None
+        self._fatal: ProviderError | None = None
+        self._fatal_event = threading.Event()
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._first = threading.Event()
@@ -92,12 +133,24 @@ class Controller:
 
     @property
     def last_error(self) -> ProviderError | None:
+        """The error of the last failed refresh, None once one succeeds."""
         return self._last_error
+
+    @property
+    def target_size(self) -> int | None:
+        """The group size spotring last asked for, None before it asked."""
+        return self._target
+
+    def instance_id(self, address: str) -> str | None:
+        """The id of the member at ``address`` (for ssh host-key pinning)."""
+        inventory = self._inventory
+        instance = inventory.by_address(address) if inventory else None
+        return instance.id if instance else None
 
     # ------------------------------------------------------------------ running
 
     def start(self) -> None:
-        """Start the refresh thread (idempotent)."""
+        """Start the controller thread (idempotent)."""
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name="spotring-controller", daemon=True
@@ -105,29 +158,29 @@ class Controller:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop the refresh thread and wait for it."""
+        """Stop the controller thread and wait for it."""
         self._stopped.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
-        with self._lock:
-            if self._pending_replacements:
-                log.info(
-                    "not replacing %s: the job ended before their grace period did",
-                    ", ".join(self._pending_replacements),
-                )
-            self._pending_replacements.clear()
+        if self._pending_replacements:
+            log.info(
+                "not replacing %s: the job ended before their grace period did",
+                ", ".join(self._pending_replacements),
+            )
+        self._pending_replacements.clear()
 
     def wait_for_inventory(self, timeout: float) -> Inventory:
         """Block until the first successful refresh.
 
-        Raises :class:`ConfigurationError` at once if the provider reported one, and
-        the last :class:`ProviderError` if no refresh succeeded within ``timeout``.
+        Raises the controller's fatal error at once (a :class:`ConfigurationError` such
+        as a missing group), and the last :class:`ProviderError` if no refresh
+        succeeded within ``timeout``.
         """
         deadline = time.monotonic() + timeout
         while not self._first.wait(0.05):
-            if isinstance(self._last_error, ConfigurationError):
-                raise self._last_error
+            if self._fatal is not None:
+                raise self._fatal
             if time.monotonic() > deadline:
                 raise self._last_error or ProviderError(
                     f"no answer from {self.provider.describe()} within {timeout:.0f}s"
@@ -135,31 +188,56 @@ class Controller:
         assert self._inventory is not None
         return self._inventory
 
+    def wait_for_fatal_error(self, timeout: float | None = None) -> ProviderError | None:
+        """Block until the controller stops on an error it cannot retry; that error, or
+        None if ``timeout`` passes first."""
+        self._fatal_event.wait(timeout)
+        return self._fatal
+
     def request_refresh(self) -> None:
         """Refresh now instead of at the next interval."""
         self._wake.set()
 
     def _run(self) -> None:
-        if self._target_size is not None:
-            self._steer(self._target_size)
-        while not self._stopped.is_set():
-            next_replacement = self._replace_pending()
-            ok = self.refresh()
-            # A configuration error will not go away by itself: no point backing off.
-            backing_off = not ok and not isinstance(self._last_error, ConfigurationError)
-            delay = self._backoff.delay(self._failures) if backing_off else self._refresh_interval
-            if next_replacement is not None:
-                delay = min(delay, next_replacement)
-            self._wake.wait(delay)
-            self._wake.clear()
+        try:
+            while not self._stopped.is_set():
+                self._take_failed_hosts()
+                refreshed = self.refresh()
+                if refreshed and self._job is not None:
+                    self._steer()
+                self._announce()
+                next_replacement = self._replace_due()
+                self._wait(refreshed, next_replacement)
+        except ProviderError as error:
+            self._fail(error)
+        except Exception as error:  # a bug of ours: still never die silently
+            self._fail(_unexpected("spotring's controller", error))
+
+    def _wait(self, refreshed: bool, next_replacement: float | None) -> None:
+        delay = self._refresh_interval if refreshed else self._backoff.delay(self._failures)
+        if next_replacement is not None:
+            delay = min(delay, next_replacement)
+        readmit = self._next_readmission()
+        if readmit is not None:
+            delay = min(delay, readmit)
+        self._wake.wait(delay)
+        self._wake.clear()
+
+    def _fail(self, error: ProviderError) -> None:
+        log.error("%s: %s", self.provider.describe(), error)
+        self._fatal = error
+        self._fatal_event.set()
 
     # --------------------------------------------------------------- refreshing
 
     def refresh(self) -> bool:
-        """List the group once and publish a new inventory. Returns False on failure."""
+        """List the group once and publish a new inventory. Returns False when the
+        listing failed and will be retried; raises a non-retryable error."""
         try:
-            instances = tuple(self.provider.list_instances())
+            instances = tuple(self._call("listing the group", self.provider.list_instances))
         except ProviderError as error:
+            if not error.retryable:
+                raise
             self._failures += 1
             self._last_error = error
             log.warning(
@@ -177,98 +255,208 @@ class Controller:
             )
         self._failures = 0
         self._last_error = None
+        self._warn_invalid_addresses(instances)
         with self._lock:
+            self._instances = instances
             listed = {i.id for i in instances}
             # Forget exclusions once the cloud stops listing the member.
-            self._excluded &= listed
-            old = self._inventory
-            generation = old.generation + 1 if old else 1
-            new = Inventory(instances, generation, time.monotonic(), frozenset(self._excluded))
-            self._inventory = new
+            self._excluded = {i: at for i, at in self._excluded.items() if i in listed}
+            self._publish(new_generation=True)
         self.refreshes += 1
         self._first.set()
-        self._announce(old, new)
         return True
 
-    def _announce(self, old: Inventory | None, new: Inventory) -> None:
-        before = {i.id: i for i in old.ready} if old else {}
-        after = {i.id: i for i in new.ready}
-        added = [i for key, i in after.items() if key not in before]
-        removed = [i for key, i in before.items() if key not in after]
-        if (added or removed) and self._hook is not None:
-            self._hook.spotring_inventory_changed(
-                added=added, removed=removed, ready=list(after.values())
+    def _publish(self, new_generation: bool = False) -> None:
+        """Build the inventory from the last listing and the exclusions (lock held)."""
+        now = time.monotonic()
+        self._excluded = {i: at for i, at in self._excluded.items() if at is None or at > now}
+        old = self._inventory
+        generation = (old.generation if old else 0) + (1 if new_generation else 0)
+        refreshed_at = now if new_generation or old is None else old.refreshed_at
+        self._inventory = Inventory(
+            self._instances, generation, refreshed_at, frozenset(self._excluded)
+        )
+
+    def _warn_invalid_addresses(self, instances: tuple[Instance, ...]) -> None:
+        for instance in instances:
+            if (
+                instance.state is InstanceState.READY
+                and instance.address
+                and not is_valid_address(instance.address)
+                and instance.id not in self._invalid_addresses
+            ):
+                self._invalid_addresses.add(instance.id)
+                log.warning(
+                    "%s: member %s has address %r, which is not a host name or IP address;"
+                    " it is left out",
+                    self.provider.describe(),
+                    instance.id,
+                    instance.address,
+                )
+
+    def _announce(self) -> None:
+        """Tell the plugins how the READY set changed since they last heard."""
+        inventory = self._inventory
+        if inventory is None:
+            return
+        after = {i.id: i for i in inventory.ready}
+        added = [i for key, i in after.items() if key not in self._announced]
+        removed = [i for key, i in self._announced.items() if key not in after]
+        self._announced = after
+        if added or removed:
+            self._emit(
+                "spotring_inventory_changed",
+                added=added,
+                removed=removed,
+                ready=list(after.values()),
             )
 
     # ----------------------------------------------------------------- failures
 
     def host_failed(self, address: str, reason: str) -> Instance | None:
-        """Take the member at ``address`` out of the job now and have it replaced.
+        """Take the member at ``address`` out of the job now.
 
-        Called by the worker launcher the moment a worker exits with an error, so the
-        host leaves discovery at once instead of when the cloud notices. Returns the
-        instance, or None when no listed member has that address.
+        Called by the worker launcher (on its thread) the moment a worker exits with an
+        error, so the host leaves discovery at once instead of when the cloud notices.
+        The plugins hear of it, and the replacement is decided, on the controller
+        thread. Returns the instance, or None when no listed member has that address.
         """
         with self._lock:
             inventory = self._inventory
             instance = inventory.by_address(address) if inventory else None
             if instance is None or instance.id in self._excluded:
                 return instance
-            self._excluded.add(instance.id)
-            self._inventory = inventory.with_excluded([instance.id])
-            if self._replace_failed:
-                due = time.monotonic() + self._replace_grace
-                self._pending_replacements.setdefault(instance.id, due)
+            self._excluded[instance.id] = (
+                None if self._readmit_after is None else time.monotonic() + self._readmit_after
+            )
+            self._publish()
         log.info("host %s (%s) taken out of the job: %s", address, instance.id, reason)
-        if self._hook is not None:
-            self._hook.spotring_host_failed(instance=instance, reason=reason)
-            self._announce(inventory, self._inventory)
+        self._failed_hosts.put((instance, reason))
         self._wake.set()
         return instance
 
-    def _replace_pending(self) -> float | None:
+    def _take_failed_hosts(self) -> None:
+        while True:
+            try:
+                instance, reason = self._failed_hosts.get_nowait()
+            except queue.Empty:
+                return
+            self._emit("spotring_host_failed", instance=instance, reason=reason)
+            if self._job is None:
+                continue
+            replace = self._call(
+                "the spotring_replace_host hook",
+                self._hook.spotring_replace_host,
+                instance=instance,
+                reason=reason,
+                job=self._job,
+            )
+            if replace:
+                due = time.monotonic() + self._replace_grace
+                self._pending_replacements.setdefault(instance.id, due)
+
+    def _next_readmission(self) -> float | None:
+        """Seconds until the next excluded host is readmitted (republishing the
+        inventory for those whose time has come), or None when none is waiting."""
+        with self._lock:
+            now = time.monotonic()
+            times = [at for at in self._excluded.values() if at is not None]
+            if any(at <= now for at in times):
+                self._publish()
+                times = [at for at in self._excluded.values() if at is not None]
+        return max(0.0, min(times) - now) if times else None
+
+    def _replace_due(self) -> float | None:
         """Replace the failed hosts whose grace period is over.
 
         Returns seconds until the next one is due, or None when none is pending.
         """
         now = time.monotonic()
-        with self._lock:
-            due = [i for i, at in self._pending_replacements.items() if at <= now]
-        for instance_id in due:
-            try:
-                self.provider.replace_instance(instance_id)
-                log.info("asked %s to replace %s", self.provider.describe(), instance_id)
-            except ProviderError as error:
-                log.warning("could not replace %s, will retry: %s", instance_id, error)
+        for instance_id, at in list(self._pending_replacements.items()):
+            if at > now:
                 continue
-            with self._lock:
-                self._pending_replacements.pop(instance_id, None)
-        with self._lock:
-            upcoming = [at for i, at in self._pending_replacements.items() if i not in due]
+            try:
+                self._call("replacing a host", self.provider.replace_instance, instance_id)
+            except ProviderError as error:
+                if not error.retryable:
+                    raise
+                log.warning("could not replace %s, will retry: %s", instance_id, error)
+                self._pending_replacements[instance_id] = now + self._refresh_interval
+                continue
+            log.info("asked %s to replace %s", self.provider.describe(), instance_id)
+            del self._pending_replacements[instance_id]
+        upcoming = self._pending_replacements.values()
         return max(0.0, min(upcoming) - now) if upcoming else None
 
     # ------------------------------------------------------------------ steering
 
-    def _steer(self, size: int) -> None:
-        limits = self.provider.size_limits()
+    def _steer(self) -> None:
+        assert self._job is not None and self._inventory is not None
+        wanted = self._call(
+            "the spotring_target_size hook",
+            self._hook.spotring_target_size,
+            inventory=self._inventory,
+            job=self._job,
+            current_target=self._target,
+        )
+        if wanted is None or wanted == self._target:
+            return
+        limits = self._call("reading the group's limits", self.provider.size_limits)
+        size = int(wanted)
         if limits is not None:
             low, high = limits
-            if not low <= size <= high:
+            size = min(max(size, low), high)
+            if size != wanted and size != self._target:
                 log.warning(
                     "target of %d hosts is outside the group's limits [%d, %d]; using %d",
-                    size,
+                    wanted,
                     low,
                     high,
-                    min(max(size, low), high),
+                    size,
                 )
-                size = min(max(size, low), high)
+        if size == self._target:
+            return
         try:
-            self.provider.set_target_size(size)
-            log.info("asked %s for %d hosts", self.provider.describe(), size)
+            self._call("resizing the group", self.provider.set_target_size, size)
         except ProviderError as error:
-            log.warning("could not resize %s: %s", self.provider.describe(), error)
+            if not error.retryable:
+                raise
+            log.warning("could not resize %s, will retry: %s", self.provider.describe(), error)
+            return
+        self._target = size
+        log.info("asked %s for %d hosts", self.provider.describe(), size)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _call(self, what: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call a provider or decision hook; a non-ProviderError becomes ControllerError."""
+        try:
+            return function(*args, **kwargs)
+        except ProviderError:
+            raise
+        except Exception as error:
+            raise _unexpected(what, error) from error
+
+    def _emit(self, name: str, **kwargs: Any) -> None:
+        """Call an event hook's implementations one by one: one plugin's exception is
+        logged (once per plugin and hook) and does not keep the event from the rest."""
+        for impl in reversed(getattr(self._hook, name).get_hookimpls()):
+            try:
+                impl.function(*(kwargs[arg] for arg in impl.argnames))
+            except Exception as error:
+                key = (impl.plugin_name, name)
+                if key not in self._broken_plugins:
+                    self._broken_plugins.add(key)
+                    log.error(
+                        "plugin %s failed in %s: %s: %s (not logged again)",
+                        impl.plugin_name,
+                        name,
+                        type(error).__name__,
+                        error,
+                    )
+                    log.debug("traceback of plugin %s's failure", impl.plugin_name, exc_info=True)
 
 
-def hosts_for_slots(num_proc: int, slots_per_host: int) -> int:
-    """Hosts needed to run ``num_proc`` workers at ``slots_per_host`` each."""
-    return max(1, math.ceil(num_proc / max(1, slots_per_host)))
+def _unexpected(what: str, error: Exception) -> ControllerError:
+    log.debug("unexpected error while %s", what, exc_info=error)
+    return ControllerError(f"{what} failed unexpectedly: {type(error).__name__}: {error}")

@@ -3,6 +3,12 @@
 Plugins implement these with ``@spotring.autoscaler.hookimpl`` and are found through the
 ``spotring.providers`` entry-point group. Only functions whose names start with
 ``spotring_`` are taken as hook implementations.
+
+Threading: the decision and event hooks are called on the controller's thread only,
+one call at a time, in the order things happened; never on Horovod's threads or the
+launcher's. An event hook that raises is logged (once per plugin and hook) and the
+other plugins still hear the event; a decision hook that raises stops the job with
+its message, since spotring cannot act on a policy it could not learn.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from spotring.autoscaler.inventory import Inventory
     from spotring.autoscaler.plugins import ProviderRegistry
+    from spotring.autoscaler.policy import JobShape
     from spotring.providers.base import Instance, Provider
 
 PROJECT = "spotring"
@@ -56,6 +64,46 @@ def spotring_add_provider_options(provider: type[Provider], group: argparse._Arg
     """
 
 
+# ------------------------------------------------------------------- decisions
+
+
+@hookspec(firstresult=True)
+def spotring_target_size(
+    inventory: Inventory, job: JobShape, current_target: int | None
+) -> int | None:
+    """How many hosts the group should hold.
+
+    Called on the controller thread after every successful refresh while resizing is
+    on. spotring's own answer (``spotring.autoscaler.policy``): at start,
+    ``--target-hosts`` or enough hosts for ``-np`` at the slots the members report;
+    later, only a change that keeps the group within what ``--min-np``/``--max-np``
+    need. The controller clamps the answer to the group's own limits and calls the
+    provider only when it differs from ``current_target``. Stops at the first non-None
+    result.
+
+    :param inventory: the group as just listed.
+    :param job: the job's elastic limits and steering options.
+    :param current_target: the size spotring last asked for; None before the first.
+    :return: the number of hosts, or None to leave the group as it is.
+    """
+
+
+@hookspec(firstresult=True)
+def spotring_replace_host(instance: Instance, reason: str, job: JobShape) -> bool | None:
+    """Whether to have the group replace a host taken out of the job.
+
+    Called on the controller thread after ``spotring_host_failed``. A host the job
+    carried on without for the replacement grace period is then replaced through
+    ``provider.replace_instance``. spotring's own answer: yes, unless ``--no-replace``.
+    Stops at the first non-None result.
+
+    :param instance: the instance as last listed.
+    :param reason: why it was taken out, e.g. ``"worker rank 2 exited with -9"``.
+    :param job: the job's elastic limits and steering options.
+    :return: True to replace, False to keep it, None to leave the answer to others.
+    """
+
+
 # ---------------------------------------------------------------------- events
 
 
@@ -65,8 +113,8 @@ def spotring_inventory_changed(
 ) -> None:
     """The set of READY instances changed.
 
-    Called on the controller thread after a refresh that changed membership; keep it
-    quick. Return values are ignored.
+    Called on the controller thread after a refresh, a failure or a readmission that
+    changed the hosts Horovod may use; keep it quick. Return values are ignored.
 
     :param added: instances that became READY.
     :param removed: instances that stopped being READY (gone, draining, failed).
@@ -78,8 +126,9 @@ def spotring_inventory_changed(
 def spotring_host_failed(instance: Instance, reason: str) -> None:
     """A host was taken out of the job because a worker on it failed or it was preempted.
 
-    Called on the thread that learned of the failure, before the provider is asked to
-    replace the instance. Return values are ignored.
+    Called on the controller thread right after the launcher reported the failure (the
+    host already left discovery), before the provider is asked to replace the
+    instance. Return values are ignored.
 
     :param instance: the instance as last listed.
     :param reason: a short human explanation, e.g. ``"worker exited with -9"``.

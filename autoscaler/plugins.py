@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 
 import pluggy
 
-from spotring.autoscaler import hookspecs
+from spotring.autoscaler import hookspecs, policy
 from spotring.providers.base import Provider
 
 ENTRY_POINT_GROUP = "spotring.providers"
@@ -96,8 +96,10 @@ def get_plugin_manager(
     }
     for name in blocked:
         pm.set_blocked(name)
-    # spotring's own hook implementations (below) cannot be disabled.
+    # spotring's own hook implementations (below, and its default policy) cannot be
+    # disabled; the policy's are trylast, so a plugin's answer comes first.
     pm.register(sys.modules[__name__], name=__name__)
+    pm.register(policy, name=policy.__name__)
     for module_name in BUILTIN_PLUGINS:
         if pm.is_blocked(module_name):
             continue

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+
 import pytest
 
 from spotring.autoscaler import hookimpl
-from spotring.autoscaler.controller import Backoff, Controller, hosts_for_slots
+from spotring.autoscaler.controller import Backoff, Controller, ControllerError
 from spotring.autoscaler.plugins import get_plugin_manager
+from spotring.autoscaler.policy import JobShape
 from spotring.driver.discovery import InventoryHostDiscovery
-from spotring.providers.base import ConfigurationError, InstanceState, ProviderError
+from spotring.providers.base import (
+    ConfigurationError,
+    Instance,
+    InstanceState,
+    ProviderError,
+    hosts_for_slots,
+)
 from tests.fakes import ScriptedProvider, instance
+
+JOB = JobShape(num_proc=2, min_num_proc=1, max_num_proc=3)
 
 
 class Recorder:
@@ -18,14 +31,32 @@ class Recorder:
     def __init__(self) -> None:
         self.changes: list[tuple[list[str], list[str]]] = []
         self.failed: list[tuple[str, str]] = []
+        self.threads: set[str] = set()
 
     @hookimpl
     def spotring_inventory_changed(self, added, removed, ready) -> None:  # type: ignore[no-untyped-def]
+        self.threads.add(threading.current_thread().name)
         self.changes.append(([i.address for i in added], [i.address for i in removed]))
 
     @hookimpl
     def spotring_host_failed(self, instance, reason) -> None:  # type: ignore[no-untyped-def]
+        self.threads.add(threading.current_thread().name)
         self.failed.append((instance.address, reason))
+
+
+def make_controller(provider: ScriptedProvider, *plugins: object, **kwargs: object) -> Controller:
+    pm = get_plugin_manager(load_entry_points=False)
+    for plugin in plugins:
+        pm.register(plugin)
+    kwargs.setdefault("refresh_interval", 0.01)
+    return Controller(provider, pm.hook, **kwargs)  # type: ignore[arg-type]
+
+
+def eventually(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -42,9 +73,7 @@ def recorder() -> Recorder:
 
 @pytest.fixture
 def controller(provider: ScriptedProvider, recorder: Recorder) -> Controller:
-    pm = get_plugin_manager(load_entry_points=False)
-    pm.register(recorder)
-    return Controller(provider, pm.hook, refresh_interval=0.01, replace_grace=0)
+    return make_controller(provider, recorder, job=JOB, replace_grace=0)
 
 
 def test_discovery_answers_ready_hosts_from_cache(
@@ -89,8 +118,10 @@ def test_pending_host_joins_when_ready(
     controller: Controller, provider: ScriptedProvider, recorder: Recorder
 ) -> None:
     controller.refresh()
+    controller._announce()
     provider.members = [instance("a"), instance("b", slots=2), instance("c")]
     controller.refresh()
+    controller._announce()
     assert controller.inventory.hosts_and_slots() == {"a": 1, "b": 2, "c": 1}
     assert recorder.changes == [(["a", "b"], []), (["c"], [])]
 
@@ -103,10 +134,11 @@ def test_failed_host_leaves_at_once_and_is_replaced(
     assert failed is not None and failed.id == "i-b"
     # Gone from discovery before the cloud notices anything.
     assert controller.inventory.hosts_and_slots() == {"a": 1}
-    assert recorder.failed == [("b", "worker exited with -9")]
     # A second report of the same failure is not a second replacement.
     controller.host_failed("b", "again")
-    controller._replace_pending()
+    controller._take_failed_hosts()
+    assert recorder.failed == [("b", "worker exited with -9")]
+    controller._replace_due()
     assert provider.replaced == ["i-b"]
     # The cloud still lists it as READY for a while: it stays out.
     controller.refresh()
@@ -122,17 +154,28 @@ def test_replacement_is_retried_after_a_provider_error(
 ) -> None:
     controller.refresh()
     controller.host_failed("a", "boom")
+    controller._take_failed_hosts()
     original = provider.replace_instance
 
     def failing(instance_id: str) -> None:
         raise ProviderError("throttled")
 
     provider.replace_instance = failing  # type: ignore[method-assign]
-    controller._replace_pending()
+    controller._replace_due()
     assert provider.replaced == []
     provider.replace_instance = original  # type: ignore[method-assign]
-    controller._replace_pending()
+    controller._pending_replacements["i-a"] = 0.0  # due again now
+    controller._replace_due()
     assert provider.replaced == ["i-a"]
+
+
+def test_no_replace_keeps_the_host(provider: ScriptedProvider) -> None:
+    job = JobShape(num_proc=2, min_num_proc=1, max_num_proc=3, replace_failed=False)
+    controller = make_controller(provider, job=job, replace_grace=0)
+    controller.refresh()
+    controller.host_failed("a", "boom")
+    controller._take_failed_hosts()
+    assert controller._replace_due() is None and provider.replaced == []
 
 
 def test_unknown_host_failure_is_ignored(controller: Controller) -> None:
@@ -141,31 +184,184 @@ def test_unknown_host_failure_is_ignored(controller: Controller) -> None:
     assert controller.inventory.hosts_and_slots() == {"a": 1, "b": 2}
 
 
+def test_failed_host_is_readmitted_after_the_cooldown(provider: ScriptedProvider) -> None:
+    job = JobShape(num_proc=2, min_num_proc=1, max_num_proc=3, replace_failed=False)
+    controller = make_controller(provider, job=job, readmit_after=0.3, refresh_interval=3600)
+    controller.start()
+    try:
+        controller.wait_for_inventory(timeout=5)
+        controller.host_failed("b", "exit 1")
+        assert controller.inventory.hosts_and_slots() == {"a": 1}
+        # Back after the cooldown, well before the next scheduled refresh (an hour).
+        eventually(lambda: controller.inventory.hosts_and_slots() == {"a": 1, "b": 2})
+    finally:
+        controller.stop()
+
+
+def test_events_reach_plugins_on_the_controller_thread(
+    provider: ScriptedProvider, recorder: Recorder
+) -> None:
+    controller = make_controller(provider, recorder, job=JOB, replace_grace=3600)
+    controller.start()
+    try:
+        controller.wait_for_inventory(timeout=5)
+        failing_thread = threading.Thread(target=controller.host_failed, args=("a", "x"))
+        failing_thread.start()
+        failing_thread.join()
+        eventually(lambda: recorder.failed and len(recorder.changes) == 2)
+    finally:
+        controller.stop()
+    assert recorder.threads == {"spotring-controller"}
+    assert recorder.changes == [(["a", "b"], []), ([], ["a"])]
+
+
+def test_a_broken_event_plugin_is_logged_once_and_others_still_hear(
+    provider: ScriptedProvider, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken:
+        @hookimpl
+        def spotring_inventory_changed(self, added, removed, ready) -> None:  # type: ignore[no-untyped-def]
+            raise KeyError("oops")
+
+    controller = make_controller(provider, Broken(), recorder, job=JOB)
+    controller.refresh()
+    controller._announce()
+    provider.members = [instance("a")]
+    controller.refresh()
+    controller._announce()
+    assert recorder.changes == [(["a", "b"], []), ([], ["b"])]
+    assert caplog.text.count("failed in spotring_inventory_changed: KeyError") == 1
+
+
 def test_thread_waits_for_first_inventory_and_steers(provider: ScriptedProvider) -> None:
-    controller = Controller(provider, refresh_interval=0.01, target_size=3)
+    job = JobShape(num_proc=2, min_num_proc=1, max_num_proc=4, target_hosts=3)
+    controller = make_controller(provider, job=job)
     controller.start()
     try:
         inventory = controller.wait_for_inventory(timeout=5)
+        eventually(lambda: provider.targets)
     finally:
         controller.stop()
     assert inventory.hosts_and_slots() == {"a": 1, "b": 2}
     assert provider.targets == [3]
 
 
+def test_sizing_uses_the_slots_the_hosts_have(provider: ScriptedProvider) -> None:
+    provider.members = [instance(f"gpu{n}", slots=4) for n in range(2)]
+    job = JobShape(num_proc=16, min_num_proc=8, max_num_proc=16)
+    controller = make_controller(provider, job=job)
+    controller.refresh()
+    controller._steer()
+    assert provider.targets == [4], "16 workers at 4 slots per host need 4 hosts"
+    # Later the group is kept within what --min-np/--max-np need: 2..4 hosts.
+    provider.members = [instance(f"gpu{n}", slots=4) for n in range(6)]
+    controller.refresh()
+    controller._steer()
+    assert provider.targets == [4, 4] or provider.targets == [4]
+    controller._target = 1  # e.g. someone resized the group under us
+    controller.refresh()
+    controller._steer()
+    assert provider.targets[-1] == 4
+    job = JobShape(num_proc=16, min_num_proc=8, max_num_proc=16, resize=False)
+    fixed = make_controller(provider, job=job)
+    fixed.refresh()
+    fixed._steer()
+    assert provider.targets[-1] == 4 and fixed.target_size is None
+
+
+def test_a_group_that_outgrew_max_np_is_shrunk(provider: ScriptedProvider) -> None:
+    provider.members = [instance(f"h{n}", slots=2) for n in range(5)]
+    controller = make_controller(provider, job=JobShape(num_proc=4, min_num_proc=2, max_num_proc=6))
+    controller.refresh()
+    controller._steer()
+    assert provider.targets == [3]  # 5 hosts, but 6 workers at 2 slots need only 3
+
+
 def test_configuration_error_surfaces_at_once(provider: ScriptedProvider) -> None:
     provider.error = ConfigurationError("group 'x' not found")
-    controller = Controller(provider, refresh_interval=0.01)
+    controller = make_controller(provider)
     controller.start()
     try:
+        began = time.monotonic()
         with pytest.raises(ConfigurationError, match="not found"):
+            controller.wait_for_inventory(timeout=30)
+        assert time.monotonic() - began < 5
+    finally:
+        controller.stop()
+
+
+class LimitsFail(ScriptedProvider):
+    def size_limits(self) -> tuple[int, int]:
+        raise ConfigurationError("auto scaling group 'x' not found")
+
+
+def test_an_error_while_steering_stops_the_controller_with_its_message() -> None:
+    provider = LimitsFail([instance("a")])
+    controller = make_controller(provider, job=JOB)
+    controller.start()
+    try:
+        error = controller.wait_for_fatal_error(timeout=10)
+    finally:
+        controller.stop()
+    assert isinstance(error, ConfigurationError) and "not found" in str(error)
+    assert controller._thread is not None and not controller._thread.is_alive()
+
+
+class Buggy(ScriptedProvider):
+    def list_instances(self) -> list[Instance]:
+        raise KeyError("InstanceId")
+
+
+def test_a_providers_bug_is_not_retried_forever() -> None:
+    controller = make_controller(Buggy())
+    controller.start()
+    try:
+        with pytest.raises(
+            ControllerError, match="listing the group failed unexpectedly: KeyError"
+        ):
             controller.wait_for_inventory(timeout=30)
     finally:
         controller.stop()
 
 
+def test_a_broken_decision_hook_stops_the_controller(provider: ScriptedProvider) -> None:
+    class BadPolicy:
+        @hookimpl
+        def spotring_target_size(self, inventory, job, current_target) -> int:  # type: ignore[no-untyped-def]
+            raise ZeroDivisionError("division by zero")
+
+    controller = make_controller(provider, BadPolicy(), job=JOB)
+    controller.start()
+    try:
+        error = controller.wait_for_fatal_error(timeout=10)
+    finally:
+        controller.stop()
+    assert isinstance(error, ControllerError)
+    assert "spotring_target_size hook failed unexpectedly: ZeroDivisionError" in str(error)
+
+
+def test_a_plugins_answer_comes_before_spotrings(provider: ScriptedProvider) -> None:
+    class Fixed:
+        @hookimpl
+        def spotring_target_size(self, inventory, job, current_target) -> int:  # type: ignore[no-untyped-def]
+            return 7
+
+    controller = make_controller(provider, Fixed(), job=JOB)
+    controller.refresh()
+    controller._steer()
+    assert provider.targets == [7]
+
+
+def test_a_member_with_an_unusable_address_is_left_out(provider: ScriptedProvider) -> None:
+    provider.members = [instance("a"), instance("-oProxyCommand=evil"), instance("b c")]
+    controller = make_controller(provider)
+    controller.refresh()
+    assert controller.inventory.hosts_and_slots() == {"a": 1}
+
+
 def test_transient_errors_time_out_with_the_last_error(provider: ScriptedProvider) -> None:
     provider.error = ProviderError("503 from the API")
-    controller = Controller(provider, refresh_interval=0.01, backoff=Backoff(base=0.01, cap=0.02))
+    controller = make_controller(provider, backoff=Backoff(base=0.01, cap=0.02))
     controller.start()
     try:
         with pytest.raises(ProviderError, match="503"):
@@ -173,6 +369,7 @@ def test_transient_errors_time_out_with_the_last_error(provider: ScriptedProvide
     finally:
         controller.stop()
     assert provider.list_calls >= 2, "refresh must be retried"
+    assert controller.wait_for_fatal_error(timeout=0) is None
 
 
 def test_backoff_grows_to_its_cap_with_jitter() -> None:
@@ -192,11 +389,12 @@ def test_hosts_for_slots() -> None:
 def test_no_host_is_replaced_when_the_whole_job_fails_within_the_grace(
     provider: ScriptedProvider,
 ) -> None:
-    controller = Controller(provider, refresh_interval=0.01, replace_grace=60)
+    controller = make_controller(provider, job=JOB, replace_grace=60)
     controller.refresh()
     for host in ("a", "b"):
         controller.host_failed(host, "exit 1")
-    assert controller._replace_pending() == pytest.approx(60, abs=1)
+    controller._take_failed_hosts()
+    assert controller._replace_due() == pytest.approx(60, abs=1)
     controller.stop()  # the job ended: nothing is due any more
-    controller._replace_pending()
+    controller._replace_due()
     assert provider.replaced == []

@@ -1,0 +1,150 @@
+"""The composition of a ``spotring run``: controller, launcher and Horovod, wired once.
+
+The CLI parses and reports; this module decides what a run is made of (the group's
+sizing, the launcher, the worker environment) and runs it, so it can be tested
+without argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pluggy
+
+from spotring.autoscaler.controller import Controller
+from spotring.autoscaler.policy import JobShape
+from spotring.autoscaler.progress import ProgressReporter
+from spotring.driver.launcher import SshOptions
+from spotring.providers.base import ConfigurationError, Provider
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything ``spotring run`` needs besides the provider."""
+
+    command: tuple[str, ...]
+    shape: JobShape
+    reset_limit: int | None = None
+    cooldown_range: tuple[int, int] | None = None
+    elastic_timeout: int = 600
+    start_timeout: int = 120
+    nics: tuple[str, ...] = ()
+    verbose: int = 0
+    refresh_interval: float = 10.0
+    launcher: str = "auto"
+    """``local``, ``ssh``, or ``auto``: local for providers that simulate hosts."""
+    ssh: SshOptions = field(default_factory=SshOptions)
+    worker_python: str = sys.executable
+    forwarded_env: Mapping[str, str] = field(default_factory=dict)
+    """``-x``/``--env`` variables, resolved to values."""
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How a run ended: its exit status and, for a failure, one line saying why."""
+
+    exit_code: int
+    message: str = ""
+
+
+def run_job(
+    config: JobConfig,
+    provider: Provider,
+    pm: pluggy.PluginManager,
+    reporter: ProgressReporter,
+    provider_options: argparse.Namespace,
+) -> JobOutcome:
+    """Run the job on ``provider``'s group until it ends; never leaves a worker behind.
+
+    Raises :class:`ConfigurationError` (or another ``ProviderError``) when the group
+    cannot be listed at start; later errors end the job and come back as the outcome.
+    """
+    from spotring.driver.compat import require_horovod
+
+    require_horovod()
+    # Horovod is imported here, not at the top: `spotring --help` stays fast.
+    from spotring.driver.elastic import ElasticOptions, JobAborted, RingTracker, run_elastic
+    from spotring.driver.launcher import ProcessLauncher
+    from spotring.driver.worker_env import worker_base_environment
+
+    shape = config.shape
+    readmit_after = float(config.cooldown_range[0]) if config.cooldown_range else None
+    controller = Controller(
+        provider,
+        pm.hook,
+        job=shape,
+        refresh_interval=config.refresh_interval,
+        readmit_after=readmit_after,
+    )
+    local = config.launcher == "local" or (
+        config.launcher == "auto" and provider.runs_workers_locally
+    )
+    launcher = ProcessLauncher(
+        remote=not local,
+        ssh=config.ssh,
+        python=config.worker_python,
+        host_alias=controller.instance_id,
+    )
+    if hasattr(provider, "worker_started"):
+        launcher.add_listener(_ProviderProcesses(provider))
+    rings = RingTracker(config.verbose, on_ring=reporter.ring_formed)
+    elastic = ElasticOptions(
+        num_proc=shape.num_proc,
+        min_num_proc=shape.min_num_proc,
+        max_num_proc=shape.max_num_proc,
+        reset_limit=config.reset_limit,
+        cooldown_range=config.cooldown_range,
+        elastic_timeout=config.elastic_timeout,
+        start_timeout=config.start_timeout,
+        nics=config.nics or (("lo",) if local else ()),
+        verbose=config.verbose,
+        worker_env=worker_base_environment(os.environ, config.forwarded_env),
+    )
+
+    started = time.monotonic()
+    pm.register(reporter, name="spotring.progress")
+    controller.start()
+    try:
+        inventory = controller.wait_for_inventory(config.start_timeout)
+        reporter.started(provider, inventory)
+        try:
+            run_elastic(config.command, controller, launcher, elastic, rings)
+            outcome = JobOutcome(0)
+        except JobAborted as aborted:
+            code = EXIT_USAGE if isinstance(aborted.cause, ConfigurationError) else EXIT_FAILURE
+            outcome = JobOutcome(code, str(aborted))
+        except RuntimeError as error:
+            outcome = JobOutcome(EXIT_FAILURE, " ".join(str(error).split()))
+    finally:
+        controller.stop()
+        launcher.close()
+        pm.unregister(reporter)
+        provider.job_finished(provider_options)
+    reporter.summary(
+        rings.world_sizes,
+        outcome.exit_code == 0,
+        time.monotonic() - started,
+        getattr(provider, "events", ()),
+    )
+    return outcome
+
+
+class _ProviderProcesses:
+    """Tells a provider that simulates hosts which process groups run on which host."""
+
+    def __init__(self, provider: Provider) -> None:
+        self._provider = provider
+
+    def worker_started(self, host: str, process_group: int) -> None:
+        self._provider.worker_started(host, process_group)  # type: ignore[attr-defined]
+
+    def worker_exited(self, exit, process_group: int) -> None:  # type: ignore[no-untyped-def]
+        self._provider.worker_exited(exit.host, process_group)  # type: ignore[attr-defined]

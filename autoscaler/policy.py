@@ -1,0 +1,81 @@
+"""spotring's own answers to the decision hooks: how big the group is, what is replaced.
+
+Registered as a built-in plugin with ``trylast``, so a plugin that implements
+``spotring_target_size`` or ``spotring_replace_host`` is asked first and its first
+non-None answer wins, as in pytest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spotring.autoscaler.hookspecs import hookimpl
+from spotring.autoscaler.inventory import Inventory
+from spotring.providers.base import Instance, InstanceState, hosts_for_slots
+
+_LIVE = (InstanceState.PENDING, InstanceState.READY)
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What the job asks of the group: the elastic limits and the steering options."""
+
+    num_proc: int
+    """Workers to start with (``-np``)."""
+    min_num_proc: int
+    max_num_proc: int
+    slots_per_host: int | None = None
+    """``--slots-per-host``; None: the slots the group's members report."""
+    target_hosts: int | None = None
+    """``--target-hosts``: the size to ask for at start instead of enough for ``-np``."""
+    resize: bool = True
+    """False with ``--no-resize``: never change the group's size."""
+    replace_failed: bool = True
+    """False with ``--no-replace``: leave failed hosts to the cloud."""
+
+
+def group_slots(inventory: Inventory) -> int | None:
+    """Slots per host of the group's live members (the fewest, to size safely)."""
+    slots = [i.slots for i in inventory.instances if i.state in _LIVE and i.slots >= 1]
+    return min(slots) if slots else None
+
+
+def size_bounds(inventory: Inventory, job: JobShape) -> tuple[int, int, int]:
+    """(hosts for --min-np, hosts for -np, hosts for --max-np) at the group's slots.
+
+    A group with no live member to learn from is sized at one slot per host (or
+    ``--slots-per-host``); the bounds tighten once members report their slots.
+    """
+    slots = job.slots_per_host or group_slots(inventory) or 1
+    return (
+        hosts_for_slots(job.min_num_proc, slots),
+        hosts_for_slots(job.num_proc, slots),
+        hosts_for_slots(job.max_num_proc, slots),
+    )
+
+
+@hookimpl(trylast=True)
+def spotring_target_size(
+    inventory: Inventory, job: JobShape, current_target: int | None
+) -> int | None:
+    """At start: ``--target-hosts``, or enough hosts for ``-np`` (a group that already
+    holds more, up to what ``--max-np`` can use, keeps them). Later: keep the group
+    within what ``--min-np``/``--max-np`` need at the slots its hosts really have."""
+    if not job.resize:
+        return None
+    low, start, high = size_bounds(inventory, job)
+    live = sum(1 for i in inventory.instances if i.state in _LIVE)
+    if current_target is None:
+        wanted = job.target_hosts if job.target_hosts is not None else max(start, live)
+        return min(max(wanted, low), high)
+    if current_target > high or live > high:
+        return high
+    if current_target < low:
+        return low
+    return None
+
+
+@hookimpl(trylast=True)
+def spotring_replace_host(instance: Instance, reason: str, job: JobShape) -> bool:
+    """Replace a host whose worker failed, unless ``--no-replace``."""
+    return job.replace_failed
