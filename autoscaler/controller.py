@@ -224,7 +224,8 @@ class Controller:
         self._wake.clear()
 
     def _fail(self, error: ProviderError) -> None:
-        log.error("%s: %s", self.provider.describe(), error)
+        # Whoever runs the job reports it, once: the CLI as its one line.
+        log.info("%s: controller stopped: %s", self.provider.describe(), error)
         self._fatal = error
         self._fatal_event.set()
 

@@ -8,6 +8,7 @@ without argv.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -20,7 +21,9 @@ from spotring.autoscaler.controller import Controller
 from spotring.autoscaler.policy import JobShape
 from spotring.autoscaler.progress import ProgressReporter
 from spotring.driver.launcher import SshOptions
-from spotring.providers.base import ConfigurationError, Provider
+from spotring.providers.base import ConfigurationError, Provider, ProviderError
+
+log = logging.getLogger(__name__)
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -127,7 +130,7 @@ def run_job(
         controller.stop()
         launcher.close()
         pm.unregister(reporter)
-        provider.job_finished(provider_options)
+        _finish(provider, provider_options)
     reporter.summary(
         rings.world_sizes,
         outcome.exit_code == 0,
@@ -135,6 +138,15 @@ def run_job(
         getattr(provider, "events", ()),
     )
     return outcome
+
+
+def _finish(provider: Provider, options: argparse.Namespace) -> None:
+    """The provider's end-of-job clean-up; its failure is reported, not raised over
+    the job's own outcome."""
+    try:
+        provider.job_finished(options)
+    except ProviderError as error:
+        log.warning("%s: clean-up at the end of the job failed: %s", provider.describe(), error)
 
 
 class _ProviderProcesses:

@@ -241,7 +241,7 @@ def _stop_on_fatal_error(controller: JobController, stopper: _Stopper) -> None:
     while not stopper.stopped.is_set():
         error = controller.wait_for_fatal_error(timeout=0.5)
         if error is not None:
-            log.error("stopping the job: %s", error)
+            log.info("stopping the job: %s", error)
             stopper.stop(str(error), error)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.aws_helpers import REGION, boto_session, create_group, moto_members
@@ -127,6 +128,25 @@ def test_discover_unknown_group_fails_with_one_line(moto_url: str, aws_env: dict
     assert result.stdout == "", "a failed listing prints no hosts"
     assert result.stderr.strip() == (
         "spotring discover: error: auto scaling group 'no-such-group' not found in region us-east-1"
+    )
+
+
+def test_run_on_an_unknown_group_exits_2_at_once_with_one_line(
+    moto_url: str, aws_env: dict[str, str]
+) -> None:
+    began = time.monotonic()
+    result = subprocess.run(
+        [SPOTRING, "run", *aws_args("no-such-group", moto_url), "-np", "2", "--", "true"],
+        capture_output=True,
+        text=True,
+        env=aws_env,
+        timeout=120,
+        check=False,
+    )
+    assert time.monotonic() - began < 15, "it waited for --start-timeout"
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "spotring run: error: auto scaling group 'no-such-group' not found in region us-east-1"
     )
 
 
@@ -242,3 +262,49 @@ def test_run_follows_the_group(
     # --scale-down-on-exit: the group is back at its MinSize.
     group = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=["run"])
     assert group["AutoScalingGroups"][0]["DesiredCapacity"] == 1
+
+
+@pytest.mark.e2e
+def test_a_group_deleted_mid_run_stops_the_job_with_one_line(
+    repo: Path, tmp_path: Path, moto_url: str, aws_env: dict[str, str]
+) -> None:
+    create_group("doomed", size=2, min_size=1, max_size=4, endpoint_url=moto_url)
+    events = tmp_path / "events.jsonl"
+    with running_job(
+        [
+            SPOTRING,
+            "run",
+            *aws_args("doomed", moto_url),
+            "--launcher",
+            "local",
+            "--refresh-interval",
+            "0.5",
+            "-np",
+            "2",
+            "--",
+            sys.executable,
+            str(repo / "examples" / "train_digits.py"),
+            "--events",
+            str(events),
+            "--epochs",
+            "50",
+            "--step-seconds",
+            "0.1",
+        ],
+        cwd=tmp_path,
+        env=aws_env,
+    ) as process:
+        wait_for(process, events, "training at size 2", committed_at(2, 5))
+        workers = [pid for pid, _ in worker_pids(process.pid)]
+        client("autoscaling", moto_url).delete_auto_scaling_group(
+            AutoScalingGroupName="doomed", ForceDelete=True
+        )
+        output, _ = process.communicate(timeout=60)
+
+    assert process.returncode == 2, output[-4000:]
+    failures = [line for line in output.splitlines() if line.startswith("spotring run:")]
+    assert failures == [
+        "spotring run: job failed: auto scaling group 'doomed' not found in region us-east-1"
+    ]
+    assert "Traceback" not in output
+    assert workers and not [pid for pid in workers if psutil.pid_exists(pid)]
