@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -386,6 +387,10 @@ def _discover(provider: Provider) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManager) -> int:
     from spotring.autoscaler.job import JobConfig, run_job
 
@@ -423,6 +428,8 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
         worker_python=options.worker_python,
         forwarded_env=forwarded,
     )
+    # SIGTERM (a scheduler, `kill`) stops the job like Ctrl-C: workers first.
+    signal.signal(signal.SIGTERM, _interrupt)
     outcome = run_job(config, provider, pm, ProgressReporter(), options)
     if outcome.exit_code:
         print(f"{PROG} run: job failed: {outcome.message}", file=sys.stderr)

@@ -122,6 +122,8 @@ def run_job(
             run_elastic(config.command, controller, launcher, elastic, rings)
             outcome = JobOutcome(0)
         except JobAborted as aborted:
+            if isinstance(aborted.cause, KeyboardInterrupt):
+                raise aborted.cause from None  # every worker is stopped by now
             code = EXIT_USAGE if isinstance(aborted.cause, ConfigurationError) else EXIT_FAILURE
             outcome = JobOutcome(code, str(aborted))
         except RuntimeError as error:

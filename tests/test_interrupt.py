@@ -1,0 +1,47 @@
+"""End to end: stopping ``spotring run`` from outside stops every worker with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.e2e_support import read_events, running_job, worker_pids
+
+pytestmark = pytest.mark.e2e
+
+SPOTRING = str(Path(sys.executable).with_name("spotring"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_driver_stops_every_worker(
+    repo: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    events = tmp_path / "events.jsonl"
+    argv = [
+        *(SPOTRING, "run", "--provider", "local", "-np", "2", "--"),
+        *(sys.executable, str(repo / "examples" / "train_digits.py")),
+        *("--events", str(events), "--epochs", "100", "--step-seconds", "0.1"),
+    ]
+    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+        deadline = time.monotonic() + 180
+        while not any(e["event"] == "commit" for e in read_events(events)):
+            assert process.poll() is None and time.monotonic() < deadline, "no training"
+            time.sleep(0.2)
+        workers = [psutil.Process(pid) for pid, _ in worker_pids(process.pid)]
+        assert len(workers) == 2
+        process.send_signal(sig)
+        began = time.monotonic()
+        output, _ = process.communicate(timeout=30)
+        took = time.monotonic() - began
+    assert took < 10, f"took {took:.1f}s to stop"
+    assert process.returncode == 130, output[-2000:]
+    assert output.rstrip().endswith("spotring: interrupted")
+    assert "Traceback" not in output
+    psutil.wait_procs(workers, timeout=5)
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
