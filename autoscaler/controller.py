@@ -68,7 +68,8 @@ class Controller:
     """Refreshes the inventory, replaces failed hosts and steers the group's size.
 
     :param provider: the group to watch.
-    :param hook: the plugin manager's hook relay: decisions and events.
+    :param hook: the plugin manager's hook relay: decisions and events (default: a
+        manager with spotring's built-in plugins only).
     :param job: the job's limits and steering options; None never steers or replaces
         (as for ``spotring discover``).
     :param refresh_interval: seconds between refreshes while the cloud answers.
@@ -84,7 +85,7 @@ class Controller:
     def __init__(
         self,
         provider: Provider,
-        hook: pluggy.HookRelay,
+        hook: pluggy.HookRelay | None = None,
         *,
         job: JobShape | None = None,
         refresh_interval: float = 5.0,
@@ -92,6 +93,10 @@ class Controller:
         replace_grace: float = 5.0,
         readmit_after: float | None = None,
     ) -> None:
+        if hook is None:
+            from spotring.autoscaler.plugins import get_plugin_manager
+
+            hook = get_plugin_manager(load_entry_points=False).hook
         self.provider = provider
         self._hook = hook
         self._job = job
