@@ -2,9 +2,9 @@
 
 Rank 0 appends ``{"t", "step", "size", "event"}`` to ``--log`` after every optimizer
 step ("step"), after every commit ("commit") and when training (re)starts ("resume").
-``--state spotring`` uses spotring's TorchState (fail-fast on a dead peer);
-``--state horovod`` uses ``hvd.elastic.TorchState`` (the anchor). Runs until the
-benchmark stops the job.
+``--state spotring`` uses spotring's TorchState; ``--state horovod`` uses
+``hvd.elastic.TorchState`` (the anchor's, and a spotring row of its own: the fast
+abort does not depend on the state class). Runs until the benchmark stops the job.
 """
 
 from __future__ import annotations
