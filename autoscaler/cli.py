@@ -22,6 +22,7 @@ from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.autoscaler.policy import JobShape
 from spotring.autoscaler.progress import ProgressReporter
 from spotring.driver.launcher import SshOptions
+from spotring.driver.options import ElasticOptions
 from spotring.driver.worker_env import parse_forwarded
 from spotring.providers.base import ConfigurationError, Provider, ProviderError
 
@@ -409,14 +410,19 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
             resize=not options.no_resize,
             replace_failed=not options.no_replace,
         ),
-        reset_limit=options.reset_limit,
-        cooldown_range=tuple(options.blacklist_cooldown_range)  # type: ignore[arg-type]
-        if options.blacklist_cooldown_range
-        else None,
-        elastic_timeout=options.elastic_timeout,
-        start_timeout=options.start_timeout,
-        nics=options.nics,
-        verbose=options.verbose,
+        elastic=ElasticOptions(
+            num_proc=options.num_proc,
+            min_num_proc=options.min_num_proc,
+            max_num_proc=options.max_num_proc,
+            reset_limit=options.reset_limit,
+            cooldown_range=tuple(options.blacklist_cooldown_range)  # type: ignore[arg-type]
+            if options.blacklist_cooldown_range
+            else None,
+            elastic_timeout=options.elastic_timeout,
+            start_timeout=options.start_timeout,
+            nics=options.nics,
+            verbose=options.verbose,
+        ),
         refresh_interval=options.refresh_interval,
         launcher=options.launcher,
         ssh=SshOptions(

@@ -8,6 +8,7 @@ without argv.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -21,6 +22,7 @@ from spotring.autoscaler.controller import Controller
 from spotring.autoscaler.policy import JobShape
 from spotring.autoscaler.progress import ProgressReporter
 from spotring.driver.launcher import SshOptions
+from spotring.driver.options import ElasticOptions
 from spotring.providers.base import ConfigurationError, Provider, ProviderError
 
 log = logging.getLogger(__name__)
@@ -35,12 +37,9 @@ class JobConfig:
 
     command: tuple[str, ...]
     shape: JobShape
-    reset_limit: int | None = None
-    cooldown_range: tuple[int, int] | None = None
-    elastic_timeout: int = 600
-    start_timeout: int = 120
-    nics: tuple[str, ...] = ()
-    verbose: int = 0
+    elastic: ElasticOptions
+    """Horovod's elastic settings; ``nics`` default to ``lo`` for local workers, and
+    the worker environment is filled in from this process's."""
     refresh_interval: float = 10.0
     launcher: str = "auto"
     """``local``, ``ssh``, or ``auto``: local for providers that simulate hosts."""
@@ -74,12 +73,13 @@ def run_job(
 
     require_horovod()
     # Horovod is imported here, not at the top: `spotring --help` stays fast.
-    from spotring.driver.elastic import ElasticOptions, JobAborted, RingTracker, run_elastic
+    from spotring.driver.elastic import JobAborted, RingTracker, run_elastic
     from spotring.driver.launcher import ProcessLauncher
     from spotring.driver.worker_env import worker_base_environment
 
     shape = config.shape
-    readmit_after = float(config.cooldown_range[0]) if config.cooldown_range else None
+    cooldown = config.elastic.cooldown_range
+    readmit_after = float(cooldown[0]) if cooldown else None
     controller = Controller(
         provider,
         pm.hook,
@@ -98,17 +98,10 @@ def run_job(
     )
     if hasattr(provider, "worker_started"):
         launcher.add_listener(_ProviderProcesses(provider))
-    rings = RingTracker(config.verbose, on_ring=reporter.ring_formed)
-    elastic = ElasticOptions(
-        num_proc=shape.num_proc,
-        min_num_proc=shape.min_num_proc,
-        max_num_proc=shape.max_num_proc,
-        reset_limit=config.reset_limit,
-        cooldown_range=config.cooldown_range,
-        elastic_timeout=config.elastic_timeout,
-        start_timeout=config.start_timeout,
-        nics=config.nics or (("lo",) if local else ()),
-        verbose=config.verbose,
+    rings = RingTracker(config.elastic.verbose, on_ring=reporter.ring_formed)
+    elastic = dataclasses.replace(
+        config.elastic,
+        nics=config.elastic.nics or (("lo",) if local else ()),
         worker_env=worker_base_environment(os.environ, config.forwarded_env),
     )
 
@@ -116,7 +109,7 @@ def run_job(
     pm.register(reporter, name="spotring.progress")
     controller.start()
     try:
-        inventory = controller.wait_for_inventory(config.start_timeout)
+        inventory = controller.wait_for_inventory(elastic.start_timeout)
         reporter.started(provider, inventory)
         try:
             run_elastic(config.command, controller, launcher, elastic, rings)

@@ -25,8 +25,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from horovod.runner.common.util import codec
@@ -40,6 +39,7 @@ from horovod.runner.util.network import get_driver_ip
 from spotring.autoscaler.inventory import Inventory
 from spotring.driver.discovery import InventoryHostDiscovery
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
+from spotring.driver.options import ElasticOptions
 from spotring.driver.peer_failure import PeerFailureNotifier
 from spotring.worker_image.peer_abort import JOB_KEY_ENV, RING_KEY, RING_SCOPE
 
@@ -67,23 +67,6 @@ class JobAborted(RuntimeError):
     def __init__(self, message: str, cause: BaseException | None = None) -> None:
         super().__init__(message)
         self.cause = cause
-
-
-@dataclass(frozen=True)
-class ElasticOptions:
-    """The elastic options of ``horovodrun``, by the same names, and the worker env."""
-
-    num_proc: int
-    min_num_proc: int
-    max_num_proc: int
-    reset_limit: int | None = None
-    cooldown_range: tuple[int, int] | None = None
-    elastic_timeout: int = 600
-    start_timeout: int = 120
-    nics: tuple[str, ...] = ()
-    verbose: int = 0
-    worker_env: Mapping[str, str] = field(default_factory=dict)
-    """The allow-listed and user-forwarded environment every worker starts from."""
 
 
 class RingTracker(RendezvousServer):

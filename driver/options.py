@@ -1,0 +1,23 @@
+"""The elastic options of a job, importable without Horovod (the CLI builds them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ElasticOptions:
+    """The elastic options of ``horovodrun``, by the same names, and the worker env."""
+
+    num_proc: int
+    min_num_proc: int
+    max_num_proc: int
+    reset_limit: int | None = None
+    cooldown_range: tuple[int, int] | None = None
+    elastic_timeout: int = 600
+    start_timeout: int = 120
+    nics: tuple[str, ...] = ()
+    verbose: int = 0
+    worker_env: Mapping[str, str] = field(default_factory=dict)
+    """The allow-listed and user-forwarded environment every worker starts from."""
