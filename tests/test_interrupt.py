@@ -45,3 +45,25 @@ def test_a_signal_to_the_driver_stops_every_worker(
     assert "Traceback" not in output
     psutil.wait_procs(workers, timeout=5)
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_workers_of_a_killed_driver_exit_at_once(repo: Path, tmp_path: Path) -> None:
+    """kill -9 of the driver: each worker's supervisor sees its stdin close and stops it,
+    instead of leaving it training (or hanging) on capacity that costs money."""
+    events = tmp_path / "events.jsonl"
+    argv = [
+        *(SPOTRING, "run", "--provider", "local", "-np", "2", "--"),
+        *(sys.executable, str(repo / "examples" / "train_digits.py")),
+        *("--events", str(events), "--epochs", "100", "--step-seconds", "0.1"),
+    ]
+    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+        deadline = time.monotonic() + 180
+        while not any(e["event"] == "commit" for e in read_events(events)):
+            assert process.poll() is None and time.monotonic() < deadline, "no training"
+            time.sleep(0.2)
+        workers = [psutil.Process(pid) for pid, _ in worker_pids(process.pid)]
+        assert len(workers) == 2
+        process.kill()
+        process.communicate(timeout=30)
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    assert not [w for w in alive if w.status() != psutil.STATUS_ZOMBIE], "workers outlived it"
