@@ -1,4 +1,4 @@
-"""End to end: stopping ``spotring run`` from outside stops every worker with it."""
+"""End to end: what a running job shows to ``ps``, and stopping it from outside."""
 
 from __future__ import annotations
 
@@ -24,17 +24,28 @@ def test_a_signal_to_the_driver_stops_every_worker(
 ) -> None:
     events = tmp_path / "events.jsonl"
     argv = [
-        *(SPOTRING, "run", "--provider", "local", "-np", "2", "--"),
+        *(SPOTRING, "run", "--provider", "local", "-np", "2", "-x", "FORWARD_ME", "--"),
         *(sys.executable, str(repo / "examples" / "train_digits.py")),
         *("--events", str(events), "--epochs", "100", "--step-seconds", "0.1"),
     ]
-    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+    secrets = {"MY_SECRET_TOKEN": "tok-3f9a1c", "AWS_SECRET_ACCESS_KEY": "aws-77d2e0"}
+    env = {**os.environ, **secrets, "FORWARD_ME": "forwarded-5b1e"}
+    with running_job(argv, cwd=tmp_path, env=env) as process:
         deadline = time.monotonic() + 180
         while not any(e["event"] == "commit" for e in read_events(events)):
             assert process.poll() is None and time.monotonic() < deadline, "no training"
             time.sleep(0.2)
-        workers = [psutil.Process(pid) for pid, _ in worker_pids(process.pid)]
+        found = worker_pids(process.pid)
+        workers = [psutil.Process(pid) for pid, _ in found]
         assert len(workers) == 2
+        # Nothing forwarded or secret on any command line; workers get only what is named.
+        command_lines = " ".join(" ".join(p.info["cmdline"] or ()) for p in
+                                 psutil.process_iter(["cmdline"]))  # fmt: skip
+        for value in [*secrets.values(), "forwarded-5b1e"]:
+            assert value not in command_lines
+        for _, worker_env in found:
+            assert worker_env["FORWARD_ME"] == "forwarded-5b1e"
+            assert not set(secrets) & set(worker_env)
         process.send_signal(sig)
         began = time.monotonic()
         output, _ = process.communicate(timeout=30)
