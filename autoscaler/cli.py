@@ -21,6 +21,7 @@ from spotring.autoscaler.inventory import Inventory
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.autoscaler.policy import JobShape
 from spotring.autoscaler.progress import ProgressReporter
+from spotring.driver.compat import HorovodSetupError
 from spotring.driver.launcher import SshOptions
 from spotring.driver.options import ElasticOptions
 from spotring.driver.worker_env import parse_forwarded
@@ -89,6 +90,16 @@ def build_parser(
     )
 
     commands.add_parser("providers", help="list the installed providers")
+
+    check = commands.add_parser(
+        "check",
+        help="report what this installation can run (torch, Horovod, provider SDKs)",
+        description="Report torch, the Horovod build, and each provider's SDK and whether "
+        "credentials are found (never printed; no cloud API is called). Exits 1 when "
+        "something required is missing: torch and Horovod, and with --provider that "
+        "provider's SDK and credentials.",
+    )
+    check.add_argument("--provider", metavar="NAME", help="check only this provider, strictly")
     return parser
 
 
@@ -346,6 +357,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if options.command == "providers":
         return _list_providers(pm)
+    if options.command == "check":
+        from spotring.autoscaler.check import run_check
+
+        return run_check(provider_registry(pm), options.provider)
     assert provider_cls is not None
     try:
         provider = provider_cls.from_options(options)
@@ -360,6 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG} {options.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except ProviderError as error:
+        print(f"{PROG} {options.command}: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except HorovodSetupError as error:
         print(f"{PROG} {options.command}: error: {error}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
