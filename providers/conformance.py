@@ -8,37 +8,76 @@ writes::
     class TestMyProvider(ProviderContract):
         @pytest.fixture
         def provider(self):
-            ...  # a provider whose group has at least two READY members
+            ...  # a provider whose group has at least two READY members and room to grow
 
         @pytest.fixture
         def failing_provider(self):
             ...  # the same provider pointed at an API that fails every call
 
-and inherits the tests below. A capability the provider does not declare makes its
-test skip, never pass silently.
+and inherits the tests below. A cloud whose group changes asynchronously can override
+:meth:`ProviderContract.settle` (called between listings while a test waits for the
+group to reach a size). A capability the provider does not declare makes its test
+skip with the reason, never pass silently.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 
 import pytest
 
-from spotring.providers.base import Instance, InstanceState, Provider, ProviderError
+from spotring.providers.base import (
+    Instance,
+    InstanceState,
+    InterruptionNotice,
+    Provider,
+    ProviderError,
+)
+
+_LIVE = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
+
+
+def live(instances: Sequence[Instance]) -> list[Instance]:
+    """Members that count towards the group's size: not terminating, not gone."""
+    return [i for i in instances if i.state in _LIVE]
 
 
 class ProviderContract:
     """Base class of contract tests; override the ``provider`` fixtures."""
 
+    settle_attempts = 30
+    """Listings a test makes while it waits for the group to reach a size."""
+
     @pytest.fixture
     def provider(self) -> Provider:
-        """A provider whose group has at least two READY members."""
+        """A provider whose group has at least two READY members and room for one more."""
         raise NotImplementedError("override the 'provider' fixture")
 
     @pytest.fixture
     def failing_provider(self) -> Provider:
         """A provider whose every API call fails."""
         raise NotImplementedError("override the 'failing_provider' fixture")
+
+    def settle(self, provider: Provider) -> None:
+        """Between two listings while waiting for a change; override for slow fakes."""
+        time.sleep(0.05)
+
+    def wait_for(
+        self, provider: Provider, done: Callable[[list[Instance]], bool], what: str
+    ) -> list[Instance]:
+        """List until ``done(instances)``; fail naming ``what`` if it never is."""
+        instances = list(provider.list_instances())
+        for _ in range(self.settle_attempts):
+            if done(instances):
+                return instances
+            self.settle(provider)
+            instances = list(provider.list_instances())
+        assert done(instances), f"{what}; the group lists {_summary(instances)}"
+        return instances
+
+    # ----------------------------------------------------------------- listing
 
     def test_lists_members_with_unique_stable_ids(self, provider: Provider) -> None:
         first = provider.list_instances()
@@ -53,22 +92,70 @@ class ProviderContract:
         assert all(isinstance(i.state, InstanceState) for i in instances)
         ready = [i for i in instances if i.state is InstanceState.READY]
         assert len(ready) >= 2, "the 'provider' fixture must have two READY members"
-        assert all(i.address and i.slots >= 1 for i in ready)
+        assert all(i.is_ready and i.slots >= 1 for i in ready), "READY needs an address"
 
-    def test_set_target_size_is_idempotent(self, provider: Provider) -> None:
-        size = len(provider.list_instances())
+    # ---------------------------------------------------------------- steering
+
+    def test_set_target_size_resizes_the_group_and_is_idempotent(self, provider: Provider) -> None:
+        size = len(live(provider.list_instances()))
         provider.set_target_size(size + 1)
-        provider.set_target_size(size + 1)
-        after = provider.list_instances()
-        assert size + 1 >= len([i for i in after if i.state is not InstanceState.GONE]) >= size
+        provider.set_target_size(size + 1)  # idempotent: still one more, not two
+        grown = f"set_target_size({size + 1}) did not grow the group from {size} members"
+        self.wait_for(provider, lambda i: len(live(i)) == size + 1, grown)
+        provider.set_target_size(size)
+        provider.set_target_size(size)
+        shrunk = f"set_target_size({size}) did not shrink the group back to {size} members"
+        self.wait_for(provider, lambda i: len(live(i)) == size, shrunk)
 
     def test_replace_instance_is_idempotent(self, provider: Provider) -> None:
-        victim = next(i for i in provider.list_instances() if i.state is InstanceState.READY)
+        before = provider.list_instances()
+        size = len(live(before))
+        victim = next(i for i in before if i.state is InstanceState.READY)
         provider.replace_instance(victim.id)
-        provider.replace_instance(victim.id)
-        listed = {i.id: i for i in provider.list_instances()}
-        assert victim.id not in listed or listed[victim.id].state is not InstanceState.READY
+        provider.replace_instance(victim.id)  # idempotent: one replacement, not two
+
+        def victim_out(instances: list[Instance]) -> bool:
+            listed = {i.id: i for i in instances}
+            return victim.id not in listed or listed[victim.id].state is not InstanceState.READY
+
+        after = self.wait_for(provider, victim_out, f"replace_instance({victim.id}) left it READY")
+        for _ in range(3):  # a second launch may take a listing or two to show
+            self.settle(provider)
+            after = list(provider.list_instances())
+            newcomers = [i for i in live(after) if i.id not in {b.id for b in before}]
+            assert len(newcomers) <= 1, f"two replacements for one member: {_summary(newcomers)}"
+            assert len(live(after)) <= size, f"the group grew past {size}: {_summary(after)}"
+
+    # ---------------------------------------------------------------- failures
 
     def test_failure_raises_provider_error_never_empty(self, failing_provider: Provider) -> None:
         with pytest.raises(ProviderError):
             failing_provider.list_instances()
+
+    def test_failed_steering_raises_provider_error(self, failing_provider: Provider) -> None:
+        with pytest.raises(ProviderError):
+            failing_provider.set_target_size(3)
+        with pytest.raises(ProviderError):
+            failing_provider.replace_instance("i-0123456789abcdef0")
+
+    # ------------------------------------------------------------ capabilities
+
+    def test_size_limits_bound_the_group(self, provider: Provider) -> None:
+        limits = provider.size_limits()
+        if limits is None:
+            pytest.skip(f"{type(provider).__name__} declares no size limits")
+        low, high = limits
+        assert isinstance(low, int) and isinstance(high, int) and 0 <= low <= high
+        assert low <= len(live(provider.list_instances())) <= high
+
+    def test_interruption_notices_are_typed(self, provider: Provider) -> None:
+        if not provider.supports_interruption_notices:
+            pytest.skip(f"{type(provider).__name__} does not report interruption notices")
+        for instance in provider.list_instances():
+            if instance.notice is not None:
+                assert isinstance(instance.notice, InterruptionNotice)
+                assert not instance.is_ready, "a member with a notice must take no new work"
+
+
+def _summary(instances: Sequence[Instance]) -> str:
+    return ", ".join(f"{i.id}={i.state.value}" for i in instances) or "no members"

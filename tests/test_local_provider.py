@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from spotring.providers.base import ConfigurationError, InstanceState, Provider
+from spotring.providers.base import ConfigurationError, InstanceState, Provider, ProviderError
 from spotring.providers.conformance import ProviderContract
 from spotring.providers.local import LocalProvider
 
@@ -25,8 +25,12 @@ class FailingLocalProvider(LocalProvider):
     """The local group behind an API that always fails."""
 
     def list_instances(self):  # type: ignore[no-untyped-def]
-        from spotring.providers.base import ProviderError
+        raise ProviderError("simulated API outage")
 
+    def set_target_size(self, size: int) -> None:
+        raise ProviderError("simulated API outage")
+
+    def replace_instance(self, instance_id: str) -> None:
         raise ProviderError("simulated API outage")
 
 
