@@ -32,7 +32,6 @@ from spotring.providers.base import (
     InstanceState,
     Provider,
     ProviderError,
-    hosts_for_slots,
     is_valid_address,
 )
 
@@ -40,7 +39,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-__all__ = ["Backoff", "Controller", "ControllerError", "hosts_for_slots"]
+__all__ = ["Backoff", "Controller", "ControllerError"]
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from spotring.autoscaler.controller import hosts_for_slots
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
@@ -28,6 +28,7 @@ from spotring.providers.base import (
     InstanceState,
     Lifecycle,
     Provider,
+    hosts_for_slots,
 )
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class LocalProvider(Provider):
         scale_up_to: int | None = None,
         preempt_at: Sequence[float] = (),
         preempt_host: str | None = None,
+        control: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if hosts < 0 or hosts > max_hosts:
@@ -81,6 +83,8 @@ class LocalProvider(Provider):
             threading.Timer(delay, self.preempt, kwargs={"name": preempt_host})
             for delay in sorted(preempt_at)
         ]
+        self._control = Path(control) if control else None
+        self._control_offset = 0
         self.events: list[tuple[float, str]] = []
         """(seconds since start, what happened), for summaries and tests."""
         self._maintain()
@@ -134,6 +138,12 @@ class LocalProvider(Provider):
             metavar="NAME",
             help="chaos: which host to preempt (default: the newest READY host)",
         )
+        group.add_argument(
+            "--control",
+            metavar="FILE",
+            help="chaos on demand: each refresh runs the lines appended to FILE since the "
+            "last: 'preempt [HOST]' or 'scale N' (tests trigger chaos on training progress)",
+        )
 
     @classmethod
     def from_options(cls, options: argparse.Namespace) -> LocalProvider:
@@ -151,11 +161,13 @@ class LocalProvider(Provider):
             scale_up_to=options.scale_up_to,
             preempt_at=options.preempt_at,
             preempt_host=options.preempt_host,
+            control=options.control,
         )
 
     # ---------------------------------------------------------------- contract
 
     def list_instances(self) -> list[Instance]:
+        self._run_control_commands()
         now = self._clock()
         with self._lock:
             if self._scale_up and now - self._started >= self._scale_up[0]:
@@ -241,6 +253,31 @@ class LocalProvider(Provider):
             self._kill(host, signal.SIGKILL)
             host.state = InstanceState.GONE
             return host.name
+
+    def _run_control_commands(self) -> None:
+        """Run the lines appended to the ``--control`` file since the last refresh."""
+        if self._control is None:
+            return
+        try:
+            with self._control.open("rb") as stream:
+                stream.seek(self._control_offset)
+                data = stream.read()
+        except FileNotFoundError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+        self._control_offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            words = line.split()
+            if not words:
+                continue
+            if words[0] == "preempt" and len(words) <= 2:
+                self.preempt(words[1] if len(words) == 2 else None)
+            elif words[0] == "scale" and len(words) == 2 and words[1].isdigit():
+                with self._lock:
+                    self._note(f"chaos: group scaled to {words[1]} hosts")
+                    self._resize(min(int(words[1]), self._max_hosts))
+            else:
+                log.warning("local provider: ignoring control line %r", line)
 
     # ---------------------------------------------------------------- helpers
 

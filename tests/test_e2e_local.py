@@ -37,39 +37,22 @@ def job(repo: Path, events: Path, *train_args: str) -> list[str]:
 
 
 def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
-    events = tmp_path / "events.jsonl"
-    result = subprocess.run(
-        [
-            SPOTRING,
-            "run",
-            "--provider",
-            "local",
-            "-np",
-            "2",
-            "--min-np",
-            "1",
-            "--max-np",
-            "3",
-            "--refresh-interval",
-            "0.5",
-            "--boot-seconds",
-            "5",
-            "--scale-up-at",
-            "1",
-            "--scale-up-to",
-            "3",
-            "--preempt-at",
-            "40",
-            *job(repo, events, "--epochs", "16", "--step-seconds", "0.1"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=JOB_TIMEOUT,
-        cwd=tmp_path,
-        check=False,
-    )
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log[-4000:]
+    """The group grows after some training, then the new host is preempted: chaos is
+    triggered on progress (committed steps), never on the clock."""
+    events, control = tmp_path / "events.jsonl", tmp_path / "control"
+    argv = [
+        *(SPOTRING, "run", "--provider", "local", "-np", "2", "--min-np", "1", "--max-np", "3"),
+        *("--refresh-interval", "0.5", "--boot-seconds", "5", "--control", str(control)),
+        *job(repo, events, "--epochs", "16", "--step-seconds", "0.1"),
+    ]
+    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+        wait_for_commits(process, events, size=2, steps=10)
+        control.write_text("scale 3\n")
+        wait_for_commits(process, events, size=3, steps=10)
+        with control.open("a") as stream:
+            stream.write("preempt host-2\n")
+        log, _ = process.communicate(timeout=JOB_TIMEOUT)
+    assert process.returncode == 0, log[-4000:]
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
     done = recorded[-1]
@@ -84,9 +67,25 @@ def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
     assert any(a == 3 and b == 2 for a, b in itertools.pairwise(sizes)), sizes
 
 
+def wait_for_commits(process: subprocess.Popen[str], events: Path, size: int, steps: int) -> None:
+    """Until rank 0 has committed ``steps`` steps at world size ``size``."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        at_size = [e for e in read_events(events) if e["event"] == "commit" and e["size"] == size]
+        if len(at_size) >= steps:
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"the job ended before {steps} commits at size {size}")
+        time.sleep(0.2)
+    raise AssertionError(f"no {steps} commits at size {size} in time")
+
+
+@pytest.mark.parametrize("state", ["spotring", "horovod"])
 def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
-    repo: Path, tmp_path: Path
+    repo: Path, tmp_path: Path, state: str
 ) -> None:
+    """With spotring's TorchState and with hvd.elastic.TorchState: the abort is the
+    launcher's, not the state object's."""
     events = tmp_path / "events.jsonl"
     env = dict(os.environ, HOROVOD_GLOO_TIMEOUT_SECONDS="120")  # a stall would show
     with running_job(
@@ -109,7 +108,7 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
             "60",  # the provider will not notice anything itself
             "--boot-seconds",
             "3600",  # and no replacement arrives during the test
-            *job(repo, events, "--epochs", "6", "--step-seconds", "0.05"),
+            *job(repo, events, "--epochs", "6", "--step-seconds", "0.05", "--state", state),
         ],
         cwd=tmp_path,
         env=env,

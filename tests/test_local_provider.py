@@ -132,3 +132,26 @@ def test_bad_sizes_are_configuration_errors() -> None:
         LocalProvider(1, scale_up_at=3)
     with pytest.raises(ConfigurationError):
         LocalProvider(1).set_target_size(-1)
+
+
+def test_control_file_runs_chaos_on_demand(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    control = tmp_path / "control"
+    provider = LocalProvider(2, boot_seconds=0, control=str(control))
+    assert len(states(provider)) == 2  # no file yet: nothing happens
+    control.write_text("scale 3\n")
+    assert len(states(provider)) == 3
+    assert len(states(provider)) == 3, "a line runs once"
+    with control.open("a") as stream:
+        stream.write("preempt host-1\nbogus line\npreempt")  # the last line is incomplete
+    listed = states(provider)
+    assert listed["host-1"] is InstanceState.GONE
+    assert "ignoring control line 'bogus line'" in caplog.text
+    assert not any("host-0" in what and "preempted" in what for _, what in provider.events)
+    with control.open("a") as stream:
+        stream.write(" host-0\n")
+    assert states(provider)["host-0"] is InstanceState.GONE
+    assert [what for _, what in provider.events if what.startswith("chaos")] == [
+        "chaos: group scaled to 3 hosts",
+        "chaos: preempted host-1 (SIGKILL to its workers)",
+        "chaos: preempted host-0 (SIGKILL to its workers)",
+    ]
