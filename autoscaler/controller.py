@@ -207,7 +207,7 @@ class Controller:
             while not self._stopped.is_set():
                 self._take_failed_hosts()
                 refreshed = self.refresh()
-                if refreshed and self._job is not None:
+                if refreshed and self._job is not None and self.provider.can_resize:
                     self._steer()
                 self._announce()
                 next_replacement = self._replace_due()
@@ -347,7 +347,7 @@ class Controller:
             except queue.Empty:
                 return
             self._emit("spotring_host_failed", instance=instance, reason=reason)
-            if self._job is None:
+            if self._job is None or not self.provider.can_replace:
                 continue
             replace = self._call(
                 "the spotring_replace_host hook",

@@ -153,6 +153,11 @@ class Provider(abc.ABC):
     """One line shown by ``spotring providers``."""
     supports_interruption_notices: ClassVar[bool] = False
     """True when :attr:`Instance.notice` is filled in by :meth:`list_instances`."""
+    can_resize: bool = True
+    """False when :meth:`set_target_size` cannot work (e.g. the ``script`` provider
+    without a resize command): spotring then never steers the group's size."""
+    can_replace: bool = True
+    """False when :meth:`replace_instance` cannot work: failed hosts are only left out."""
     runs_workers_locally: ClassVar[bool] = False
     """True when the group's hosts are simulated on this machine and workers run as
     local processes (the embedded ``local`` provider, and test doubles of clouds)."""
