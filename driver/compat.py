@@ -36,6 +36,8 @@ PATCHED_INTERNALS: tuple[tuple[str, str], ...] = (
     ("horovod.runner.http.http_server:RendezvousServer", "_httpd"),
     ("horovod.runner.http.http_server:RendezvousHTTPServer", "cache"),
     ("horovod.runner.http.http_server:RendezvousHTTPServer", "cache_lock"),
+    ("horovod.runner.http.http_server:RendezvousServer", "_listen_thread"),
+    ("horovod.runner.http.http_server", "RendezvousHandler"),
     ("horovod.runner.gloo_run", "create_slot_env_vars"),
     ("horovod.runner.util.network", "get_driver_ip"),
     ("horovod.runner.common.util.codec", "dumps_base64"),

@@ -25,6 +25,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -33,7 +34,11 @@ from horovod.runner.elastic.driver import ElasticDriver
 from horovod.runner.elastic.rendezvous import create_rendezvous_handler
 from horovod.runner.elastic.worker import HostUpdateResult
 from horovod.runner.gloo_run import create_slot_env_vars
-from horovod.runner.http.http_server import RendezvousServer
+from horovod.runner.http.http_server import (
+    RendezvousHandler,
+    RendezvousHTTPServer,
+    RendezvousServer,
+)
 from horovod.runner.util.network import get_driver_ip
 
 from spotring.autoscaler.inventory import Inventory
@@ -87,6 +92,18 @@ class RingTracker(RendezvousServer):
         """The current ring's number: 1 for the first ring, +1 per reset."""
         return len(self.world_sizes)
 
+    def start(self, handler_cls: Any = None, address: str = "") -> int:  # type: ignore[override]
+        """Listen on ``address`` (Horovod's own listens on every interface); the port."""
+        handler_cls = handler_cls or RendezvousHandler
+        if not address:
+            return int(super().start(handler_cls))
+        self._httpd = RendezvousHTTPServer((address, 0), handler_cls, self._verbose)
+        self._listen_thread = threading.Thread(
+            target=self._httpd.serve_forever, name="spotring-rendezvous", daemon=True
+        )
+        self._listen_thread.start()
+        return int(self._httpd.server_address[1])
+
     def init(self, host_alloc_plan):  # type: ignore[no-untyped-def]
         result = super().init(host_alloc_plan)  # clears the store
         self.world_sizes.append(len(host_alloc_plan))
@@ -113,6 +130,8 @@ def run_elastic(
     it fails, and :class:`JobAborted` when the controller stopped it.
     """
     rendezvous = rendezvous or RingTracker(options.verbose)
+    # Listen only where the workers reach the driver, not on every interface.
+    address = _driver_address(options.nics, controller, options.elastic_timeout)
     job_key = secrets.token_bytes(32)
     notifier = PeerFailureNotifier(job_key, lambda: rendezvous.generation)
     launcher.add_listener(_FailureRouter(controller, notifier))
@@ -127,7 +146,7 @@ def run_elastic(
         cooldown_range=options.cooldown_range,
         verbose=options.verbose,
     )
-    port = rendezvous.start(create_rendezvous_handler(driver))
+    port = rendezvous.start(create_rendezvous_handler(driver), address)
     notifier.attach(driver)
     _replay_host_changes_for_new_coordinator(driver)
     stopper = _Stopper(driver)
@@ -135,8 +154,8 @@ def run_elastic(
         target=_stop_on_fatal_error, args=(controller, stopper), name="spotring-stop", daemon=True
     ).start()
     try:
-        hosts = driver.wait_for_available_slots(options.num_proc)
-        run_env = _rendezvous_env(options.nics, hosts.host_assignment_order, port)
+        driver.wait_for_available_slots(options.num_proc)
+        run_env = _rendezvous_env(options.nics, address, port)
         run_env[JOB_KEY_ENV] = job_key.hex()
         base = {**options.worker_env, **run_env, "PYTHONUNBUFFERED": "1"}
 
@@ -171,9 +190,24 @@ def run_elastic(
             )
 
 
-def _rendezvous_env(nics: Sequence[str], hosts: Sequence[str], port: int) -> dict[str, str]:
+def _driver_address(nics: Sequence[str], controller: JobController, timeout: float) -> str:
+    """The driver's address on the named interface, or on the route to the group's
+    hosts (waiting up to ``timeout`` for a first READY host)."""
+    if nics:
+        return str(get_driver_ip(nics))
+    deadline = time.monotonic() + timeout
+    while True:
+        inventory = controller.inventory
+        hosts = [i.address for i in inventory.ready] if inventory else []
+        if hosts or time.monotonic() > deadline:
+            return _address_towards(hosts)
+        error = controller.wait_for_fatal_error(timeout=0.2)
+        if error is not None:
+            raise JobAborted(str(error), error)
+
+
+def _rendezvous_env(nics: Sequence[str], address: str, port: int) -> dict[str, str]:
     """Where workers find the rendezvous server, and the interfaces they use."""
-    address = get_driver_ip(nics) if nics else _address_towards(hosts)
     env = {
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": address,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),

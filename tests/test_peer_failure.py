@@ -211,3 +211,16 @@ def test_ring_tracker_publishes_each_rings_generation() -> None:
         assert tracker.world_sizes == [1, 1]
     finally:
         tracker.stop()
+
+
+def test_ring_tracker_listens_only_on_the_address_it_is_given() -> None:
+    from spotring.driver.elastic import RingTracker
+
+    tracker = RingTracker()
+    port = tracker.start(address="127.0.0.1")
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        with pytest.raises(OSError):  # another loopback address: nothing listens there
+            socket.create_connection(("127.0.0.2", port), timeout=5).close()
+    finally:
+        tracker.stop()
