@@ -26,6 +26,7 @@ from spotring.driver.launcher import SshOptions
 from spotring.driver.options import ElasticOptions
 from spotring.driver.worker_env import parse_forwarded
 from spotring.providers.base import ConfigurationError, Provider, ProviderError
+from spotring.providers.options import non_negative_int, positive_int, positive_seconds
 
 PROG = "spotring"
 EXIT_USAGE = 2
@@ -84,7 +85,7 @@ def build_parser(
         "--slots-per-host",
         "--slots",
         dest="slots_per_host",
-        type=_positive,
+        type=positive_int,
         metavar="N",
         help="slots per host (default: from the provider)",
     )
@@ -120,7 +121,7 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "-np",
         "--num-proc",
         dest="num_proc",
-        type=_positive,
+        type=positive_int,
         required=True,
         metavar="N",
         help="worker processes to start with",
@@ -129,7 +130,7 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "--min-np",
         "--min-num-proc",
         dest="min_num_proc",
-        type=_positive,
+        type=positive_int,
         metavar="N",
         help="fewest workers to keep training (default: -np)",
     )
@@ -137,7 +138,7 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "--max-np",
         "--max-num-proc",
         dest="max_num_proc",
-        type=_positive,
+        type=positive_int,
         metavar="N",
         help="most workers to scale up to (default: -np)",
     )
@@ -145,33 +146,33 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "--slots-per-host",
         "--slots",
         dest="slots_per_host",
-        type=_positive,
+        type=positive_int,
         metavar="N",
         help="workers per host (default: from the provider)",
     )
     elastic.add_argument(
         "--reset-limit",
-        type=_non_negative,
+        type=non_negative_int,
         metavar="N",
         help="end the job after N resets (default: no limit)",
     )
     elastic.add_argument(
         "--blacklist-cooldown-range",
-        type=_non_negative,
+        type=non_negative_int,
         nargs=2,
         metavar=("MIN", "MAX"),
         help="seconds a failed host stays blacklisted, growing from MIN to MAX",
     )
     elastic.add_argument(
         "--elastic-timeout",
-        type=_positive,
+        type=positive_int,
         default=600,
         metavar="SECONDS",
         help="how long to wait for enough hosts after a reset (default: 600)",
     )
     elastic.add_argument(
         "--start-timeout",
-        type=_positive,
+        type=positive_int,
         default=120,
         metavar="SECONDS",
         help="how long to wait for the group's first inventory and network checks (default: 120)",
@@ -188,7 +189,7 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
     control = run.add_argument_group("spotring options")
     control.add_argument(
         "--refresh-interval",
-        type=_positive_float,
+        type=positive_seconds,
         default=DEFAULT_REFRESH_INTERVAL,
         metavar="SECONDS",
         help="seconds between inventory refreshes (default: 10; a worker failure is "
@@ -196,7 +197,7 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
     )
     control.add_argument(
         "--target-hosts",
-        type=_non_negative,
+        type=non_negative_int,
         metavar="N",
         help="hosts to ask the group for at start (default: enough for -np)",
     )
@@ -213,7 +214,9 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         help="how workers start: local processes or ssh (default: local for "
         "providers that simulate hosts, ssh otherwise)",
     )
-    control.add_argument("--ssh-port", type=_positive, metavar="PORT", help="ssh port on the hosts")
+    control.add_argument(
+        "--ssh-port", type=positive_int, metavar="PORT", help="ssh port on the hosts"
+    )
     control.add_argument("--ssh-identity-file", metavar="FILE", help="ssh private key")
     control.add_argument(
         "--ssh-host-key-checking",
@@ -247,37 +250,6 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "TORCH settings and these; cloud credentials stay on the driver. A VALUE given "
         "here shows on spotring's own command line: prefer exporting NAME",
     )
-
-
-def _positive(text: str) -> int:
-    value = _integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = _integer(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
 
 
 # ------------------------------------------------------------------ parsing

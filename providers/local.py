@@ -30,6 +30,7 @@ from spotring.providers.base import (
     Provider,
     hosts_for_slots,
 )
+from spotring.providers.options import non_negative_int, non_negative_seconds
 
 log = logging.getLogger(__name__)
 
@@ -100,33 +101,35 @@ class LocalProvider(Provider):
     def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
         group.add_argument(
             "--hosts",
-            type=int,
+            type=non_negative_int,
             default=None,
             help="hosts the group starts with (default: enough for -np)",
         )
         group.add_argument(
             "--max-hosts",
-            type=int,
+            type=non_negative_int,
             default=64,
             help="largest size the group may reach (default: 64)",
         )
         group.add_argument(
             "--boot-seconds",
-            type=float,
+            type=non_negative_seconds,
             default=5.0,
             help="seconds a host launched during the job (scale-up, replacement) stays "
             "PENDING before it is READY (default: 5)",
         )
         group.add_argument(
             "--scale-up-at",
-            type=float,
+            type=non_negative_seconds,
             metavar="SECONDS",
             help="chaos: SECONDS after start, grow the group to --scale-up-to hosts",
         )
-        group.add_argument("--scale-up-to", type=int, metavar="N", help="chaos: size to grow to")
+        group.add_argument(
+            "--scale-up-to", type=non_negative_int, metavar="N", help="chaos: size to grow to"
+        )
         group.add_argument(
             "--preempt-at",
-            type=float,
+            type=non_negative_seconds,
             action="append",
             default=[],
             metavar="SECONDS",

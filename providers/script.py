@@ -38,6 +38,7 @@ from spotring.providers.base import (
     ProviderError,
     is_valid_address,
 )
+from spotring.providers.options import positive_seconds
 
 FORMAT_VERSION = 1
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -117,7 +118,7 @@ class ScriptProvider(Provider):
     ) -> None:
         if not list_command or not list_command.strip():
             raise ConfigurationError("--list-command is required for --provider script")
-        if timeout <= 0:
+        if not timeout > 0:  # NaN too
             raise ConfigurationError("--command-timeout must be positive")
         self.list_command = list_command
         self.resize_command = resize_command
@@ -145,7 +146,7 @@ class ScriptProvider(Provider):
         )
         group.add_argument(
             "--command-timeout",
-            type=float,
+            type=positive_seconds,
             default=DEFAULT_TIMEOUT_SECONDS,
             metavar="SECONDS",
             help="how long a command may run (default: %(default)s)",
