@@ -7,6 +7,8 @@ import socket
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spotring.worker_image.peer_abort import (
     CollectiveAbort,
@@ -224,3 +226,46 @@ def test_ring_tracker_listens_only_on_the_address_it_is_given() -> None:
             socket.create_connection(("127.0.0.2", port), timeout=5).close()
     finally:
         tracker.stop()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    generation=st.integers(min_value=-(2**40), max_value=2**40),
+    sequence=st.integers(min_value=-(2**40), max_value=2**40),
+    failed=st.text(max_size=40),
+    mac=st.binary(max_size=64),
+)
+def test_random_messages_never_abort(
+    generation: int, sequence: int, failed: str, mac: bytes
+) -> None:
+    guard = CollectiveAbort(KEY, lambda: 3)
+    guard.context_formed((), 3)
+    assert guard.check(PeerFailedRequest(generation, sequence, failed, mac)) is not None
+    assert guard._last_sequence == -1
+
+
+def test_random_bytes_to_a_workers_service_are_rejected_without_effect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from horovod.runner.common.util import secret
+    from horovod.runner.elastic.worker import WorkerNotificationService
+
+    monkeypatch.setattr(WorkerNotificationService, "_handle", WorkerNotificationService._handle)
+    guard = CollectiveAbort(KEY, lambda: 1)
+    guard.context_formed((), 1)
+    patch_notification_service(lambda service: guard)
+    recorder = Recorder()
+    service = WorkerNotificationService(secret.make_secret_key(), "lo", recorder)
+    try:
+        address = next(iter(service.addresses().values()))[0]
+        for size in (0, 1, 36, 100, 5000):
+            with socket.create_connection(address, timeout=5) as sock:
+                sock.sendall(os.urandom(size))
+                sock.shutdown(socket.SHUT_WR)
+                sock.settimeout(5)
+                assert sock.recv(100) == b"", "a reply to a message without a valid digest"
+        assert recorder.updates == [] and guard._last_sequence == -1
+    finally:
+        service.shutdown()
