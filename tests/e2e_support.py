@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -64,3 +65,41 @@ def running_job(
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def wait_for_events(
+    process: subprocess.Popen[str],
+    events: Path,
+    done: Callable[[list[dict[str, Any]]], bool],
+    what: str,
+    timeout: float = 300.0,
+) -> list[dict[str, Any]]:
+    """Poll rank 0's events until ``done(events)``; fail naming ``what`` if the job ends
+    first or ``timeout`` passes. Chaos in the e2e tests waits on this, never on a clock."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        recorded = read_events(events)
+        if done(recorded):
+            return recorded
+        if process.poll() is not None:
+            output = process.stdout.read() if process.stdout else ""
+            raise AssertionError(f"job ended before {what}:\n{output[-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def commits(size: int | None = None, steps: int = 1, min_step: int = 0) -> Callable[..., bool]:
+    """A ``done`` for :func:`wait_for_events`: ``steps`` commits (at ``size``, if given)
+    at step ``min_step`` or later."""
+
+    def done(recorded: list[dict[str, Any]]) -> bool:
+        matching = [
+            e
+            for e in recorded
+            if e["event"] == "commit"
+            and (size is None or e["size"] == size)
+            and e["step"] >= min_step
+        ]
+        return len(matching) >= steps
+
+    return done

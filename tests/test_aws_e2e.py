@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from tests.aws_helpers import REGION, boto_session, create_group, moto_members
-from tests.e2e_support import read_events, running_job, worker_pids
+from tests.e2e_support import commits, read_events, running_job, wait_for_events, worker_pids
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 JOB_TIMEOUT = 300
@@ -177,29 +177,6 @@ def test_discover_without_group_or_credentials(moto_url: str, aws_env: dict[str,
 # ----------------------------------------------------------------------------- run
 
 
-def wait_for(
-    process: subprocess.Popen[str], events: Path, what: str, predicate: Any
-) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while time.monotonic() < deadline:
-        recorded = read_events(events)
-        if predicate(recorded):
-            return recorded
-        if process.poll() is not None:
-            output = process.stdout.read() if process.stdout else ""
-            raise AssertionError(f"job ended before {what}:\n{output[-4000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def committed_at(size: int, steps: int) -> Any:
-    def predicate(recorded: list[dict[str, Any]]) -> bool:
-        at_size = [e for e in recorded if e["event"] == "commit" and e["size"] == size]
-        return len(at_size) >= steps
-
-    return predicate
-
-
 @pytest.mark.e2e
 def test_run_follows_the_group(
     repo: Path, tmp_path: Path, moto_url: str, aws_env: dict[str, str]
@@ -236,10 +213,10 @@ def test_run_follows_the_group(
         cwd=tmp_path,
         env=aws_env,
     ) as process:
-        wait_for(process, events, "training at size 2", committed_at(2, 10))
+        wait_for_events(process, events, commits(size=2, steps=10), "training at size 2")
         # The group grows, as when someone raises its desired capacity.
         autoscaling.set_desired_capacity(AutoScalingGroupName="run", DesiredCapacity=3)
-        wait_for(process, events, "training at size 3", committed_at(3, 10))
+        wait_for_events(process, events, commits(size=3, steps=10), "training at size 3")
 
         # A spot interruption: the host's processes die and the group drops it.
         victim = ids[0]
@@ -294,7 +271,7 @@ def test_a_group_deleted_mid_run_stops_the_job_with_one_line(
         cwd=tmp_path,
         env=aws_env,
     ) as process:
-        wait_for(process, events, "training at size 2", committed_at(2, 5))
+        wait_for_events(process, events, commits(size=2, steps=5), "training at size 2")
         workers = [pid for pid, _ in worker_pids(process.pid)]
         client("autoscaling", moto_url).delete_auto_scaling_group(
             AutoScalingGroupName="doomed", ForceDelete=True

@@ -10,14 +10,20 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e_support import assert_no_committed_step_lost, read_events, running_job, worker_pids
+from tests.e2e_support import (
+    assert_no_committed_step_lost,
+    commits,
+    read_events,
+    running_job,
+    wait_for_events,
+    worker_pids,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -46,9 +52,9 @@ def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
         *job(repo, events, "--epochs", "16", "--step-seconds", "0.1"),
     ]
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
-        wait_for_commits(process, events, size=2, steps=10)
+        wait_for_events(process, events, commits(size=2, steps=10), "10 commits at size 2")
         control.write_text("scale 3\n")
-        wait_for_commits(process, events, size=3, steps=10)
+        wait_for_events(process, events, commits(size=3, steps=10), "10 commits at size 3")
         with control.open("a") as stream:
             stream.write("preempt host-2\n")
         log, _ = process.communicate(timeout=JOB_TIMEOUT)
@@ -65,19 +71,6 @@ def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
     sizes = [int(s) for s in log.split("world sizes: ")[1].splitlines()[0].split(" -> ")]
     assert 3 in sizes and sizes[-1] == 3 == done["size"]
     assert any(a == 3 and b == 2 for a, b in itertools.pairwise(sizes)), sizes
-
-
-def wait_for_commits(process: subprocess.Popen[str], events: Path, size: int, steps: int) -> None:
-    """Until rank 0 has committed ``steps`` steps at world size ``size``."""
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while time.monotonic() < deadline:
-        at_size = [e for e in read_events(events) if e["event"] == "commit" and e["size"] == size]
-        if len(at_size) >= steps:
-            return
-        if process.poll() is not None:
-            raise AssertionError(f"the job ended before {steps} commits at size {size}")
-        time.sleep(0.2)
-    raise AssertionError(f"no {steps} commits at size {size} in time")
 
 
 @pytest.mark.parametrize("state", ["spotring", "horovod"])

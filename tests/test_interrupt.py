@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e_support import read_events, running_job, worker_pids
+from tests.e2e_support import commits, running_job, wait_for_events, worker_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -31,10 +31,7 @@ def test_a_signal_to_the_driver_stops_every_worker(
     secrets = {"MY_SECRET_TOKEN": "tok-3f9a1c", "AWS_SECRET_ACCESS_KEY": "aws-77d2e0"}
     env = {**os.environ, **secrets, "FORWARD_ME": "forwarded-5b1e"}
     with running_job(argv, cwd=tmp_path, env=env) as process:
-        deadline = time.monotonic() + 180
-        while not any(e["event"] == "commit" for e in read_events(events)):
-            assert process.poll() is None and time.monotonic() < deadline, "no training"
-            time.sleep(0.2)
+        wait_for_events(process, events, commits(), "a first commit")
         found = worker_pids(process.pid)
         workers = [psutil.Process(pid) for pid, _ in found]
         assert len(workers) == 2
@@ -68,10 +65,7 @@ def test_workers_of_a_killed_driver_exit_at_once(repo: Path, tmp_path: Path) -> 
         *("--events", str(events), "--epochs", "100", "--step-seconds", "0.1"),
     ]
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
-        deadline = time.monotonic() + 180
-        while not any(e["event"] == "commit" for e in read_events(events)):
-            assert process.poll() is None and time.monotonic() < deadline, "no training"
-            time.sleep(0.2)
+        wait_for_events(process, events, commits(), "a first commit")
         workers = [psutil.Process(pid) for pid, _ in worker_pids(process.pid)]
         assert len(workers) == 2
         process.kill()

@@ -6,12 +6,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e_support import assert_no_committed_step_lost, read_events, running_job
+from tests.e2e_support import (
+    assert_no_committed_step_lost,
+    commits,
+    read_events,
+    running_job,
+    wait_for_events,
+)
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 
@@ -56,10 +61,7 @@ def test_a_job_follows_the_host_file(repo: Path, tmp_path: Path) -> None:
         *("--epochs", "5", "--step-seconds", "0.05"),
     ]
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
-        deadline = time.monotonic() + 300
-        while not [e for e in read_events(events) if e["event"] == "commit" and e["step"] >= 5]:
-            assert process.poll() is None and time.monotonic() < deadline, "no training"
-            time.sleep(0.2)
+        wait_for_events(process, events, commits(min_step=5), "step 5")
         with hosts.open("a") as stream:
             stream.write("10.7.0.3\n")  # a host joins
         output, _ = process.communicate(timeout=300)

@@ -17,7 +17,14 @@ from spotring.autoscaler.policy import JobShape
 from spotring.providers.base import InstanceState, Provider, ProviderError
 from spotring.providers.conformance import ProviderContract
 from spotring.providers.script import ScriptProvider, parse_members
-from tests.e2e_support import assert_no_committed_step_lost, read_events, running_job, worker_pids
+from tests.e2e_support import (
+    assert_no_committed_step_lost,
+    commits,
+    read_events,
+    running_job,
+    wait_for_events,
+    worker_pids,
+)
 
 POOL = Path(__file__).with_name("data") / "fake_pool.py"
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
@@ -115,10 +122,7 @@ def test_a_horovodrun_discovery_script_runs_unchanged(repo: Path, tmp_path: Path
         *("--epochs", "6", "--step-seconds", "0.05"),
     ]
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
-        deadline = time.monotonic() + 300
-        while not [e for e in read_events(events) if e["event"] == "commit" and e["step"] >= 10]:
-            assert process.poll() is None and time.monotonic() < deadline, "no training"
-            time.sleep(0.2)
+        wait_for_events(process, events, commits(min_step=10), "step 10")
         pid, _ = worker_pids(process.pid, HOROVOD_HOSTNAME="10.8.0.3")[0]
         os.kill(pid, signal.SIGKILL)
         output, _ = process.communicate(timeout=300)
