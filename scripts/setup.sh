@@ -38,6 +38,9 @@ if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
   "${pip[@]}" "torch==$torch_version" numpy cloudpickle psutil pyyaml packaging
 fi
 
+HOROVOD_CXX_INCLUDES="-include cstdint -include string -include stdexcept -include memory \
+-include limits -include functional -include algorithm"
+
 build_horovod_wheel() {
   local work
   work=$(mktemp -d)
@@ -51,6 +54,9 @@ build_horovod_wheel() {
     "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
   grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" \
     || { log "C++17 patch did not apply"; return 1; }
+  # Newer toolchains: CMake >= 4 refuses the bundled gloo's cmake_minimum_required,
+  # and GCC >= 13 no longer pulls <string>, <stdexcept>, ... in transitively.
+  CMAKE_POLICY_VERSION_MINIMUM=3.5 CXXFLAGS="${CXXFLAGS:-} $HOROVOD_CXX_INCLUDES" \
   HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_PARALLEL="$(nproc)" \
