@@ -67,6 +67,18 @@ def aws_args(group: str, url: str) -> list[str]:
     return ["--provider", "aws", "--group", group, "--region", REGION, "--endpoint-url", url]
 
 
+def run_argv(
+    group: str, url: str, repo: Path, events: Path, epochs: int, *options: str
+) -> list[str]:
+    """``spotring run`` on ``group`` with local workers training the digits example."""
+    return [
+        *(SPOTRING, "run", *aws_args(group, url), "--launcher", "local"),
+        *("--refresh-interval", "0.5", *options, "--"),
+        *(sys.executable, str(repo / "examples" / "train_digits.py"), "--events", str(events)),
+        *("--epochs", str(epochs), "--step-seconds", "0.1"),
+    ]
+
+
 def addresses(url: str, ids: list[str]) -> dict[str, str]:
     reservations = client("ec2", url).describe_instances(InstanceIds=ids)["Reservations"]
     return {i["InstanceId"]: i["PrivateIpAddress"] for r in reservations for i in r["Instances"]}
@@ -185,31 +197,14 @@ def test_run_follows_the_group(
     autoscaling = client("autoscaling", moto_url)
     events = tmp_path / "events.jsonl"
     with running_job(
-        [
-            SPOTRING,
+        run_argv(
             "run",
-            *aws_args("run", moto_url),
-            "--scale-down-on-exit",
-            "--launcher",
-            "local",
-            "--refresh-interval",
-            "0.5",
-            "-np",
-            "2",
-            "--min-np",
-            "1",
-            "--max-np",
-            "3",
-            "--",
-            sys.executable,
-            str(repo / "examples" / "train_digits.py"),
-            "--events",
-            str(events),
-            "--epochs",
-            "8",
-            "--step-seconds",
-            "0.1",
-        ],
+            moto_url,
+            repo,
+            events,
+            8,
+            *("--scale-down-on-exit", "-np", "2", "--min-np", "1", "--max-np", "3"),
+        ),
         cwd=tmp_path,
         env=aws_env,
     ) as process:
@@ -248,26 +243,7 @@ def test_a_group_deleted_mid_run_stops_the_job_with_one_line(
     create_group("doomed", size=2, min_size=1, max_size=4, endpoint_url=moto_url)
     events = tmp_path / "events.jsonl"
     with running_job(
-        [
-            SPOTRING,
-            "run",
-            *aws_args("doomed", moto_url),
-            "--launcher",
-            "local",
-            "--refresh-interval",
-            "0.5",
-            "-np",
-            "2",
-            "--",
-            sys.executable,
-            str(repo / "examples" / "train_digits.py"),
-            "--events",
-            str(events),
-            "--epochs",
-            "50",
-            "--step-seconds",
-            "0.1",
-        ],
+        run_argv("doomed", moto_url, repo, events, 50, "-np", "2"),
         cwd=tmp_path,
         env=aws_env,
     ) as process:
