@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import pluggy
 
 from spotring.autoscaler.inventory import Inventory
+from spotring.autoscaler.job import EXIT_FAILURE, EXIT_USAGE, JobConfig, run_job
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.autoscaler.policy import JobShape
 from spotring.autoscaler.progress import ProgressReporter
@@ -29,8 +30,6 @@ from spotring.providers.base import ConfigurationError, Provider, ProviderError
 from spotring.providers.options import non_negative_int, positive_int, positive_seconds
 
 PROG = "spotring"
-EXIT_USAGE = 2
-EXIT_FAILURE = 1
 DEFAULT_REFRESH_INTERVAL = 10.0
 """Seconds between refreshes: one cloud call each for a steady group, 0.1 calls/s."""
 
@@ -383,8 +382,6 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManager) -> int:
-    from spotring.autoscaler.job import JobConfig, run_job
-
     try:
         forwarded = parse_forwarded(options.forward_env, os.environ)
     except ValueError as error:
@@ -401,9 +398,6 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
             replace_failed=not options.no_replace,
         ),
         elastic=ElasticOptions(
-            num_proc=options.num_proc,
-            min_num_proc=options.min_num_proc,
-            max_num_proc=options.max_num_proc,
             reset_limit=options.reset_limit,
             cooldown_range=tuple(options.blacklist_cooldown_range)  # type: ignore[arg-type]
             if options.blacklist_cooldown_range

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+"""Exit statuses of ``spotring``: a failed job; bad usage or configuration."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def run_job(
         inventory = controller.wait_for_inventory(elastic.start_timeout)
         reporter.started(provider, inventory)
         try:
-            run_elastic(config.command, controller, launcher, elastic, rings)
+            run_elastic(config.command, controller, launcher, shape, elastic, rings)
             outcome = JobOutcome(0)
         except JobAborted as aborted:
             if isinstance(aborted.cause, KeyboardInterrupt):

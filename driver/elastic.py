@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,11 +41,13 @@ from horovod.runner.http.http_server import (
 from horovod.runner.util.network import get_driver_ip
 
 from spotring.autoscaler.inventory import Inventory
+from spotring.autoscaler.policy import JobShape
 from spotring.driver.discovery import InventoryHostDiscovery
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.options import ElasticOptions
 from spotring.driver.peer_failure import PeerFailureNotifier
 from spotring.worker_image.peer_abort import JOB_KEY_ENV, RING_KEY, RING_SCOPE
+from spotring.worker_image.supervisor import local_address_towards
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +122,12 @@ def run_elastic(
     command: Sequence[str],
     controller: JobController,
     launcher: ProcessLauncher,
+    job: JobShape,
     options: ElasticOptions,
     rendezvous: RingTracker | None = None,
 ) -> None:
-    """Run ``command`` as an elastic Horovod job on the controller's hosts.
+    """Run ``command`` as an elastic Horovod job of ``job``'s worker counts on the
+    controller's hosts.
 
     Returns when the job succeeds; raises ``RuntimeError`` with Horovod's message when
     it fails, and :class:`JobAborted` when the controller stopped it.
@@ -139,8 +142,8 @@ def run_elastic(
     driver = ElasticDriver(
         rendezvous,
         InventoryHostDiscovery(controller),
-        options.min_num_proc,
-        options.max_num_proc,
+        job.min_num_proc,
+        job.max_num_proc,
         timeout=options.elastic_timeout,
         reset_limit=options.reset_limit,
         cooldown_range=options.cooldown_range,
@@ -154,7 +157,7 @@ def run_elastic(
         target=_stop_on_fatal_error, args=(controller, stopper), name="spotring-stop", daemon=True
     ).start()
     try:
-        driver.wait_for_available_slots(options.num_proc)
+        driver.wait_for_available_slots(job.num_proc)
         run_env = _rendezvous_env(options.nics, address, port)
         run_env[JOB_KEY_ENV] = job_key.hex()
         base = {**options.worker_env, **run_env, "PYTHONUNBUFFERED": "1"}
@@ -170,7 +173,7 @@ def run_elastic(
             )
             return launcher(spec, events)
 
-        driver.start(options.num_proc, create_worker)
+        driver.start(job.num_proc, create_worker)
         results = _wait_for_results(driver, stopper)
     except RuntimeError:
         if stopper.reason is None:
@@ -224,12 +227,9 @@ def _rendezvous_env(nics: Sequence[str], address: str, port: int) -> dict[str, s
 def _address_towards(hosts: Sequence[str]) -> str:
     """This machine's address on the route to the first host it can route to."""
     for host in hosts:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((host, 9))  # UDP: picks a route, sends nothing
-                return str(probe.getsockname()[0])
-        except OSError:
-            continue
+        address = local_address_towards(host)
+        if address is not None:
+            return address
     raise RuntimeError(f"no route to any of the hosts {', '.join(hosts)}: pass --network-interface")
 
 

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ElasticOptions:
-    """The elastic options of ``horovodrun``, by the same names, and the worker env."""
+    """The elastic options of ``horovodrun``, by the same names, and the worker env.
 
-    num_proc: int
-    min_num_proc: int
-    max_num_proc: int
+    The worker counts (``-np``, ``--min-np``, ``--max-np``) are the job's
+    :class:`~spotring.autoscaler.policy.JobShape`, which the controller sizes by too.
+    """
+
     reset_limit: int | None = None
     cooldown_range: tuple[int, int] | None = None
     elastic_timeout: int = 600

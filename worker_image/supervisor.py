@@ -57,16 +57,23 @@ def worker_environment(base: Mapping[str, str], given: Mapping[str, str]) -> dic
     return env
 
 
-def interface_towards(address: str) -> str | None:
-    """The name of this host's interface whose address routes to ``address``."""
-    import psutil
-
+def local_address_towards(address: str) -> str | None:
+    """This machine's address on its route to ``address`` (None: no route)."""
     try:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect((address, 9))  # UDP: picks a route, sends nothing
-            local = probe.getsockname()[0]
+            return str(probe.getsockname()[0])
     except OSError:
+        return None
+
+
+def interface_towards(address: str) -> str | None:
+    """The name of this host's interface whose address routes to ``address``."""
+    import psutil
+
+    local = local_address_towards(address)
+    if local is None:
         return None
     for name, addresses in psutil.net_if_addrs().items():
         if any(a.address.split("%")[0] == local for a in addresses):
