@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spotring.autoscaler.hookspecs import hookimpl
@@ -22,8 +22,16 @@ from spotring.providers.base import (
     Instance,
     InstanceState,
     Lifecycle,
-    Provider,
     ProviderError,
+)
+from spotring.providers.cloud import (
+    DEFAULT_MAX_API_ATTEMPTS,
+    CloudGroupProvider,
+    DescribeOnce,
+    batches,
+    lookup_state,
+    one_line,
+    worst_state,
 )
 
 if TYPE_CHECKING:
@@ -64,7 +72,6 @@ thus costs 1 + 5 calls per refresh."""
 DESCRIBE_INSTANCE_TYPES_BATCH = 100
 """Instance types per DescribeInstanceTypes call (the API's limit)."""
 
-DEFAULT_MAX_API_ATTEMPTS = 5
 DEFAULT_SLOTS_TAG = "spotring:slots"
 
 # ------------------------------------------------------------------- state maps
@@ -126,14 +133,6 @@ EC2_STATE_MAP: Mapping[str, InstanceState] = {
 }
 """EC2 instance State.Name -> InstanceState."""
 
-_SEVERITY: Mapping[InstanceState, int] = {
-    InstanceState.READY: 0,
-    InstanceState.PENDING: 1,
-    InstanceState.DRAINING: 2,
-    InstanceState.TERMINATING: 3,
-    InstanceState.GONE: 4,
-}
-
 
 def member_state(lifecycle_state: str, health_status: str, ec2_state: str | None) -> InstanceState:
     """Combine the group's and EC2's view of a member: the least usable one wins.
@@ -143,12 +142,11 @@ def member_state(lifecycle_state: str, health_status: str, ec2_state: str | None
     """
     if ec2_state is None:
         return InstanceState.GONE
-    states = (
-        LIFECYCLE_STATE_MAP.get(lifecycle_state, InstanceState.PENDING),
-        HEALTH_STATUS_MAP.get(health_status, InstanceState.PENDING),
-        EC2_STATE_MAP.get(ec2_state, InstanceState.PENDING),
+    return worst_state(
+        lookup_state(LIFECYCLE_STATE_MAP, lifecycle_state),
+        lookup_state(HEALTH_STATUS_MAP, health_status),
+        lookup_state(EC2_STATE_MAP, ec2_state),
     )
-    return max(states, key=_SEVERITY.__getitem__)
 
 
 # ------------------------------------------------------------------ error mapping
@@ -186,24 +184,23 @@ _BAD_CREDENTIAL_CODES = frozenset(
 _EXPIRED_CREDENTIAL_CODES = frozenset({"ExpiredToken", "ExpiredTokenException"})
 
 
-def _one_line(text: object, limit: int = 200) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 # ------------------------------------------------------------------------ provider
 
 
-class AwsProvider(Provider):
+class AwsProvider(CloudGroupProvider):
     """An EC2 Auto Scaling group, listed and steered through the AWS APIs.
 
     Counters for the API cost: :attr:`api_calls` (operations, all time),
     :attr:`api_retries` (extra attempts botocore made after throttling or 5xx) and
     :attr:`last_refresh_calls` (operations made by the last :meth:`list_instances`).
+    Retries are botocore's own ("standard" mode: capped exponential backoff with
+    jitter and a client-side retry quota), set to ``--max-api-attempts``.
     """
 
     name = "aws"
     description = "EC2 Auto Scaling group (--group NAME)"
+    slots_label_option = "--slots-tag"
+    default_slots_label = DEFAULT_SLOTS_TAG
 
     def __init__(
         self,
@@ -226,24 +223,21 @@ class AwsProvider(Provider):
         """
         if not group:
             raise ConfigurationError("--group is required for --provider aws")
-        if slots_per_host is not None and slots_per_host < 1:
-            raise ConfigurationError("--slots-per-host must be at least 1")
-        if max_api_attempts < 1:
-            raise ConfigurationError("--max-api-attempts must be at least 1")
+        super().__init__(
+            spot_only=spot_only,
+            slots_per_host=slots_per_host,
+            slots_label=slots_tag,
+            scale_down_on_exit=scale_down_on_exit,
+            max_api_attempts=max_api_attempts,
+        )
         self.group = group
-        self.spot_only = spot_only
-        self.slots_per_host = slots_per_host
-        self.slots_tag = slots_tag
-        self.scale_down_on_exit = scale_down_on_exit
-        self.api_calls = 0
-        self.api_retries = 0
-        self.last_refresh_calls = 0
         self._gpus_by_type: dict[str, int] = {}
-        self._bad_slot_tags: set[str] = set()
         self._group_record: dict[str, Any] | None = None
         # EC2 details of running members: address, type, zone, lifecycle and tags do
         # not change while an instance runs, so each member is described once.
-        self._running_details: dict[str, dict[str, Any]] = {}
+        self._details: DescribeOnce[str, dict[str, Any]] = DescribeOnce(
+            self._describe_instances, lambda detail: detail["State"]["Name"] == "running"
+        )
         # Public so that tests and plugins can hook botocore events on them.
         self.autoscaling, self.ec2 = self._make_clients(
             region, profile, endpoint_url, max_api_attempts, session
@@ -274,35 +268,7 @@ class AwsProvider(Provider):
             metavar="URL",
             help="send Auto Scaling and EC2 calls here (a test server or VPC endpoint)",
         )
-        group.add_argument(
-            "--spot-only",
-            dest="aws_spot_only",
-            action="store_true",
-            help="use only the group's spot members (mixed-instances groups)",
-        )
-        group.add_argument(
-            "--slots-tag",
-            dest="aws_slots_tag",
-            default=DEFAULT_SLOTS_TAG,
-            metavar="KEY",
-            help="instance tag holding a host's slot count when --slots-per-host is not given;"
-            " without the tag, the instance type's GPU count (default: %(default)s)",
-        )
-        group.add_argument(
-            "--scale-down-on-exit",
-            dest="aws_scale_down_on_exit",
-            action="store_true",
-            help="set the group's desired capacity to its MinSize when the job ends",
-        )
-        group.add_argument(
-            "--max-api-attempts",
-            dest="aws_max_api_attempts",
-            type=int,
-            default=DEFAULT_MAX_API_ATTEMPTS,
-            metavar="N",
-            help="attempts per AWS call on throttling, 5xx and network errors"
-            " (default: %(default)s)",
-        )
+        cls.add_common_arguments(group, "aws")
 
     @classmethod
     def from_options(cls, options: argparse.Namespace) -> AwsProvider:
@@ -314,21 +280,19 @@ class AwsProvider(Provider):
         group = getattr(options, "aws_group", None)
         if not group:
             raise ConfigurationError("--group is required for --provider aws")
+        common = cls.common_options(options, "aws")
         return cls(
             group,
             region=getattr(options, "aws_region", None),
             profile=getattr(options, "aws_profile", None),
             endpoint_url=getattr(options, "aws_endpoint_url", None),
-            spot_only=getattr(options, "aws_spot_only", False),
-            slots_per_host=getattr(options, "slots_per_host", None),
-            slots_tag=getattr(options, "aws_slots_tag", DEFAULT_SLOTS_TAG),
-            scale_down_on_exit=getattr(options, "aws_scale_down_on_exit", False),
-            max_api_attempts=getattr(options, "aws_max_api_attempts", DEFAULT_MAX_API_ATTEMPTS),
+            slots_tag=common.pop("slots_label"),
+            **common,
         )
 
     # ------------------------------------------------------------------ listing
 
-    def list_instances(self) -> list[Instance]:
+    def list_members(self) -> list[Instance]:
         """Every member of the group, with lifecycle, health and EC2 state combined.
 
         Costs one DescribeAutoScalingGroups page (a group's members all come in its
@@ -340,26 +304,15 @@ class AwsProvider(Provider):
         fate (stopping, terminated by a spot reclaim) shows in the group's lifecycle
         and health states, and spotring sees its workers die before either.
         """
-        calls_before = self.api_calls
         record = self._describe_group()
         members = record.get("Instances", [])
-        details = self._member_details([m["InstanceId"] for m in members])
+        details = self._details.get([m["InstanceId"] for m in members])
         self._learn_gpu_counts(
             details[m["InstanceId"]].get("InstanceType", "")
             for m in members
             if m["InstanceId"] in details and self._needs_gpu_count(details[m["InstanceId"]])
         )
-        instances = []
-        for member in members:
-            instance = self._to_instance(member, details.get(member["InstanceId"]))
-            if self.spot_only and instance.lifecycle is not Lifecycle.SPOT:
-                continue
-            instances.append(instance)
-        self.last_refresh_calls = self.api_calls - calls_before
-        log.debug(
-            "aws refresh: %d instances, %d API calls", len(instances), self.last_refresh_calls
-        )
-        return instances
+        return [self._to_instance(m, details.get(m["InstanceId"])) for m in members]
 
     def _to_instance(self, member: Mapping[str, Any], detail: Mapping[str, Any] | None) -> Instance:
         lifecycle_state = member.get("LifecycleState", "")
@@ -373,7 +326,9 @@ class AwsProvider(Provider):
             id=member["InstanceId"],
             address=detail.get("PrivateIpAddress", ""),
             state=member_state(lifecycle_state, health, ec2_state),
-            slots=self._slots(detail, tags),
+            slots=self.slots.slots(
+                member["InstanceId"], tags, self._gpus_by_type.get(detail.get("InstanceType", ""))
+            ),
             lifecycle=Lifecycle.SPOT if spot else Lifecycle.ON_DEMAND,
             zone=detail.get("Placement", {}).get("AvailabilityZone")
             or member.get("AvailabilityZone", ""),
@@ -404,19 +359,9 @@ class AwsProvider(Provider):
         self._group_record = record
         return record
 
-    def _member_details(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """EC2 details by id: remembered for running members, described for the rest."""
-        known = self._running_details
-        fresh = self._describe_instances([i for i in ids if i not in known])
-        details = {i: known.get(i) or fresh[i] for i in ids if i in known or i in fresh}
-        self._running_details = {
-            i: detail for i, detail in details.items() if detail["State"]["Name"] == "running"
-        }
-        return details
-
     def _describe_instances(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         details: dict[str, dict[str, Any]] = {}
-        for batch in _batches(ids, DESCRIBE_INSTANCES_BATCH):
+        for batch in batches(ids, DESCRIBE_INSTANCES_BATCH):
             token: str | None = None
             while True:
                 kwargs: dict[str, Any] = {
@@ -437,43 +382,13 @@ class AwsProvider(Provider):
     # -------------------------------------------------------------------- slots
 
     def _needs_gpu_count(self, detail: Mapping[str, Any]) -> bool:
-        if self.slots_per_host is not None:
-            return False
         tags = {t["Key"]: t["Value"] for t in detail.get("Tags", [])}
-        return self._tag_slots(detail.get("InstanceId", ""), tags) is None
-
-    def _tag_slots(self, instance_id: str, tags: Mapping[str, str]) -> int | None:
-        value = tags.get(self.slots_tag)
-        if value is None:
-            return None
-        try:
-            slots = int(value)
-        except ValueError:
-            slots = 0
-        if slots >= 1:
-            return slots
-        if instance_id not in self._bad_slot_tags:  # warn once per instance, not per refresh
-            self._bad_slot_tags.add(instance_id)
-            log.warning(
-                "instance %s: tag %s=%r is not a positive integer; using the GPU count",
-                instance_id,
-                self.slots_tag,
-                value,
-            )
-        return None
-
-    def _slots(self, detail: Mapping[str, Any], tags: Mapping[str, str]) -> int:
-        if self.slots_per_host is not None:
-            return self.slots_per_host
-        tagged = self._tag_slots(detail.get("InstanceId", ""), tags)
-        if tagged is not None:
-            return tagged
-        return self._gpus_by_type.get(detail.get("InstanceType", ""), 1)
+        return self.slots.needs_accelerator_count(detail.get("InstanceId", ""), tags)
 
     def _learn_gpu_counts(self, instance_types: Iterable[str]) -> None:
         """Fill the per-type GPU cache for types not seen before (0 GPUs -> 1 slot)."""
         unknown = sorted({t for t in instance_types if t and t not in self._gpus_by_type})
-        for batch in _batches(unknown, DESCRIBE_INSTANCE_TYPES_BATCH):
+        for batch in batches(unknown, DESCRIBE_INSTANCE_TYPES_BATCH):
             try:
                 found = self._describe_instance_types(list(batch))
             except ConfigurationError as error:
@@ -570,12 +485,9 @@ class AwsProvider(Provider):
             raise
         log.info("aws: marked %s unhealthy; group %s will replace it", instance_id, self.group)
 
-    def job_finished(self, options: argparse.Namespace) -> None:
-        """With ``--scale-down-on-exit``, set the desired capacity to the group's MinSize."""
-        if not self.scale_down_on_exit:
-            return
-        record = self._describe_group()  # fresh: the job may have run for days
-        self.set_target_size(int(record["MinSize"]))
+    def scale_down_size(self) -> int:
+        """The group's MinSize, described afresh."""
+        return int(self._describe_group()["MinSize"])
 
     def describe(self) -> str:
         """``aws auto scaling group NAME (REGION)``."""
@@ -631,9 +543,9 @@ class AwsProvider(Provider):
                 "no AWS region: pass --region or set AWS_REGION / AWS_DEFAULT_REGION"
             ) from None
         except ValueError as error:  # a malformed --endpoint-url
-            raise ConfigurationError(f"bad AWS client settings: {_one_line(error)}") from None
+            raise ConfigurationError(f"bad AWS client settings: {one_line(error)}") from None
         except botocore.exceptions.BotoCoreError as error:
-            raise ConfigurationError(f"cannot set up AWS clients: {_one_line(error)}") from None
+            raise ConfigurationError(f"cannot set up AWS clients: {one_line(error)}") from None
         return clients[0], clients[1]
 
     def _call(self, client: Any, operation: str, **kwargs: Any) -> dict[str, Any]:
@@ -657,7 +569,7 @@ class AwsProvider(Provider):
     def _client_error(self, operation: str, error: Any) -> ProviderError:
         details = error.response.get("Error", {})
         code = details.get("Code", "Unknown")
-        message = _one_line(details.get("Message", ""))
+        message = one_line(details.get("Message", ""))
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         action = _IAM_ACTION_BY_OPERATION.get(operation, operation)
         if code in _ACCESS_DENIED_CODES:
@@ -697,7 +609,7 @@ class AwsProvider(Provider):
                 "no AWS credentials: set AWS_PROFILE / AWS_ACCESS_KEY_ID or use an instance role"
             )
         if isinstance(error, bce.PartialCredentialsError):
-            return ConfigurationError(f"incomplete AWS credentials: {_one_line(error)}")
+            return ConfigurationError(f"incomplete AWS credentials: {one_line(error)}")
         sso_errors = tuple(
             getattr(bce, name)
             for name in ("TokenRetrievalError", "SSOTokenLoadError", "UnauthorizedSSOTokenError")
@@ -708,7 +620,7 @@ class AwsProvider(Provider):
                 f"AWS SSO credentials are not usable ({type(error).__name__}): run aws sso login"
             )
         if isinstance(error, bce.ParamValidationError):
-            return ConfigurationError(f"bad {action} request: {_one_line(error)}")
+            return ConfigurationError(f"bad {action} request: {one_line(error)}")
         if isinstance(
             error,
             (
@@ -722,7 +634,7 @@ class AwsProvider(Provider):
                 f"cannot reach AWS at {client.meta.endpoint_url} for {action}:"
                 f" {type(error).__name__}"
             )
-        return ProviderError(f"{action} failed: {type(error).__name__}: {_one_line(error)}")
+        return ProviderError(f"{action} failed: {type(error).__name__}: {one_line(error)}")
 
 
 def _aws_code(error: ProviderError) -> str:
@@ -754,11 +666,6 @@ def iam_policy(group_arn: str = "*") -> dict[str, Any]:
             },
         ],
     }
-
-
-def _batches(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 @hookimpl

@@ -4,7 +4,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-scripts/setup.sh dev,aws
+scripts/setup.sh dev,aws,gcp,azure
 # The example provider plugin, installed as a user would (tests check that it works).
 plugin=examples/provider-plugin
 stamp=.venv/.spotring-plugin-installed

@@ -704,7 +704,7 @@ def test_options_build_the_provider() -> None:
 
     assert (provider.group, provider.region) == ("g", "eu-west-1")
     assert provider.spot_only and provider.scale_down_on_exit
-    assert (provider.slots_per_host, provider.slots_tag) == (2, "gpus")
+    assert (provider.slots_per_host, provider.slots.label) == (2, "gpus")
     assert provider.ec2.meta.endpoint_url == "http://127.0.0.1:5000"
     assert provider.autoscaling.meta.config.retries["total_max_attempts"] == 2
     assert provider.describe() == "aws auto scaling group g (eu-west-1)"
