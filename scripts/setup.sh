@@ -87,3 +87,15 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   fi
   printf '%s' "$want" >"$stamp"
 fi
+
+# checkov (tests/test_checkov.py) pins older boto3, botocore, packaging and networkx
+# than the dev tools, so it gets a venv of its own.
+checkov_version=3.3.30
+checkov_venv="$venv/tools/checkov"
+if [[ ",$extras," == *,dev,* ]] \
+  && [ "$("$checkov_venv/bin/python" -c "import importlib.metadata as m; print(m.version('checkov'))" 2>/dev/null || true)" != "$checkov_version" ]; then
+  log "installing checkov $checkov_version into .venv/tools/checkov"
+  "$python" -m venv "$checkov_venv"
+  "$checkov_venv/bin/python" -m pip install -q "checkov==$checkov_version" \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+fi

@@ -51,7 +51,13 @@ ASSUMED_IAM_ACTIONS = frozenset(
     }
 )
 
-_META_KEYS = {"__is_block__", "__comments__", "__start_line__", "__end_line__"}
+_META_KEYS = {
+    "__is_block__",
+    "__comments__",
+    "__inline_comments__",
+    "__start_line__",
+    "__end_line__",
+}
 _IDENT = r"[A-Za-z_][A-Za-z0-9_-]*"
 
 
@@ -97,7 +103,7 @@ class Module:
         self.locals: dict[str, Any] = {}
         self.resources: dict[tuple[str, str], dict] = {}
         self.data: dict[tuple[str, str], dict] = {}
-        self.providers: list[str] = []
+        self.providers: list[dict[str, Any]] = []  # provider blocks, bodies included
         self.required_providers: set[str] = set()
         for path in sorted(directory.glob("*.tf")):
             doc = _parse(path)
@@ -113,7 +119,7 @@ class Module:
                         for rname, body in named.items():
                             target[(rtype, rname)] = body
             for entry in doc.get("provider", []):
-                self.providers.extend(entry)
+                self.providers.append(entry)
             for block in doc.get("terraform", []):
                 for req in block.get("required_providers", []):
                     self.required_providers.update(req)

@@ -200,7 +200,7 @@ variable "driver_ami_id" {
 }
 
 variable "driver_instance_type" {
-  description = "Instance type of the driver host. It runs the spotring controller and Horovod's elastic driver, not training; it is always on-demand."
+  description = "Instance type of the driver host (EBS-optimized, as every current-generation type is). It runs the spotring controller and Horovod's elastic driver, not training; it is always on-demand."
   type        = string
   default     = "m6i.large"
 }

@@ -1,0 +1,349 @@
+# Inputs of the spotring GCP module. Everything with a default can be left out; the
+# required ones are project, region, name, worker_count, max_worker_count, admin_cidrs,
+# ssh_public_keys and spotring_package.
+
+# --- identity and placement -----------------------------------------------------------
+
+variable "project" {
+  description = "GCP project id that holds everything (spotring run --project)."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{4,28}[a-z0-9]$", var.project))
+    error_message = "project must be a project id: 6-30 lowercase letters, digits or hyphens, starting with a letter."
+  }
+}
+
+variable "region" {
+  description = "Region of the worker group, the network and the driver host, e.g. us-central1 (spotring run --region)."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]+$", var.region))
+    error_message = "region must look like a GCP region name, e.g. us-central1."
+  }
+}
+
+variable "zones" {
+  description = "Zones of the region the group may use; empty lets Compute Engine choose. Spot capacity differs between zones: more zones mean more capacity to draw from."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for z in var.zones : can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z]$", z))]) && length(distinct(var.zones)) == length(var.zones)
+    error_message = "zones must hold distinct zone names such as us-central1-a."
+  }
+}
+
+variable "distribution_target_shape" {
+  description = "How the regional group spreads its VMs over the zones. ANY_SINGLE_ZONE keeps every worker in one zone (fast rings, no inter-zone traffic charges); ANY takes spot capacity from whichever zone has it (more capacity, slower and billed cross-zone rings); BALANCED and EVEN spread for availability."
+  type        = string
+  default     = "ANY_SINGLE_ZONE"
+
+  validation {
+    condition     = contains(["ANY_SINGLE_ZONE", "ANY", "BALANCED", "EVEN"], var.distribution_target_shape)
+    error_message = "distribution_target_shape must be one of ANY_SINGLE_ZONE, ANY, BALANCED, EVEN."
+  }
+}
+
+variable "name" {
+  description = "Name of the worker group (the regional managed instance group; spotring run --group) and prefix of every other resource name."
+  type        = string
+
+  validation {
+    # Service account ids ("<name>-worker") are at most 30 characters.
+    condition     = can(regex("^[a-z]([-a-z0-9]{0,21}[a-z0-9])?$", var.name))
+    error_message = "name must hold 1-23 lowercase letters, digits or hyphens, start with a letter and not end with a hyphen."
+  }
+}
+
+# --- worker group -----------------------------------------------------------------------
+
+variable "machine_type" {
+  description = "Machine type of the workers, e.g. n2-standard-8, or n1-standard-8 with gpu_type nvidia-tesla-t4. For types with built-in GPUs (a2, a3, g2) leave gpu_count at 0 and set slots_per_host."
+  type        = string
+  default     = "n2-standard-8"
+}
+
+variable "gpu_type" {
+  description = "Accelerator type attached to each worker when gpu_count > 0, e.g. nvidia-tesla-t4, nvidia-l4, nvidia-tesla-v100."
+  type        = string
+  default     = "nvidia-tesla-t4"
+
+  validation {
+    condition     = can(regex("^nvidia-[a-z0-9-]+$", var.gpu_type))
+    error_message = "gpu_type must be an accelerator type such as nvidia-tesla-t4."
+  }
+}
+
+variable "gpu_count" {
+  description = "GPUs attached to each worker (guest_accelerator); 0 for none."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = contains([0, 1, 2, 4, 8, 16], var.gpu_count)
+    error_message = "gpu_count must be 0, 1, 2, 4, 8 or 16."
+  }
+}
+
+variable "slots_per_host" {
+  description = "Horovod slots (worker processes) per worker VM; null means gpu_count, or 1 without GPUs. Written as the instance label spotring-slots, which spotring's GCP provider reads."
+  type        = number
+  default     = null
+
+  validation {
+    condition     = var.slots_per_host == null || try(var.slots_per_host >= 1 && floor(var.slots_per_host) == var.slots_per_host, false)
+    error_message = "slots_per_host must be null or a whole number >= 1."
+  }
+}
+
+variable "worker_count" {
+  description = "Initial number of workers (the group's target size). After creation spotring resizes the group; Terraform ignores later drift."
+  type        = number
+
+  validation {
+    condition     = var.worker_count >= 0 && floor(var.worker_count) == var.worker_count
+    error_message = "worker_count must be a whole number >= 0."
+  }
+}
+
+variable "min_worker_count" {
+  description = "Fewest workers the job runs on (--min-np, in hosts). spotring never sizes the group below what it needs."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.min_worker_count >= 0 && floor(var.min_worker_count) == var.min_worker_count
+    error_message = "min_worker_count must be a whole number >= 0."
+  }
+}
+
+variable "max_worker_count" {
+  description = "Most workers the job uses (--max-np, in hosts); spotring never sizes the group above it."
+  type        = number
+
+  validation {
+    condition     = var.max_worker_count >= 1 && floor(var.max_worker_count) == var.max_worker_count
+    error_message = "max_worker_count must be a whole number >= 1."
+  }
+}
+
+variable "enable_secure_boot" {
+  description = "Shielded VM secure boot on the workers. Keep it on unless the image's GPU driver modules are unsigned (Ubuntu's packaged NVIDIA drivers are signed); vTPM and integrity monitoring stay on either way."
+  type        = bool
+  default     = true
+}
+
+# --- images and disks ---------------------------------------------------------------------
+
+variable "image" {
+  description = "Boot image of the workers: an image or an image family, e.g. ubuntu-os-cloud/ubuntu-2404-lts-amd64. The bootstrap expects apt-get or dnf and python3 >= 3.10; for GPUs use an image with the NVIDIA driver, CUDA and NCCL."
+  type        = string
+  default     = "ubuntu-os-cloud/ubuntu-2404-lts-amd64"
+}
+
+variable "driver_image" {
+  description = "Boot image of the driver host; null means the same as the workers."
+  type        = string
+  default     = null
+}
+
+variable "boot_disk_size_gb" {
+  description = "Boot disk size of workers and the driver, in GB (the venv with torch and the Horovod build need room)."
+  type        = number
+  default     = 100
+
+  validation {
+    condition     = var.boot_disk_size_gb >= 20
+    error_message = "boot_disk_size_gb must be at least 20."
+  }
+}
+
+variable "boot_disk_type" {
+  description = "Boot disk type of workers and the driver."
+  type        = string
+  default     = "pd-balanced"
+
+  validation {
+    condition     = contains(["pd-standard", "pd-balanced", "pd-ssd", "hyperdisk-balanced"], var.boot_disk_type)
+    error_message = "boot_disk_type must be pd-standard, pd-balanced, pd-ssd or hyperdisk-balanced."
+  }
+}
+
+# --- driver -----------------------------------------------------------------------------
+
+variable "driver_machine_type" {
+  description = "Machine type of the driver host. It runs the spotring controller and Horovod's elastic driver, not training; it is always on-demand."
+  type        = string
+  default     = "e2-standard-2"
+}
+
+variable "driver_zone" {
+  description = "Zone of the driver host; null means the first of zones, or the first zone of the region that is up."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.driver_zone == null || can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z]$", var.driver_zone))
+    error_message = "driver_zone must be null or a zone name such as us-central1-a."
+  }
+}
+
+variable "driver_external_ip" {
+  description = "Give the driver host an external IP address. Off by default: reach it through IAP TCP forwarding (gcloud compute ssh --tunnel-through-iap, with 35.235.240.0/20 in admin_cidrs) or a VPN. The workers never get one."
+  type        = bool
+  default     = false
+}
+
+# --- network ----------------------------------------------------------------------------
+
+variable "subnet_cidr" {
+  description = "IPv4 range of the module's subnet (workers and driver)."
+  type        = string
+  default     = "10.42.0.0/20"
+
+  validation {
+    condition     = can(cidrhost(var.subnet_cidr, 0)) && !strcontains(var.subnet_cidr, ":")
+    error_message = "subnet_cidr must be an IPv4 CIDR block such as 10.42.0.0/20."
+  }
+}
+
+variable "flow_log_sampling" {
+  description = "Share of the subnet's flows recorded in VPC flow logs (0 < x <= 1). Gloo/NCCL rings move a lot of data; lower it to cut logging costs."
+  type        = number
+  default     = 0.5
+
+  validation {
+    condition     = var.flow_log_sampling > 0 && var.flow_log_sampling <= 1
+    error_message = "flow_log_sampling must be in (0, 1]."
+  }
+}
+
+variable "admin_cidrs" {
+  description = "IPv4 CIDR blocks allowed to ssh (port 22) to the driver host; nothing else is open from outside. Required, so that nobody gets ssh from everywhere by default: [] for none, [\"35.235.240.0/20\"] for IAP TCP forwarding, or your own addresses. /0 ranges are refused."
+  type        = list(string)
+
+  validation {
+    condition     = alltrue([for c in var.admin_cidrs : can(cidrhost(c, 0)) && !strcontains(c, ":") && !endswith(c, "/0")])
+    error_message = "admin_cidrs must hold IPv4 CIDR blocks such as 203.0.113.7/32; 0.0.0.0/0 (any /0) is not allowed."
+  }
+}
+
+# --- ssh --------------------------------------------------------------------------------
+
+variable "ssh_user" {
+  description = "Login user on the hosts, created from the ssh-keys metadata (or by the bootstrap). The keys are authorized for it, and Horovod's ssh launcher logs in as the user that runs spotring on the driver."
+  type        = string
+  default     = "spotring"
+
+  validation {
+    condition     = can(regex("^[a-z_][a-z0-9_-]{0,31}$", var.ssh_user)) && !contains(["root"], var.ssh_user)
+    error_message = "ssh_user must be a plain POSIX user name other than root."
+  }
+}
+
+variable "ssh_public_keys" {
+  description = "OpenSSH public keys authorized for ssh_user on every worker and on the driver (instance metadata; project-wide keys are blocked). Include the key the driver uses to reach the workers (its private half goes to the driver via your ssh agent, `ssh -A`, or a copy); Terraform never holds a private key, and no password is set."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.ssh_public_keys) > 0 && alltrue([for k in var.ssh_public_keys : can(regex("^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-(ssh-ed25519|ecdsa-sha2-nistp256)@openssh\\.com) [A-Za-z0-9+/=]+( [^\\n']*)?$", k))])
+    error_message = "ssh_public_keys must hold at least one OpenSSH public key, one per entry, without newlines or single quotes."
+  }
+}
+
+# --- software on the hosts (rendered into worker_image/bootstrap.sh.tftpl) ---------------
+
+variable "spotring_package" {
+  description = "pip requirement that installs spotring on the hosts: a name from your index, a git+https:// URL or a wheel URL, with the gcp extra (the driver's provider needs google-cloud-compute), e.g. \"spotring[gcp] @ https://example.com/spotring-0.1.0-py3-none-any.whl\"."
+  type        = string
+
+  validation {
+    condition     = length(trimspace(var.spotring_package)) > 0 && !strcontains(var.spotring_package, "'") && !strcontains(var.spotring_package, "\n") && can(regex("\\[[^\\]]*\\bgcp\\b[^\\]]*\\]", var.spotring_package))
+    error_message = "spotring_package must be a pip requirement with the gcp extra, e.g. spotring[gcp] @ URL, without single quotes or newlines."
+  }
+}
+
+variable "torch_version" {
+  description = "torch version installed on the hosts."
+  type        = string
+  default     = "2.13.0"
+
+  validation {
+    condition     = can(regex("^[0-9]+\\.[0-9]+\\.[0-9]+$", var.torch_version))
+    error_message = "torch_version must be a plain version such as 2.13.0."
+  }
+}
+
+variable "torch_index_url" {
+  description = "pip index to install torch from. The default is PyTorch's CPU index; set \"\" for PyPI's CUDA build on GPU workers."
+  type        = string
+  default     = "https://download.pytorch.org/whl/cpu"
+
+  validation {
+    condition     = var.torch_index_url == "" || can(regex("^https?://[^'\\s]+$", var.torch_index_url))
+    error_message = "torch_index_url must be \"\" or an http(s) URL."
+  }
+}
+
+variable "horovod_version" {
+  description = "Horovod version built from source when horovod_wheel_url is empty. 0.28.1 is the last release; the bootstrap applies the C++17 fix it needs for torch >= 2.1."
+  type        = string
+  default     = "0.28.1"
+
+  validation {
+    condition     = can(regex("^[0-9]+\\.[0-9]+\\.[0-9]+$", var.horovod_version))
+    error_message = "horovod_version must be a plain version such as 0.28.1."
+  }
+}
+
+variable "horovod_wheel_url" {
+  description = "URL of a prebuilt Horovod wheel (built against the same torch, Python and architecture). Empty means build Horovod from source on each host, which takes several minutes."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.horovod_wheel_url == "" || can(regex("^https?://[^'\\s]+\\.whl$", var.horovod_wheel_url))
+    error_message = "horovod_wheel_url must be \"\" or an http(s) URL of a .whl file."
+  }
+}
+
+variable "horovod_gpu_operations" {
+  description = "HOROVOD_GPU_OPERATIONS for the workers' source build: \"\" for a CPU (Gloo) build, \"NCCL\" for GPU workers (the image must carry CUDA and NCCL)."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = contains(["", "NCCL"], var.horovod_gpu_operations)
+    error_message = "horovod_gpu_operations must be \"\" or \"NCCL\"."
+  }
+}
+
+variable "job_setup_commands" {
+  description = "Shell commands run (bash -euo pipefail, as ssh_user, venv first on PATH) at the end of every host's bootstrap, e.g. to fetch the training code. Workers start in the driver's working directory, so put the code at the same path on all hosts."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = !strcontains(var.job_setup_commands, "SPOTRING_JOB_SETUP")
+    error_message = "job_setup_commands must not contain the heredoc delimiter SPOTRING_JOB_SETUP."
+  }
+}
+
+variable "train_command" {
+  description = "Training command placed after `--` in the spotring_command output. It must exist at the same path on every worker."
+  type        = string
+  default     = "python train.py"
+}
+
+variable "labels" {
+  description = "Labels for every resource that takes them (the provider's default_labels), including the worker VMs."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    condition     = length(setintersection(keys(var.labels), ["spotring-slots", "spotring-group"])) == 0
+    error_message = "labels must not set spotring-slots or spotring-group; the module sets them (slots through slots_per_host)."
+  }
+}
