@@ -326,6 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=options.log_level.upper(), format="spotring: %(levelname)s %(name)s: %(message)s"
     )
+    # urllib3 warns on every connection retry (the cloud SDKs' own retries, and
+    # google-auth's background lookups); spotring reports the failures that matter.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     if options.command == "providers":
         return _list_providers(pm)
     if options.command == "check":

@@ -17,6 +17,7 @@ ENTRY_POINT_GROUP = "spotring.providers"
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "spotring.providers.local",
     "spotring.providers.aws",
+    "spotring.providers.gcp",
     "spotring.providers.script",
 )
 """Modules of the built-in plugins, registered exactly as entry-point plugins are."""

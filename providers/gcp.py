@@ -1,0 +1,765 @@
+"""The ``gcp`` provider: a Compute Engine managed instance group (MIG), zonal or regional.
+
+spotring lists the group's members with ``listManagedInstances`` (the group's action on
+each member, the VM's status, health, the last creation attempt's errors), then, for
+members not seen running before, the VMs themselves with one filtered
+``instances.list`` per zone (address, machine type, SPOT or preemptible, accelerators,
+labels). It steers the group with ``resize`` and replaces a failed host with
+``recreateInstances`` (same name, new VM, group size unchanged).
+
+A steady group costs one call per refresh. google-cloud-compute is imported on first
+use, so importing this module costs nothing without the ``gcp`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from spotring.autoscaler.hookspecs import hookimpl
+from spotring.providers.base import (
+    ConfigurationError,
+    Instance,
+    InstanceState,
+    Lifecycle,
+    ProviderError,
+)
+from spotring.providers.cloud import (
+    CloudGroupProvider,
+    DescribeOnce,
+    EpisodeWarnings,
+    batches,
+    call_with_retries,
+    lookup_state,
+    one_line,
+    worst_state,
+)
+
+if TYPE_CHECKING:
+    from spotring.autoscaler.plugins import ProviderRegistry
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# ------------------------------------------------------------------ IAM and limits
+
+_PERMISSION_BY_CALL: Mapping[str, str] = {
+    "instanceGroupManagers.get": "compute.instanceGroupManagers.get",
+    "instanceGroupManagers.listManagedInstances": "compute.instanceGroupManagers.get",
+    "instanceGroupManagers.resize": "compute.instanceGroupManagers.update",
+    "instanceGroupManagers.recreateInstances": "compute.instanceGroupManagers.update",
+    "instances.list": "compute.instances.list",
+}
+
+IAM_PERMISSIONS: tuple[str, ...] = tuple(dict.fromkeys(_PERMISSION_BY_CALL.values()))
+"""Every IAM permission the provider needs; a custom role holding exactly these is
+enough (terraform/gcp grants them to the driver's service account)."""
+
+PAGE_SIZE = 500
+"""Members per listManagedInstances page (the API's maximum)."""
+
+NAMES_PER_LIST = 100
+"""VM names per filtered instances.list call: keeps the filter, which travels in the
+URL, a few kilobytes long."""
+
+CALL_TIMEOUT = 20.0
+"""Seconds one API call may take before it is retried: a stuck call must not hold the
+controller thread for the library's 600 s default."""
+
+CAPACITY_ERRORS = frozenset(
+    {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "QUOTA_EXCEEDED"}
+)
+"""lastAttempt error codes that mean the group cannot get VMs in a zone right now."""
+
+_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
+
+# ------------------------------------------------------------------- state maps
+
+CURRENT_ACTION_MAP: Mapping[str, InstanceState] = {
+    "NONE": InstanceState.READY,
+    # Applies a new configuration in place; the VM keeps running.
+    "REFRESHING": InstanceState.READY,
+    "CREATING": InstanceState.PENDING,
+    "CREATING_WITHOUT_RETRIES": InstanceState.PENDING,
+    "VERIFYING": InstanceState.PENDING,
+    "STARTING": InstanceState.PENDING,
+    "RESUMING": InstanceState.PENDING,
+    # A restart kills the workers; the member comes back afterwards.
+    "RESTARTING": InstanceState.DRAINING,
+    # Deleted and created again under the same name: this VM is on its way out.
+    "RECREATING": InstanceState.TERMINATING,
+    "DELETING": InstanceState.TERMINATING,
+    # Leaves the group (the VM itself keeps running, outside spotring's job).
+    "ABANDONING": InstanceState.TERMINATING,
+    "STOPPING": InstanceState.TERMINATING,
+    "SUSPENDING": InstanceState.TERMINATING,
+}
+"""The group's ``currentAction`` on a member -> InstanceState."""
+
+INSTANCE_STATUS_MAP: Mapping[str, InstanceState] = {
+    "PROVISIONING": InstanceState.PENDING,
+    "STAGING": InstanceState.PENDING,
+    "REPAIRING": InstanceState.PENDING,
+    "RUNNING": InstanceState.READY,
+    "PENDING_STOP": InstanceState.TERMINATING,
+    "STOPPING": InstanceState.TERMINATING,
+    "SUSPENDING": InstanceState.TERMINATING,
+    # Stopped (a preempted spot VM with termination action STOP): the VM still
+    # exists and holds its place in the group, but runs nothing until restarted.
+    "STOPPED": InstanceState.TERMINATING,
+    "SUSPENDED": InstanceState.TERMINATING,
+    "TERMINATED": InstanceState.TERMINATING,
+}
+"""The VM's ``instanceStatus`` -> InstanceState."""
+
+HEALTH_STATE_MAP: Mapping[str, InstanceState] = {
+    "HEALTHY": InstanceState.READY,
+    # Not yet judged by the health check: do not hold a running VM back for it.
+    "UNKNOWN": InstanceState.READY,
+    # Autohealing will recreate it: take no new work there.
+    "UNHEALTHY": InstanceState.DRAINING,
+    "TIMEOUT": InstanceState.DRAINING,
+    "DRAINING": InstanceState.DRAINING,
+}
+"""``instanceHealth[].detailedHealthState`` -> the best state a member can have."""
+
+
+def member_state(
+    current_action: str, instance_status: str, health: Sequence[str], vm_found: bool = True
+) -> InstanceState:
+    """Combine the group's action, the VM's status and its health: the least usable
+    wins. A member with no VM yet (no status) is as its action says; one whose VM
+    instances.list no longer returns is GONE. Unknown strings count as PENDING."""
+    if not instance_status:
+        return worst_state(InstanceState.PENDING, lookup_state(CURRENT_ACTION_MAP, current_action))
+    if not vm_found:
+        return InstanceState.GONE
+    return worst_state(
+        lookup_state(CURRENT_ACTION_MAP, current_action),
+        lookup_state(INSTANCE_STATUS_MAP, instance_status),
+        *(lookup_state(HEALTH_STATE_MAP, state) for state in health),
+    )
+
+
+# ------------------------------------------------------------------ the group's view
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One row of listManagedInstances, reduced to what spotring uses."""
+
+    name: str
+    zone: str
+    vm_id: int | None
+    current_action: str
+    instance_status: str
+    health: tuple[str, ...]
+    errors: tuple[tuple[str, str], ...]
+    """The last creation attempt's (code, message) pairs."""
+
+    @property
+    def key(self) -> tuple[str, str, int | None]:
+        # The name survives a recreate, the VM's id does not.
+        return (self.zone, self.name, self.vm_id)
+
+    @property
+    def leaving(self) -> bool:
+        return self.current_action in ("DELETING", "ABANDONING")
+
+
+_ZONE_IN_URL = re.compile(r"/zones/([^/]+)/instances/([^/]+)$")
+
+
+def _last_segment(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+# ------------------------------------------------------------------------ provider
+
+
+class GcpProvider(CloudGroupProvider):
+    """A Compute Engine managed instance group, listed and steered through the REST API.
+
+    :attr:`api_calls` counts requests (each page and each retry), :attr:`api_retries`
+    the repeated ones, :attr:`last_refresh_calls` those of the last listing.
+    """
+
+    name = "gcp"
+    description = "Compute Engine managed instance group (--group NAME --zone Z | --region R)"
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        zone: str | None = None,
+        region: str | None = None,
+        project: str | None = None,
+        endpoint: str | None = None,
+        credentials: Any | None = None,
+        resize_disabled_by_user: bool = False,
+        **common: Any,
+    ) -> None:
+        """Make the clients; no API call. See :meth:`add_arguments` for the options.
+
+        :param credentials: google-auth credentials; by default Application Default
+            Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud's login, or the VM's
+            service account).
+        :param resize_disabled_by_user: ``--no-resize`` was given, so an attached
+            autoscaler needs no warning.
+        """
+        if not group:
+            raise ConfigurationError("--group is required for --provider gcp")
+        if bool(zone) == bool(region):
+            raise ConfigurationError(
+                "--provider gcp needs exactly one of --zone (zonal group) or --region"
+            )
+        super().__init__(**common)
+        self.group = group
+        self.zone = zone
+        self.region = region
+        self._resize_disabled_by_user = resize_disabled_by_user
+        self._record: Any | None = None  # the InstanceGroupManager, from the last get
+        self._autoscaler: str | None = None
+        self._members: dict[str, _Member] = {}
+        self._capacity = EpisodeWarnings(log)
+        self._vms: DescribeOnce[tuple[str, str, int | None], Any] = DescribeOnce(
+            self._describe_vms, lambda vm: vm.status == "RUNNING"
+        )
+        self._compute, credentials, found_project = _load_library(credentials, bool(project))
+        self.project: str = project or found_project or ""
+        if not self.project:
+            raise ConfigurationError(
+                "no Google Cloud project: pass --project or set GOOGLE_CLOUD_PROJECT"
+            )
+        self.endpoint = endpoint
+        self._groups, self._instances = self._make_clients(credentials, endpoint)
+
+    # ----------------------------------------------------------------- options
+
+    @classmethod
+    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
+        """Add ``--group``, ``--zone``/``--region``, ``--project`` and the shared options."""
+        group.add_argument(
+            "--group", dest="gcp_group", metavar="NAME", help="managed instance group (required)"
+        )
+        where = group.add_mutually_exclusive_group()
+        where.add_argument("--zone", dest="gcp_zone", metavar="ZONE", help="a zonal group's zone")
+        where.add_argument(
+            "--region", dest="gcp_region", metavar="REGION", help="a regional group's region"
+        )
+        group.add_argument(
+            "--project",
+            dest="gcp_project",
+            metavar="PROJECT",
+            help="project id (default: GOOGLE_CLOUD_PROJECT or the credentials' project)",
+        )
+        group.add_argument(
+            "--endpoint",
+            dest="gcp_endpoint",
+            metavar="URL",
+            help="send Compute Engine calls here (a test server or private endpoint)",
+        )
+        cls.add_common_arguments(group, "gcp")
+
+    @classmethod
+    def from_options(cls, options: argparse.Namespace) -> GcpProvider:
+        """Make the provider from parsed options; makes no API call.
+
+        Raises :class:`ConfigurationError` without ``--group``, without a zone or
+        region, without a project, or without credentials.
+        """
+        return cls(
+            getattr(options, "gcp_group", None) or "",
+            zone=getattr(options, "gcp_zone", None),
+            region=getattr(options, "gcp_region", None),
+            project=getattr(options, "gcp_project", None),
+            endpoint=getattr(options, "gcp_endpoint", None),
+            resize_disabled_by_user=getattr(options, "resize", True) is False,
+            **cls.common_options(options, "gcp"),
+        )
+
+    # ------------------------------------------------------------------ listing
+
+    def list_members(self) -> list[Instance]:
+        """Every member of the group with the group's action, the VM's status and its
+        health combined.
+
+        Costs one listManagedInstances call per 500 members; for members not seen
+        running before, one filtered instances.list per zone (per 100 names); and on
+        the first refresh one get of the group (its autoscaler, its target size).
+        """
+        if self._record is None:
+            self._get_group()
+        members = self._list_managed()
+        self._members = {m.name: m for m in members}
+        self._warn_about_capacity(members)
+        vms = self._vms.get([m.key for m in members if m.vm_id is not None])
+        return [self._to_instance(m, vms.get(m.key)) for m in members]
+
+    def _to_instance(self, member: _Member, vm: Any | None) -> Instance:
+        state = member_state(
+            member.current_action, member.instance_status, member.health, vm is not None
+        )
+        if vm is None:
+            return Instance(
+                id=member.name,
+                address="",
+                state=state,
+                slots=self.slots.slots(member.name, {}, None),
+                zone=member.zone,
+                cloud_state=self._cloud_state(member),
+            )
+        labels = dict(vm.labels)
+        scheduling = vm.scheduling
+        spot = scheduling.provisioning_model == "SPOT" or bool(scheduling.preemptible)
+        accelerators = sum(a.accelerator_count for a in vm.guest_accelerators)
+        interfaces = vm.network_interfaces
+        return Instance(
+            id=member.name,
+            address=interfaces[0].network_i_p if interfaces else "",
+            state=state,
+            slots=self.slots.slots(member.name, labels, accelerators),
+            lifecycle=Lifecycle.SPOT if spot else Lifecycle.ON_DEMAND,
+            zone=member.zone,
+            instance_type=_last_segment(vm.machine_type),
+            launch_time=_timestamp(vm.creation_timestamp),
+            cloud_state=self._cloud_state(member),
+            labels=labels,
+        )
+
+    @staticmethod
+    def _cloud_state(member: _Member) -> str:
+        health = ",".join(member.health) or "-"
+        return f"{member.current_action}/{member.instance_status or '-'}/{health}"
+
+    def _list_managed(self) -> list[_Member]:
+        compute = self._compute
+        if self.zone:
+            request: Any = compute.ListManagedInstancesInstanceGroupManagersRequest(
+                project=self.project, zone=self.zone, instance_group_manager=self.group
+            )
+        else:
+            request = compute.ListManagedInstancesRegionInstanceGroupManagersRequest(
+                project=self.project, region=self.region, instance_group_manager=self.group
+            )
+        request.max_results = PAGE_SIZE
+        members: list[_Member] = []
+        token = ""
+        while True:
+            request.page_token = token
+            page = self._call(
+                "instanceGroupManagers.listManagedInstances",
+                lambda: self._groups.list_managed_instances(request=request, timeout=CALL_TIMEOUT),
+            )
+            members.extend(self._member(m) for m in page.managed_instances)
+            token = page.next_page_token
+            if not token:
+                return members
+
+    def _member(self, managed: Any) -> _Member:
+        found = _ZONE_IN_URL.search(managed.instance or "")
+        zone, name = found.groups() if found else (self.zone or "", managed.name)
+        errors = ()
+        if "last_attempt" in managed and "errors" in managed.last_attempt:
+            errors = tuple((e.code, e.message) for e in managed.last_attempt.errors.errors)
+        return _Member(
+            name=name or managed.name,
+            zone=zone,
+            vm_id=managed.id if "id" in managed else None,
+            current_action=managed.current_action or "NONE",
+            instance_status=managed.instance_status,
+            health=tuple(h.detailed_health_state for h in managed.instance_health),
+            errors=errors,
+        )
+
+    def _describe_vms(
+        self, keys: Sequence[tuple[str, str, int | None]]
+    ) -> dict[tuple[str, str, int | None], Any]:
+        """The VMs behind ``keys``: one filtered instances.list per zone and 100 names."""
+        by_zone: dict[str, list[str]] = {}
+        for zone, name, _ in keys:
+            by_zone.setdefault(zone, []).append(name)
+        found: dict[tuple[str, str, int | None], Any] = {}
+        for zone, names in sorted(by_zone.items()):
+            for batch in batches(sorted(names), NAMES_PER_LIST):
+                for vm in self._list_vms(zone, batch):
+                    found[(zone, vm.name, vm.id)] = vm
+        return found
+
+    def _list_vms(self, zone: str, names: Sequence[str]) -> list[Any]:
+        request = self._compute.ListInstancesRequest(
+            project=self.project,
+            zone=zone,
+            filter=" OR ".join(f'(name = "{name}")' for name in names),
+            max_results=PAGE_SIZE,
+        )
+        vms: list[Any] = []
+        token = ""
+        while True:
+            request.page_token = token
+            page = self._call(
+                "instances.list",
+                lambda: self._instances.list(request=request, timeout=CALL_TIMEOUT),
+            )
+            vms.extend(page.items)
+            token = page.next_page_token
+            if not token:
+                return vms
+
+    def _warn_about_capacity(self, members: Sequence[_Member]) -> None:
+        """Warn once per zone and error while members cannot be created there."""
+        conditions: dict[str, str] = {}
+        for member in members:
+            for code, message in member.errors:
+                if code in CAPACITY_ERRORS and member.instance_status in ("", "PROVISIONING"):
+                    key = f"gcp: zone {member.zone} {code}"
+                    conditions.setdefault(
+                        key,
+                        f"gcp: group {self.group} cannot create VMs in zone {member.zone}:"
+                        f" {code}: {one_line(message, 160)}",
+                    )
+        self._capacity.update(conditions)
+
+    # ------------------------------------------------------------------ the group
+
+    def _get_group(self) -> Any:
+        """Get the group's record: target size and any autoscaler attached to it."""
+        where = {"zone": self.zone} if self.zone else {"region": self.region}
+        record = self._call(
+            "instanceGroupManagers.get",
+            lambda: self._groups.get(
+                project=self.project,
+                instance_group_manager=self.group,
+                timeout=CALL_TIMEOUT,
+                **where,
+            ),
+        )
+        autoscaler = record.status.autoscaler if "status" in record else ""
+        if autoscaler and not self._autoscaler:
+            self.can_resize = False
+            level = logging.INFO if self._resize_disabled_by_user else logging.WARNING
+            log.log(
+                level,
+                "gcp: group %s is sized by autoscaler %s: spotring will not resize it"
+                " (pass --no-resize to say so), but still recreates failed hosts",
+                self.group,
+                _last_segment(autoscaler),
+            )
+        self._autoscaler = autoscaler or None
+        self.can_resize = self._autoscaler is None
+        self._record = record
+        return record
+
+    def _target_size(self) -> int:
+        """The group's target size, asked afresh only when the members listed do not add
+        up to the one remembered (someone else resized it, or it was never asked)."""
+        live = sum(1 for m in self._members.values() if not m.leaving)
+        if self._record is None or self._record.target_size != live:
+            self._get_group()
+        return int(self._record.target_size)
+
+    # ----------------------------------------------------------------- steering
+
+    def set_target_size(self, size: int) -> None:
+        """``resize`` the group to ``size``; no call when it already wants ``size``.
+
+        Raises :class:`ConfigurationError` when an autoscaler sizes the group.
+        """
+        if size < 0:
+            raise ConfigurationError(f"target size {size} is negative")
+        current = self._target_size()
+        if self._autoscaler:
+            raise ConfigurationError(
+                f"gcp: group {self.group} is sized by autoscaler"
+                f" {_last_segment(self._autoscaler)}: detach it, or run with --no-resize"
+            )
+        if current == size:
+            return
+        where = {"zone": self.zone} if self.zone else {"region": self.region}
+        self._call(
+            "instanceGroupManagers.resize",
+            lambda: self._groups.resize(
+                project=self.project,
+                instance_group_manager=self.group,
+                size=size,
+                timeout=CALL_TIMEOUT,
+                **where,
+            ),
+        )
+        assert self._record is not None
+        self._record.target_size = size
+        log.info("gcp: group %s target size -> %d", self.group, size)
+
+    def replace_instance(self, instance_id: str) -> None:
+        """``recreateInstances`` for the member named ``instance_id``: the group deletes
+        the VM and creates a new one with the same name, keeping its size.
+
+        A member already being recreated or deleted, or not in the group, is left
+        alone.
+        """
+        member = self._members.get(instance_id)
+        if member is None:  # not in the last listing (or none yet): ask the group
+            self._members = {m.name: m for m in self._list_managed()}
+            member = self._members.get(instance_id)
+        if member is None:
+            log.debug("gcp: %s is not in group %s; nothing to replace", instance_id, self.group)
+            return
+        if member.current_action in ("RECREATING", "DELETING", "ABANDONING"):
+            return
+        path = f"zones/{member.zone}/instances/{member.name}"
+        compute = self._compute
+        if self.zone:
+            call: Callable[[], Any] = lambda: self._groups.recreate_instances(  # noqa: E731
+                project=self.project,
+                zone=self.zone,
+                instance_group_manager=self.group,
+                instance_group_managers_recreate_instances_request_resource=(
+                    compute.InstanceGroupManagersRecreateInstancesRequest(instances=[path])
+                ),
+                timeout=CALL_TIMEOUT,
+            )
+        else:
+            call = lambda: self._groups.recreate_instances(  # noqa: E731
+                project=self.project,
+                region=self.region,
+                instance_group_manager=self.group,
+                region_instance_group_managers_recreate_request_resource=(
+                    compute.RegionInstanceGroupManagersRecreateRequest(instances=[path])
+                ),
+                timeout=CALL_TIMEOUT,
+            )
+        self._call("instanceGroupManagers.recreateInstances", call)
+        # Remember it until the next listing, so a second ask is no second recreate.
+        self._members[instance_id] = _replace_action(member, "RECREATING")
+        log.info("gcp: recreating %s in group %s", instance_id, self.group)
+
+    def scale_down_size(self) -> int:
+        """0: a managed instance group has no minimum size of its own."""
+        return 0
+
+    @property
+    def location(self) -> str:
+        """``zone Z`` or ``region R``."""
+        return f"zone {self.zone}" if self.zone else f"region {self.region}"
+
+    def describe(self) -> str:
+        """``gcp managed instance group NAME (PROJECT, zone Z or region R)``."""
+        return f"gcp managed instance group {self.group} ({self.project}, {self.location})"
+
+    def close(self) -> None:
+        """Close the clients' HTTP sessions."""
+        for client in (self._groups, self._instances):
+            client.transport.close()
+
+    # -------------------------------------------------------------- API plumbing
+
+    def _make_clients(self, credentials: Any, endpoint: str | None) -> tuple[Any, Any]:
+        from google.api_core.client_options import ClientOptions
+
+        options = None
+        if endpoint:
+            if not re.fullmatch(r"https?://[^\s/]+(/.*)?", endpoint):
+                raise ConfigurationError(f"--endpoint must be an http(s) URL, got {endpoint!r}")
+            options = ClientOptions(api_endpoint=endpoint.rstrip("/"))
+        compute = self._compute
+        groups_class = (
+            compute.InstanceGroupManagersClient
+            if self.zone
+            else compute.RegionInstanceGroupManagersClient
+        )
+        made = [
+            cls(transport="rest", credentials=credentials, client_options=options)
+            for cls in (groups_class, compute.InstancesClient)
+        ]
+        return made[0], made[1]
+
+    def _call(self, call_name: str, call: Callable[[], T]) -> T:
+        """One API call with retries, every failure turned into ProviderError."""
+
+        def attempt() -> T:
+            self.api_calls += 1
+            return call()
+
+        def retried(error: Exception, delay: float) -> None:
+            self.api_retries += 1
+            log.debug("gcp: %s failed (%s); retrying in %.1f s", call_name, error, delay)
+
+        try:
+            return call_with_retries(
+                attempt,
+                attempts=self.max_api_attempts,
+                retry_after=_retry_after,
+                on_retry=retried,
+            )
+        except ProviderError:
+            raise
+        except Exception as error:
+            raise self._translate(call_name, error) from None
+
+    def _translate(self, call_name: str, error: Exception) -> ProviderError:
+        """A one-line ProviderError for a failed call: ConfigurationError (exit 2)
+        for what the user must fix, a retryable ProviderError for the rest."""
+        from google.api_core import exceptions as api
+        from google.auth import exceptions as auth
+
+        permission = _PERMISSION_BY_CALL[call_name]
+        where = f"project {self.project}, {self.location}"
+        if isinstance(error, auth.RefreshError):
+            return ConfigurationError(
+                f"Google rejected the credentials: {one_line(error)}: run"
+                " 'gcloud auth application-default login' or check GOOGLE_APPLICATION_CREDENTIALS"
+            )
+        if isinstance(error, auth.TransportError):
+            return ProviderError(f"cannot reach Google's token service: {one_line(error)}")
+        if not isinstance(error, api.GoogleAPICallError):
+            import requests
+
+            if isinstance(error, (requests.ConnectionError, requests.Timeout, OSError)):
+                return ProviderError(
+                    f"cannot reach Compute Engine at {self._endpoint_shown()} for {call_name}:"
+                    f" {type(error).__name__}"
+                )
+            # A truncated or malformed answer: the last good inventory stays in use.
+            return ProviderError(
+                f"{call_name} failed: {type(error).__name__}: {one_line(error, 120)}"
+            )
+        message = _api_message(error)
+        if _retry_after(error) is not None:
+            return ProviderError(f"{call_name} failed after retries: {error.code}: {message}")
+        if isinstance(error, api.Unauthorized):
+            return ConfigurationError(
+                f"Compute Engine rejected the credentials ({message}): refresh them with"
+                " 'gcloud auth application-default login'"
+            )
+        if isinstance(error, api.Forbidden):
+            named = re.search(r"'(compute\.[A-Za-z]+\.[A-Za-z]+)'", message)
+            return ConfigurationError(
+                f"permission {named.group(1) if named else permission} denied on {call_name}"
+                f" ({where}): grant it to the account spotring runs as"
+                " (see IAM_PERMISSIONS in spotring.providers.gcp)"
+            )
+        if isinstance(error, api.NotFound):
+            return ConfigurationError(self._not_found(message, where))
+        return ConfigurationError(f"{call_name} failed ({where}): {error.code}: {message}")
+
+    def _not_found(self, message: str, where: str) -> str:
+        resource = re.search(r"'([^']+)'", message)
+        path = resource.group(1) if resource else ""
+        if path.rstrip("/") == f"projects/{self.project}":
+            return f"project {self.project} not found (or not visible to these credentials)"
+        if re.fullmatch(r"projects/[^/]+/(zones|regions)/[^/]+", path):
+            return f"{self.location} not found in project {self.project}"
+        return f"managed instance group '{self.group}' not found ({where})"
+
+    def _endpoint_shown(self) -> str:
+        return self.endpoint or "https://compute.googleapis.com"
+
+
+def _replace_action(member: _Member, action: str) -> _Member:
+    return _Member(
+        member.name,
+        member.zone,
+        member.vm_id,
+        action,
+        member.instance_status,
+        member.health,
+        member.errors,
+    )
+
+
+def _load_library(credentials: Any | None, project_given: bool) -> tuple[Any, Any, str | None]:
+    """google-cloud-compute's types, the credentials and their project."""
+    try:
+        import google.auth
+        import google.auth.exceptions
+        from google.cloud import compute_v1
+    except ImportError:
+        raise ConfigurationError(
+            "the gcp provider needs google-cloud-compute: pip install 'spotring[gcp]'"
+        ) from None
+    if credentials is not None:
+        return compute_v1, credentials, None
+    # google-auth warns when it finds no project; with --project that is just noise.
+    quiet = logging.getLogger("google.auth._default")
+    level = quiet.level
+    if project_given:
+        quiet.setLevel(logging.ERROR)
+    try:
+        found, project = google.auth.default(scopes=["https://www.googleapis.com/auth/compute"])
+    except google.auth.exceptions.DefaultCredentialsError:
+        raise ConfigurationError(
+            "no Google Cloud credentials: run 'gcloud auth application-default login', set"
+            " GOOGLE_APPLICATION_CREDENTIALS, or run on a VM with a service account"
+        ) from None
+    finally:
+        quiet.setLevel(level)
+    return compute_v1, found, project
+
+
+def _retry_after(error: Exception) -> float | None:
+    """Seconds to wait before retrying ``error`` (0: the backoff decides), or None
+    when retrying cannot help."""
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
+
+    if isinstance(error, auth.RefreshError):
+        return None
+    if isinstance(error, auth.TransportError):
+        return 0.0
+    if isinstance(error, api.GoogleAPICallError):
+        reasons = {e.get("reason") for e in error.errors or () if isinstance(e, dict)}
+        if error.code not in _RETRYABLE_STATUS and not (
+            error.code == 403 and reasons & _RATE_LIMIT_REASONS
+        ):
+            return None
+        header = getattr(getattr(error, "response", None), "headers", {}).get("Retry-After")
+        try:
+            return min(60.0, float(header)) if header else 0.0
+        except ValueError:
+            return 0.0
+    import requests
+    from google.protobuf.json_format import ParseError
+
+    # Connection refused or reset, a timeout, a truncated or malformed response.
+    if isinstance(error, (requests.RequestException, OSError, ValueError, ParseError)):
+        return 0.0
+    return None
+
+
+def _api_message(error: Any) -> str:
+    """The API's own message, without the method and URL the library prepends."""
+    for detail in error.errors or ():
+        if isinstance(detail, dict) and detail.get("message"):
+            return one_line(detail["message"])
+    return one_line(str(error.message).split(": ", 1)[-1])
+
+
+def _timestamp(text: str) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@hookimpl
+def spotring_register_providers(registry: ProviderRegistry) -> None:
+    """Register :class:`GcpProvider` as ``gcp``."""
+    registry.add(GcpProvider)
+
+
+__all__ = [
+    "CURRENT_ACTION_MAP",
+    "HEALTH_STATE_MAP",
+    "IAM_PERMISSIONS",
+    "INSTANCE_STATUS_MAP",
+    "GcpProvider",
+    "member_state",
+]

@@ -1,0 +1,446 @@
+"""The GCP provider against the fake Compute Engine REST server (tests/gcp_fake.py).
+
+The real google-cloud-compute clients make every call over HTTP; the fake records what
+it received, so the tests assert the requests as the cloud would have seen them.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("google.cloud.compute_v1", reason="the gcp extra is not installed")
+
+from google.auth.credentials import AnonymousCredentials
+
+from spotring.providers.base import (
+    ConfigurationError,
+    InstanceState,
+    Lifecycle,
+    ProviderError,
+)
+from spotring.providers.conformance import ProviderContract
+from spotring.providers.gcp import IAM_PERMISSIONS, GcpProvider, member_state
+from tests.gcp_fake import FakeCompute
+
+ZONE = "us-central1-a"
+REGION = "us-central1"
+LIST = "instanceGroupManagers.listManagedInstances"
+REGIONAL_LIST = "regionInstanceGroupManagers.listManagedInstances"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCompute]:
+    with FakeCompute() as server:
+        yield server
+
+
+def make_provider(fake: FakeCompute, group: str = "workers", **options: Any) -> GcpProvider:
+    where = {} if "region" in options or "zone" in options else {"zone": ZONE}
+    return GcpProvider(
+        group,
+        project=fake.project,
+        endpoint=fake.url,
+        credentials=AnonymousCredentials(),
+        **where,
+        **options,
+    )
+
+
+def states(provider: GcpProvider) -> dict[str, InstanceState]:
+    return {i.id: i.state for i in provider.list_instances()}
+
+
+# ------------------------------------------------------------------------ listing
+
+
+def test_lists_a_zonal_group_with_addresses_spot_and_type(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=2, machine_type="n1-standard-8")
+    provider = make_provider(fake)
+
+    instances = provider.list_instances()
+
+    assert sorted(i.id for i in instances) == sorted(group.names())
+    for instance in instances:
+        member = group.member(instance.id)
+        assert instance.address == member.network_ip
+        assert instance.is_ready and instance.state is InstanceState.READY
+        assert instance.lifecycle is Lifecycle.SPOT
+        assert (instance.zone, instance.instance_type, instance.slots) == (ZONE, "n1-standard-8", 1)
+        assert instance.launch_time is not None
+
+
+def test_regional_group_describes_each_zone_once(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", region=REGION, size=4)
+    provider = make_provider(fake, region=REGION)
+
+    instances = provider.list_instances()
+
+    assert {i.zone for i in instances} == {f"{REGION}-a", f"{REGION}-b"}
+    assert sorted(i.id for i in instances) == sorted(group.names())
+    assert len(fake.calls(REGIONAL_LIST)) == 1
+    zones = sorted(r.path.split("/zones/")[1].split("/")[0] for r in fake.calls("instances.list"))
+    assert zones == [f"{REGION}-a", f"{REGION}-b"]
+
+
+def test_a_steady_group_costs_one_call_per_refresh(fake: FakeCompute) -> None:
+    fake.add_group("workers", zone=ZONE, size=3)
+    provider = make_provider(fake)
+    provider.list_instances()
+    fake.clear_requests()
+
+    for _ in range(3):
+        provider.list_instances()
+        assert provider.last_refresh_calls == 1
+
+    assert [r.api for r in fake.requests] == [LIST] * 3
+
+
+def test_pages_through_a_thousand_members(fake: FakeCompute) -> None:
+    group = fake.add_group(
+        "big", region=REGION, size=1200, list_managed_instances_results="PAGINATED"
+    )
+    provider = make_provider(fake, "big", region=REGION)
+
+    first = provider.list_instances()
+    second = provider.list_instances()
+
+    assert len(first) == len(second) == 1200
+    assert len({i.id for i in first}) == 1200 and all(i.is_ready for i in first)
+    assert sorted(i.address for i in first) == sorted(
+        group.member(n).network_ip for n in group.names()
+    )
+    pages = fake.calls(REGIONAL_LIST)
+    assert len(pages) == 6  # 3 pages of 500 per listing
+    # 600 new members per zone, 100 names per filtered list: 12 calls, once.
+    assert len(fake.calls("instances.list")) == 12
+    assert provider.last_refresh_calls == 3
+
+
+def test_joins_go_creating_to_running(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=2)
+    group.auto_advance = False
+    provider = make_provider(fake)
+    provider.list_instances()
+
+    provider.set_target_size(3)
+    (newcomer,) = [n for n in group.names() if group.member(n).current_action == "CREATING"]
+    assert states(provider)[newcomer] is InstanceState.PENDING
+    group.advance()  # VM created, STAGING
+    joined = {i.id: i for i in provider.list_instances()}[newcomer]
+    assert joined.state is InstanceState.PENDING and joined.address
+    group.advance()  # RUNNING
+    assert states(provider)[newcomer] is InstanceState.READY
+
+
+def test_deleting_stopping_and_preempted_members_leave(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=4)
+    group.auto_advance = False
+    deleting, stopping, unhealthy, kept = group.names()
+    provider = make_provider(fake)
+    provider.list_instances()
+    group.set_member(deleting, current_action="DELETING")
+    group.preempt(stopping)
+    group.set_member(unhealthy, health=["UNHEALTHY"])
+
+    seen = states(provider)
+    assert seen == {
+        deleting: InstanceState.TERMINATING,
+        stopping: InstanceState.TERMINATING,
+        unhealthy: InstanceState.DRAINING,
+        kept: InstanceState.READY,
+    }
+    group.advance(2)  # deleted; the preempted VM is TERMINATED, then recreated
+    seen = states(provider)
+    assert deleting not in seen and seen[stopping] is InstanceState.TERMINATING
+
+
+def test_a_recreated_vm_is_described_again(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=2)
+    group.auto_advance = False
+    victim = group.names()[0]
+    provider = make_provider(fake)
+    old_address = {i.id: i.address for i in provider.list_instances()}[victim]
+
+    provider.replace_instance(victim)
+    group.advance(3)
+
+    member = group.member(victim)
+    assert member.network_ip != old_address
+    refreshed = {i.id: i for i in provider.list_instances()}[victim]
+    assert refreshed.state is InstanceState.READY and refreshed.address == member.network_ip
+
+
+def test_member_state_table() -> None:
+    assert member_state("NONE", "RUNNING", ()) is InstanceState.READY
+    assert member_state("NONE", "RUNNING", ("UNKNOWN",)) is InstanceState.READY
+    assert member_state("CREATING", "", ()) is InstanceState.PENDING
+    assert member_state("NONE", "STAGING", ()) is InstanceState.PENDING
+    assert member_state("RESTARTING", "RUNNING", ()) is InstanceState.DRAINING
+    assert member_state("NONE", "RUNNING", ("TIMEOUT",)) is InstanceState.DRAINING
+    assert member_state("RECREATING", "RUNNING", ()) is InstanceState.TERMINATING
+    assert member_state("NONE", "TERMINATED", ()) is InstanceState.TERMINATING
+    assert member_state("NONE", "RUNNING", (), vm_found=False) is InstanceState.GONE
+    assert member_state("SOMETHING_NEW", "RUNNING", ()) is InstanceState.PENDING
+
+
+def test_spot_only_leaves_standard_vms_out(fake: FakeCompute) -> None:
+    fake.add_group("standard", zone=ZONE, size=2, provisioning_model="STANDARD")
+    fake.add_group("spot", zone=ZONE, size=2)
+
+    standard = make_provider(fake, "standard").list_instances()
+    assert [i.lifecycle for i in standard] == [Lifecycle.ON_DEMAND] * 2
+    assert make_provider(fake, "standard", spot_only=True).list_instances() == []
+    assert len(make_provider(fake, "spot", spot_only=True).list_instances()) == 2
+
+
+def test_slots_from_option_label_and_accelerators(fake: FakeCompute) -> None:
+    fake.add_group("gpus", zone=ZONE, size=1, accelerators=4)
+    fake.add_group("labelled", zone=ZONE, size=1, accelerators=4, labels={"gpus": "2"})
+
+    assert [i.slots for i in make_provider(fake, "gpus").list_instances()] == [4]
+    labelled = make_provider(fake, "labelled", slots_label="gpus").list_instances()
+    assert [i.slots for i in labelled] == [2]
+    assert [i.slots for i in make_provider(fake, "gpus", slots_per_host=3).list_instances()] == [3]
+
+
+# ----------------------------------------------------------------------- steering
+
+
+def test_resize_is_sent_once_and_only_when_it_changes(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=2)
+    provider = make_provider(fake)
+    provider.list_instances()
+
+    provider.set_target_size(2)
+    provider.set_target_size(3)
+    provider.set_target_size(3)
+
+    resizes = fake.calls("instanceGroupManagers.resize")
+    assert [r.query["size"] for r in resizes] == ["3"]
+    assert group.target_size == 3
+
+
+def test_resize_notices_someone_else_resized_the_group(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=2)
+    group.auto_advance = False
+    provider = make_provider(fake)
+    provider.list_instances()
+    group._resize(4)  # the console, or another tool
+    provider.list_instances()
+
+    provider.set_target_size(2)
+
+    assert [r.query["size"] for r in fake.calls("instanceGroupManagers.resize")] == ["2"]
+
+
+def test_recreate_request_as_the_cloud_receives_it(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", region=REGION, size=3)
+    provider = make_provider(fake, region=REGION)
+    victim = next(i for i in provider.list_instances() if i.zone == f"{REGION}-b")
+
+    provider.replace_instance(victim.id)
+    provider.replace_instance(victim.id)  # idempotent before the next listing
+    provider.list_instances()
+    provider.replace_instance(victim.id)  # ... and after it (the group says RECREATING)
+    provider.replace_instance("not-a-member")
+
+    calls = fake.calls("regionInstanceGroupManagers.recreateInstances")
+    assert [c.body for c in calls] == [{"instances": [f"zones/{REGION}-b/instances/{victim.id}"]}]
+    assert group.target_size == 3
+
+
+def test_an_autoscaled_group_is_not_resized_but_failed_hosts_are_recreated(
+    fake: FakeCompute, caplog: pytest.LogCaptureFixture
+) -> None:
+    autoscaler = f"projects/{fake.project}/zones/{ZONE}/autoscalers/workers-as"
+    group = fake.add_group("workers", zone=ZONE, size=2, autoscaler=autoscaler)
+    provider = make_provider(fake)
+
+    with caplog.at_level(logging.WARNING, logger="spotring.providers.gcp"):
+        instances = provider.list_instances()
+        provider.list_instances()
+
+    assert not provider.can_resize
+    assert caplog.text.count("is sized by autoscaler workers-as") == 1
+    with pytest.raises(ConfigurationError, match="autoscaler workers-as"):
+        provider.set_target_size(3)
+    provider.replace_instance(instances[0].id)
+    assert len(fake.calls("instanceGroupManagers.recreateInstances")) == 1
+    assert not fake.calls("instanceGroupManagers.resize") and group.target_size == 2
+
+
+def test_scale_down_on_exit_resizes_to_zero(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=2)
+    provider = make_provider(fake, scale_down_on_exit=True)
+    provider.list_instances()
+
+    provider.job_finished(None)  # type: ignore[arg-type]
+
+    assert group.target_size == 0
+
+
+def test_capacity_errors_warn_once_per_episode(
+    fake: FakeCompute, caplog: pytest.LogCaptureFixture
+) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=1)
+    provider = make_provider(fake)
+    provider.list_instances()
+    group.capacity_error(ZONE)
+    provider.set_target_size(3)
+
+    with caplog.at_level(logging.INFO, logger="spotring.providers.gcp"):
+        for _ in range(4):
+            assert len(provider.list_instances()) == 3
+        group.clear_capacity_error()
+        for _ in range(3):
+            provider.list_instances()
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"gcp: group workers cannot create VMs in zone {ZONE}: ZONE_RESOURCE_POOL_EXHAUSTED:"
+        f" The zone 'projects/p/zones/{ZONE}' does not have enough resources available to"
+        " fulfill the request. Try a different zone, or try again later."
+    ]
+    assert f"zone {ZONE} ZONE_RESOURCE_POOL_EXHAUSTED: resolved" in caplog.text
+
+
+# ------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_throttling_and_5xx_are_retried(fake: FakeCompute, status: int) -> None:
+    fake.add_group("workers", zone=ZONE, size=2)
+    provider = make_provider(fake)
+    fake.fail_next(2, status, match="listManagedInstances")
+
+    assert len(provider.list_instances()) == 2
+    assert provider.api_retries == 2
+
+
+def test_persistent_failure_is_a_retryable_error_never_an_empty_group(fake: FakeCompute) -> None:
+    fake.add_group("workers", zone=ZONE, size=2)
+    provider = make_provider(fake, max_api_attempts=2)
+    assert len(provider.list_instances()) == 2
+    fake.fail_next(2, 503)
+
+    with pytest.raises(ProviderError) as caught:
+        provider.list_instances()
+
+    assert caught.value.retryable
+    assert "503" in str(caught.value)
+    assert len(provider.list_instances()) == 2
+
+
+def test_a_dropped_connection_is_retried(fake: FakeCompute) -> None:
+    fake.add_group("workers", zone=ZONE, size=2)
+    provider = make_provider(fake)
+    fake.fail_next(1, kind="drop", match="listManagedInstances")
+
+    assert len(provider.list_instances()) == 2
+    assert provider.api_retries == 1
+
+
+def test_unknown_group_is_one_line(fake: FakeCompute) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        make_provider(fake, "nope").list_instances()
+    assert str(caught.value) == (
+        f"managed instance group 'nope' not found (project {fake.project}, zone {ZONE})"
+    )
+
+
+def test_unknown_project_is_one_line(fake: FakeCompute) -> None:
+    provider = GcpProvider(
+        "workers",
+        zone=ZONE,
+        project="no-such-project",
+        endpoint=fake.url,
+        credentials=AnonymousCredentials(),
+    )
+    with pytest.raises(ConfigurationError, match=r"^project no-such-project not found"):
+        provider.list_instances()
+
+
+def test_permission_denied_names_the_permission(fake: FakeCompute) -> None:
+    fake.add_group("workers", zone=ZONE, size=2)
+    fake.deny("compute.instances.list")
+
+    with pytest.raises(ConfigurationError) as caught:
+        make_provider(fake).list_instances()
+
+    assert str(caught.value).startswith(
+        "permission compute.instances.list denied on instances.list"
+    )
+    assert "\n" not in str(caught.value)
+
+
+def test_iam_permissions_are_the_ones_the_calls_need(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=2)
+    provider = make_provider(fake)
+    provider.set_target_size(3)
+    provider.list_instances()
+    provider.replace_instance(group.names()[0])
+
+    from tests.gcp_fake import PERMISSIONS
+
+    used = {PERMISSIONS[r.api] for r in fake.requests if r.api}
+    assert used == set(IAM_PERMISSIONS)
+
+
+def test_options_are_checked_before_any_call(fake: FakeCompute) -> None:
+    with pytest.raises(ConfigurationError, match="exactly one of --zone"):
+        GcpProvider("g", project="p", credentials=AnonymousCredentials())
+    with pytest.raises(ConfigurationError, match="--group is required"):
+        GcpProvider("", zone=ZONE, project="p", credentials=AnonymousCredentials())
+    with pytest.raises(ConfigurationError, match="--endpoint must be an http"):
+        GcpProvider(
+            "g", zone=ZONE, project="p", endpoint="ftp://x", credentials=AnonymousCredentials()
+        )
+    assert not fake.requests
+
+
+def test_application_default_credentials_from_a_file(
+    fake: FakeCompute, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.add_group("workers", zone=ZONE, size=2)
+    fake.require_auth = True
+    monkeypatch.setenv(
+        "GOOGLE_APPLICATION_CREDENTIALS", str(fake.write_credentials(tmp_path / "c.json"))
+    )
+
+    provider = GcpProvider("workers", zone=ZONE, project=fake.project, endpoint=fake.url)
+
+    assert len(provider.list_instances()) == 2
+    assert fake.requests[0].api == "oauth2.token"
+
+
+# -------------------------------------------------------------------- conformance
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TestGcpContract(ProviderContract):
+    @pytest.fixture
+    def provider(self, fake: FakeCompute) -> GcpProvider:
+        fake.add_group("workers", zone=ZONE, size=2)
+        return make_provider(fake)
+
+    @pytest.fixture
+    def failing_provider(self) -> GcpProvider:
+        return GcpProvider(
+            "workers",
+            zone=ZONE,
+            project="p",
+            endpoint=f"http://127.0.0.1:{_closed_port()}",
+            credentials=AnonymousCredentials(),
+            max_api_attempts=1,
+        )
