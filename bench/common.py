@@ -42,7 +42,13 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 LATEST = RESULTS / "latest.json"
 
-BENCHMARKS: tuple[str, ...] = ("discovery", "driver_overhead", "commit", "recovery")
+BENCHMARKS: tuple[str, ...] = (
+    "discovery",
+    "gcp_discovery",
+    "driver_overhead",
+    "commit",
+    "recovery",
+)
 """Benchmark modules under ``bench/``, in the order ``bench/run`` runs them."""
 
 REGION = "us-east-1"

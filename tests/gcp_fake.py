@@ -73,6 +73,7 @@ PERMISSIONS = {
     "instanceGroupManagers.resize": "compute.instanceGroupManagers.update",
     "instanceGroupManagers.recreateInstances": "compute.instanceGroupManagers.update",
     "instances.list": "compute.instances.list",
+    "instances.get": "compute.instances.get",
     "zoneOperations.get": "compute.zoneOperations.get",
     "zoneOperations.wait": "compute.zoneOperations.get",
     "regionOperations.get": "compute.regionOperations.get",
@@ -1118,6 +1119,14 @@ class FakeCompute:
             if project != self.project:  # groups live in the main project only
                 return {"kind": "compute#instanceList"}
             return self._list_instances(params["zone"], query)
+        if api == "instances.get":
+            resource = f"projects/{project}/zones/{params['zone']}/instances/{params['instance']}"
+            self._check_permission(api, resource)
+            for group in self.groups.values():
+                for m in group.members:
+                    if (m.name, m.zone) == (params["instance"], params["zone"]) and m.has_vm:
+                        return group.instance(m)
+            raise not_found(resource)
         if api.endswith("Operations.get") or api.endswith("Operations.wait"):
             resource = f"projects/{project}/{location}/operations/{params['operation']}"
             self._check_permission(api, resource)
@@ -1244,6 +1253,8 @@ for _scope, _prefix in (("zones/{zone}", ""), ("regions/{region}", "region")):
         "POST", f"projects/{{project}}/{_scope}/operations/{{operation}}/wait", f"{_ops}.wait"
     )
 _add_route("GET", "projects/{project}/zones/{zone}/instances", "instances.list")
+# Only the benchmark's anchor script (a get per VM) uses it; spotring lists.
+_add_route("GET", "projects/{project}/zones/{zone}/instances/{instance}", "instances.get")
 
 
 def _route(method: str, path: str) -> tuple[str, dict[str, str]] | None:

@@ -444,3 +444,14 @@ class TestGcpContract(ProviderContract):
             credentials=AnonymousCredentials(),
             max_api_attempts=1,
         )
+
+
+def test_a_failing_get_is_retried_by_spotring_not_for_ten_minutes(fake: FakeCompute) -> None:
+    fake.add_group("workers", zone=ZONE, size=2)
+    provider = make_provider(fake, max_api_attempts=2)
+    fake.fail_next(5, 503, match="instanceGroupManagers/workers")
+
+    with pytest.raises(ProviderError):
+        provider.list_instances()
+
+    assert len(fake.calls("instanceGroupManagers.get")) == 2
