@@ -18,6 +18,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "spotring.providers.local",
     "spotring.providers.aws",
     "spotring.providers.gcp",
+    "spotring.providers.azure",
     "spotring.providers.script",
 )
 """Modules of the built-in plugins, registered exactly as entry-point plugins are."""

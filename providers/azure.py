@@ -1,0 +1,716 @@
+"""The ``azure`` provider: an Azure virtual machine scale set (VMSS), Uniform or Flexible.
+
+Each refresh gets the scale set (capacity, orchestration mode, spot settings) and lists
+its VMs with their instance view (provisioning state, power state, health): Uniform sets
+through the scale set's VM list, Flexible ones (ordinary VMs that name the set) through
+the resource group's VM list filtered to the set. Private addresses come from the
+network interfaces, listed for the whole set in paged calls, only when a member not
+seen before needs one. A member's slots come from ``--slots-per-host``, its tag, or the
+GPU count of its VM size (the resource SKU list, asked once).
+
+Steering sets the set's capacity. A failed host is replaced by deleting the VM and
+keeping the capacity: Azure lowers the capacity when a VM is deleted (or evicted with
+policy Delete), so the provider restores the capacity spotring asked for on the next
+refresh. A spot VM evicted with policy Deallocate stays in the set, deallocated; it is
+deleted the same way (unless ``--keep-evicted``), so the set launches a replacement.
+Long-running operations are started and never waited on: the next refresh sees them.
+
+The Azure SDKs are imported on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+from spotring.autoscaler.hookspecs import hookimpl
+from spotring.providers.base import (
+    ConfigurationError,
+    Instance,
+    InstanceState,
+    Lifecycle,
+    ProviderError,
+)
+from spotring.providers.cloud import (
+    CloudGroupProvider,
+    call_with_retries,
+    lookup_state,
+    one_line,
+    worst_state,
+)
+
+if TYPE_CHECKING:
+    from spotring.autoscaler.plugins import ProviderRegistry
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# ------------------------------------------------------------------ IAM and limits
+
+_ACTION_BY_CALL: Mapping[str, str] = {
+    "virtualMachineScaleSets.get": "Microsoft.Compute/virtualMachineScaleSets/read",
+    "virtualMachineScaleSets.update": "Microsoft.Compute/virtualMachineScaleSets/write",
+    "virtualMachineScaleSets.deleteInstances": (
+        "Microsoft.Compute/virtualMachineScaleSets/delete/action"
+    ),
+    "virtualMachineScaleSetVMs.list": (
+        "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read"
+    ),
+    "networkInterfaces.listVirtualMachineScaleSetNetworkInterfaces": (
+        "Microsoft.Compute/virtualMachineScaleSets/networkInterfaces/read"
+    ),
+    "virtualMachines.list": "Microsoft.Compute/virtualMachines/read",
+    "virtualMachines.delete": "Microsoft.Compute/virtualMachines/delete",
+    "networkInterfaces.list": "Microsoft.Network/networkInterfaces/read",
+    "resourceSkus.list": "Microsoft.Compute/skus/read",
+}
+
+IAM_ACTIONS: tuple[str, ...] = tuple(dict.fromkeys(_ACTION_BY_CALL.values()))
+"""Every action the provider performs; a custom role with exactly these is enough
+(terraform/azure gives it to the driver's managed identity)."""
+
+CONNECTION_TIMEOUT = 5.0
+READ_TIMEOUT = 20.0
+"""Seconds; a stuck call must not hold the controller thread for azure-core's 300 s."""
+
+DEFAULT_SLOTS_TAG = "spotring-slots"
+
+# ------------------------------------------------------------------- state maps
+
+PROVISIONING_STATE_MAP: Mapping[str, InstanceState] = {
+    "Creating": InstanceState.PENDING,
+    "Migrating": InstanceState.PENDING,
+    "Canceled": InstanceState.PENDING,
+    "Succeeded": InstanceState.READY,
+    # A model update on a running VM; it keeps running.
+    "Updating": InstanceState.READY,
+    # The VM may still run, but something about it failed: no new work there.
+    "Failed": InstanceState.DRAINING,
+    "Deleting": InstanceState.TERMINATING,
+}
+"""``properties.provisioningState`` -> InstanceState."""
+
+POWER_STATE_MAP: Mapping[str, InstanceState] = {
+    "starting": InstanceState.PENDING,
+    "running": InstanceState.READY,
+    "stopping": InstanceState.TERMINATING,
+    "stopped": InstanceState.TERMINATING,
+    "deallocating": InstanceState.TERMINATING,
+    # What a spot eviction with policy Deallocate leaves: the VM holds its place in
+    # the set but will not run again by itself.
+    "deallocated": InstanceState.GONE,
+    "unknown": InstanceState.PENDING,
+}
+"""The instance view's ``PowerState/<state>`` -> InstanceState."""
+
+HEALTH_STATE_MAP: Mapping[str, InstanceState] = {
+    "healthy": InstanceState.READY,
+    "unknown": InstanceState.READY,
+    "unhealthy": InstanceState.DRAINING,
+}
+"""The instance view's ``vmHealth`` ``HealthState/<state>`` -> the best state possible."""
+
+
+def member_state(provisioning: str, power: str, health: str = "") -> InstanceState:
+    """Combine the provisioning state, power state and health: the least usable wins.
+
+    Without a power state (no instance view yet, the VM is being created) a member is
+    at best PENDING. Unknown strings count as PENDING.
+    """
+    provisioned = lookup_state(PROVISIONING_STATE_MAP, provisioning)
+    if not power:
+        return worst_state(InstanceState.PENDING, provisioned)
+    states = [provisioned, lookup_state(POWER_STATE_MAP, power)]
+    if health:
+        states.append(lookup_state(HEALTH_STATE_MAP, health))
+    return worst_state(*states)
+
+
+# ------------------------------------------------------------------ the set's view
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One VM of the set, reduced to what spotring uses."""
+
+    name: str
+    resource_id: str
+    instance_id: str
+    """Uniform: the set's instance id ("0", "1", ...); Flexible: empty."""
+    provisioning: str
+    power: str
+    health: str
+    size: str
+    spot: bool
+    zone: str
+    tags: Mapping[str, str]
+    created: float | None
+
+    @property
+    def leaving(self) -> bool:
+        return self.provisioning == "Deleting"
+
+    @property
+    def evicted(self) -> bool:
+        return self.spot and self.power == "deallocated" and not self.leaving
+
+
+def _status(statuses: Iterable[Any], prefix: str) -> str:
+    for status in statuses or ():
+        code = status.code or ""
+        if code.startswith(prefix):
+            return code[len(prefix) :]
+    return ""
+
+
+# ------------------------------------------------------------------------ provider
+
+
+class AzureProvider(CloudGroupProvider):
+    """An Azure VM scale set, listed and steered through Azure Resource Manager.
+
+    :attr:`api_calls` counts requests (each page and each retry), :attr:`api_retries`
+    the repeated ones, :attr:`last_refresh_calls` those of the last listing.
+    """
+
+    name = "azure"
+    description = "Azure VM scale set (--group NAME --resource-group RG)"
+    slots_label_option = "--slots-tag"
+    default_slots_label = DEFAULT_SLOTS_TAG
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        resource_group: str,
+        subscription: str | None = None,
+        endpoint: str | None = None,
+        keep_evicted: bool = False,
+        credential: Any | None = None,
+        **common: Any,
+    ) -> None:
+        """Make the clients; no API call. See :meth:`add_arguments` for the options.
+
+        :param credential: an azure-core TokenCredential; by default
+            ``DefaultAzureCredential`` (environment, workload or managed identity, Azure
+            CLI login). An ``http://`` endpoint on loopback (a local test server) gets no
+            credential at all: azure-core refuses to send a bearer token over plain HTTP.
+        """
+        import os
+
+        if not group:
+            raise ConfigurationError("--group is required for --provider azure")
+        if not resource_group:
+            raise ConfigurationError("--resource-group is required for --provider azure")
+        super().__init__(**common)
+        self.group = group
+        self.resource_group = resource_group
+        self.subscription = subscription or os.environ.get("AZURE_SUBSCRIPTION_ID", "")
+        if not self.subscription:
+            raise ConfigurationError(
+                "no Azure subscription: pass --subscription or set AZURE_SUBSCRIPTION_ID"
+            )
+        self.endpoint = endpoint
+        self.keep_evicted = keep_evicted
+        self._set: Any | None = None
+        self._members: dict[str, _Member] = {}
+        self._addresses: dict[str, str] = {}  # lower-case VM resource id -> private IP
+        self._gpus_by_size: dict[str, int] | None = None
+        self._wanted: int | None = None
+        self._compute, self._network = self._make_clients(credential, endpoint)
+
+    # ----------------------------------------------------------------- options
+
+    @classmethod
+    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
+        """Add ``--group``, ``--resource-group``, ``--subscription`` and the shared options."""
+        group.add_argument("--group", dest="azure_group", metavar="NAME", help="scale set name")
+        group.add_argument(
+            "--resource-group",
+            dest="azure_resource_group",
+            metavar="RG",
+            help="the scale set's resource group (required)",
+        )
+        group.add_argument(
+            "--subscription",
+            dest="azure_subscription",
+            metavar="ID",
+            help="subscription id (default: AZURE_SUBSCRIPTION_ID)",
+        )
+        group.add_argument(
+            "--endpoint",
+            dest="azure_endpoint",
+            metavar="URL",
+            help="Azure Resource Manager URL (sovereign clouds, or a test server)",
+        )
+        group.add_argument(
+            "--keep-evicted",
+            dest="azure_keep_evicted",
+            action="store_true",
+            help="leave spot VMs evicted with policy Deallocate in the set"
+            " (default: delete them so the set launches replacements)",
+        )
+        cls.add_common_arguments(group, "azure")
+
+    @classmethod
+    def from_options(cls, options: argparse.Namespace) -> AzureProvider:
+        """Make the provider from parsed options; makes no API call."""
+        return cls(
+            getattr(options, "azure_group", None) or "",
+            resource_group=getattr(options, "azure_resource_group", None) or "",
+            subscription=getattr(options, "azure_subscription", None),
+            endpoint=getattr(options, "azure_endpoint", None),
+            keep_evicted=getattr(options, "azure_keep_evicted", False),
+            **cls.common_options(options, "azure"),
+        )
+
+    # ------------------------------------------------------------------ listing
+
+    @property
+    def flexible(self) -> bool:
+        """Whether the set orchestrates ordinary VMs (Flexible) rather than its own."""
+        assert self._set is not None
+        return (self._set.properties.orchestration_mode or "Uniform") == "Flexible"
+
+    def list_members(self) -> list[Instance]:
+        """Every VM of the set with provisioning state, power state and health combined.
+
+        Costs one get of the set and one VM list page (a steady set: two calls); the
+        set's network interfaces (paged) only when a member has no known address yet;
+        the resource SKU list once, when a member's slots come from its GPU count.
+        """
+        self._get_set()
+        members = self._list_vms()
+        self._members = {m.name: m for m in members}
+        self._learn_addresses(members)
+        self._learn_gpu_counts(members)
+        self._replace_evicted(members)
+        self._restore_capacity(members)
+        return [self._to_instance(m) for m in self._members.values()]
+
+    def _to_instance(self, member: _Member) -> Instance:
+        gpus = (self._gpus_by_size or {}).get(member.size)
+        return Instance(
+            id=member.name,
+            address=self._addresses.get(member.resource_id.lower(), ""),
+            state=member_state(member.provisioning, member.power, member.health),
+            slots=self.slots.slots(member.name, member.tags, gpus),
+            lifecycle=Lifecycle.SPOT if member.spot else Lifecycle.ON_DEMAND,
+            zone=member.zone,
+            instance_type=member.size,
+            launch_time=member.created,
+            cloud_state="/".join(
+                part or "-" for part in (member.provisioning, member.power, member.health)
+            ),
+            labels=member.tags,
+        )
+
+    def _get_set(self) -> Any:
+        self._set = self._call(
+            "virtualMachineScaleSets.get",
+            lambda: self._compute.virtual_machine_scale_sets.get(self.resource_group, self.group),
+        )
+        return self._set
+
+    @property
+    def _capacity(self) -> int:
+        assert self._set is not None
+        return int(self._set.sku.capacity or 0) if self._set.sku else 0
+
+    def _list_vms(self) -> list[_Member]:
+        profile = self._set.properties.virtual_machine_profile if self._set else None
+        set_spot = bool(profile and profile.priority == "Spot")
+        set_size = (self._set.sku.name if self._set and self._set.sku else "") or ""
+        if self.flexible:
+            set_filter = f"'virtualMachineScaleSet/id' eq '{self._set.id}'"
+            vms = self._pages(
+                "virtualMachines.list",
+                lambda: self._compute.virtual_machines.list(
+                    self.resource_group, filter=set_filter, expand="instanceView"
+                ),
+            )
+        else:
+            vms = self._pages(
+                "virtualMachineScaleSetVMs.list",
+                lambda: self._compute.virtual_machine_scale_set_vms.list(
+                    self.resource_group, self.group, expand="instanceView"
+                ),
+            )
+        return [self._member(vm, set_spot, set_size) for vm in vms]
+
+    def _member(self, vm: Any, set_spot: bool, set_size: str) -> _Member:
+        props = vm.properties
+        view = props.instance_view if props else None
+        statuses = view.statuses if view else ()
+        health = ""
+        if view is not None and view.vm_health is not None and view.vm_health.status:
+            health = (view.vm_health.status.code or "").removeprefix("HealthState/")
+        hardware = props.hardware_profile if props else None
+        size = (
+            (vm.sku.name if getattr(vm, "sku", None) else "")
+            or (hardware.vm_size if hardware else "")
+            or set_size
+        )
+        priority = getattr(props, "priority", None)
+        created = props.time_created.timestamp() if props and props.time_created else None
+        return _Member(
+            name=vm.name,
+            resource_id=vm.id,
+            instance_id=getattr(vm, "instance_id", None) or "",
+            provisioning=(props.provisioning_state if props else "") or "",
+            power=_status(statuses, "PowerState/"),
+            health=health,
+            size=size,
+            spot=priority == "Spot" if priority else set_spot,
+            zone=(vm.zones or [""])[0],
+            tags=dict(vm.tags or {}),
+            created=created,
+        )
+
+    def _learn_addresses(self, members: Sequence[_Member]) -> None:
+        """Private IPs from the network interfaces, for members without one yet."""
+        listed = {m.resource_id.lower() for m in members}
+        self._addresses = {k: v for k, v in self._addresses.items() if k in listed}
+        if all(m.resource_id.lower() in self._addresses or not m.power for m in members):
+            return
+        if self.flexible:
+            nics = self._pages(
+                "networkInterfaces.list",
+                lambda: self._network.network_interfaces.list(self.resource_group),
+            )
+        else:
+            nics = self._pages(
+                "networkInterfaces.listVirtualMachineScaleSetNetworkInterfaces",
+                lambda: (
+                    self._network.network_interfaces.list_virtual_machine_scale_set_network_interfaces(
+                        self.resource_group, self.group
+                    )
+                ),
+            )
+        for nic in nics:
+            props = nic.properties
+            vm = props.virtual_machine if props else None
+            if vm is None or not vm.id or vm.id.lower() not in listed:
+                continue
+            for config in props.ip_configurations or ():
+                address = config.properties.private_ip_address if config.properties else None
+                if address:
+                    self._addresses[vm.id.lower()] = address
+                    break
+
+    def _learn_gpu_counts(self, members: Sequence[_Member]) -> None:
+        """The GPU count of every VM size in the set's location, asked once."""
+        if self._gpus_by_size is not None or not any(
+            self.slots.needs_accelerator_count(m.name, m.tags) for m in members
+        ):
+            return
+        location = self._set.location if self._set else ""
+        skus = self._pages(
+            "resourceSkus.list",
+            lambda: self._compute.resource_skus.list(filter=f"location eq '{location}'"),
+        )
+        gpus: dict[str, int] = {}
+        for sku in skus:
+            if sku.resource_type != "virtualMachines" or not sku.name:
+                continue
+            counts = [c.value for c in sku.capabilities or () if c.name == "GPUs"]
+            try:
+                gpus[sku.name] = int(float(counts[0])) if counts else 0
+            except ValueError:
+                gpus[sku.name] = 0
+        self._gpus_by_size = gpus
+
+    # ----------------------------------------------------------------- steering
+
+    def set_target_size(self, size: int) -> None:
+        """Set the set's capacity to ``size``; no call when it already is ``size``."""
+        if size < 0:
+            raise ConfigurationError(f"target size {size} is negative")
+        if self._set is None:
+            self._get_set()
+        self._wanted = size
+        if self._capacity != size:
+            self._update_capacity(size)
+
+    def replace_instance(self, instance_id: str) -> None:
+        """Delete the VM named ``instance_id`` and keep the set's capacity (restored on
+        the next refresh, once Azure has lowered it). A VM already being deleted, or not
+        in the set, is left alone."""
+        member = self._members.get(instance_id)
+        if member is None:  # not in the last listing (or none yet): ask the set
+            self._get_set()
+            self._members = {m.name: m for m in self._list_vms()}
+            member = self._members.get(instance_id)
+        if member is None or member.leaving:
+            return
+        if self._wanted is None:
+            self._wanted = self._capacity
+        self._delete(member)
+
+    def _delete(self, member: _Member) -> None:
+        if self.flexible:
+            self._call(
+                "virtualMachines.delete",
+                lambda: self._compute.virtual_machines.begin_delete(
+                    self.resource_group, member.name, polling=False
+                ),
+            )
+        else:
+            self._call(
+                "virtualMachineScaleSets.deleteInstances",
+                lambda: self._compute.virtual_machine_scale_sets.begin_delete_instances(
+                    self.resource_group,
+                    self.group,
+                    {"instanceIds": [member.instance_id]},
+                    polling=False,
+                ),
+            )
+        self._members[member.name] = replace(member, provisioning="Deleting")
+        log.info("azure: deleting %s from scale set %s", member.name, self.group)
+
+    def _replace_evicted(self, members: Sequence[_Member]) -> None:
+        """Delete spot VMs evicted with policy Deallocate, so the set replaces them."""
+        if self.keep_evicted:
+            return
+        for member in members:
+            if member.evicted:
+                log.warning(
+                    "azure: spot VM %s was evicted (deallocated); replacing it", member.name
+                )
+                self.replace_instance(member.name)
+
+    def _restore_capacity(self, members: Sequence[_Member]) -> None:
+        """Put back capacity Azure took away for deleted and evicted VMs."""
+        if self._wanted is None or not self.can_resize or self._capacity >= self._wanted:
+            return
+        if any(m.leaving for m in self._members.values()):
+            return  # a delete still runs: the set refuses a capacity change meanwhile
+        log.info(
+            "azure: scale set %s capacity %d is below %d (deleted or evicted VMs); restoring",
+            self.group,
+            self._capacity,
+            self._wanted,
+        )
+        self._update_capacity(self._wanted)
+
+    def _update_capacity(self, size: int) -> None:
+        self._call(
+            "virtualMachineScaleSets.update",
+            lambda: self._compute.virtual_machine_scale_sets.begin_update(
+                self.resource_group, self.group, {"sku": {"capacity": size}}, polling=False
+            ),
+        )
+        if self._set is not None and self._set.sku is not None:
+            self._set.sku.capacity = size
+        log.info("azure: scale set %s capacity -> %d", self.group, size)
+
+    def scale_down_size(self) -> int:
+        """0: a scale set has no minimum capacity of its own."""
+        return 0
+
+    def describe(self) -> str:
+        """``azure scale set NAME (RESOURCE_GROUP)``."""
+        return f"azure scale set {self.group} ({self.resource_group})"
+
+    def close(self) -> None:
+        """Close the clients' HTTP sessions."""
+        for client in (self._compute, self._network):
+            client.close()
+
+    # -------------------------------------------------------------- API plumbing
+
+    def _make_clients(self, credential: Any | None, endpoint: str | None) -> tuple[Any, Any]:
+        try:
+            from azure.core.pipeline.policies import SansIOHTTPPolicy
+            from azure.mgmt.compute import ComputeManagementClient
+            from azure.mgmt.network import NetworkManagementClient
+        except ImportError:
+            raise ConfigurationError(
+                "the azure provider needs azure-mgmt-compute, azure-mgmt-network and"
+                " azure-identity: pip install 'spotring[azure]'"
+            ) from None
+        options: dict[str, Any] = {
+            # Our retries (counted, --max-api-attempts, Retry-After) replace azure-core's.
+            "retry_total": 0,
+            "connection_timeout": CONNECTION_TIMEOUT,
+            "read_timeout": READ_TIMEOUT,
+        }
+        if endpoint:
+            parts = urlsplit(endpoint)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigurationError(f"--endpoint must be an http(s) URL, got {endpoint!r}")
+            if parts.scheme == "http":
+                if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+                    raise ConfigurationError(
+                        "--endpoint over plain http is only for a test server on loopback"
+                    )
+                options["authentication_policy"] = SansIOHTTPPolicy()
+                credential = credential or _NoCredential()
+            options["base_url"] = endpoint.rstrip("/")
+        if credential is None and "authentication_policy" not in options:
+            credential = _default_credential()
+        return (
+            ComputeManagementClient(credential, self.subscription, **options),
+            NetworkManagementClient(credential, self.subscription, **options),
+        )
+
+    def _pages(self, call_name: str, make_pager: Callable[[], Any]) -> list[Any]:
+        """Every item of a paged list, one retried call per page."""
+        items: list[Any] = []
+        token: str | None = None
+
+        def fetch_page() -> tuple[list[Any], str | None]:
+            pages = make_pager().by_page(continuation_token=token)
+            page = list(next(pages, []))
+            return page, pages.continuation_token
+
+        while True:
+            page, token = self._call(call_name, fetch_page)
+            items.extend(page)
+            if not token:
+                return items
+
+    def _call(self, call_name: str, call: Callable[[], T]) -> T:
+        """One API call with retries, every failure turned into ProviderError."""
+
+        def attempt() -> T:
+            self.api_calls += 1
+            return call()
+
+        def retried(error: Exception, delay: float) -> None:
+            self.api_retries += 1
+            log.debug("azure: %s failed (%s); retrying in %.1f s", call_name, error, delay)
+
+        try:
+            return call_with_retries(
+                attempt,
+                attempts=self.max_api_attempts,
+                retry_after=_retry_after,
+                on_retry=retried,
+            )
+        except ProviderError:
+            raise
+        except Exception as error:
+            raise self._translate(call_name, error) from None
+
+    def _translate(self, call_name: str, error: Exception) -> ProviderError:
+        from azure.core import exceptions as core
+
+        action = _ACTION_BY_CALL[call_name]
+        if _is_credential_error(error):
+            return ConfigurationError(
+                "no usable Azure credentials: run 'az login', set AZURE_CLIENT_ID /"
+                " AZURE_TENANT_ID / AZURE_CLIENT_SECRET, or use a managed identity"
+                f" ({type(error).__name__})"
+            )
+        if isinstance(error, core.DecodeError) or not isinstance(error, core.HttpResponseError):
+            if isinstance(error, (core.ServiceRequestError, core.ServiceResponseError, OSError)):
+                shown = self.endpoint or "https://management.azure.com"
+                return ProviderError(
+                    f"cannot reach Azure at {shown} for {call_name}: {type(error).__name__}"
+                )
+            return ProviderError(
+                f"{call_name} failed: {type(error).__name__}: {one_line(error, 120)}"
+            )
+        code = error.error.code if error.error is not None else ""
+        message = one_line(error.error.message if error.error is not None else error.message)
+        if _retry_after(error) is not None:
+            return ProviderError(f"{call_name} failed after retries: {error.status_code} {code}")
+        if code in ("AuthorizationFailed", "LinkedAuthorizationFailed") or error.status_code == 403:
+            named = re.search(r"perform action '([^']+)'", message)
+            return ConfigurationError(
+                f"Azure denied {named.group(1) if named else action} ({code or 403}): allow it in"
+                " the role of the identity spotring runs as (see IAM_ACTIONS in"
+                " spotring.providers.azure)"
+            )
+        if error.status_code == 401:
+            return ConfigurationError(f"Azure rejected the credentials ({code}): {message}")
+        if code == "ResourceGroupNotFound":
+            return ConfigurationError(
+                f"resource group '{self.resource_group}' not found"
+                f" in subscription {self.subscription}"
+            )
+        if code in ("SubscriptionNotFound", "InvalidSubscriptionId"):
+            return ConfigurationError(f"subscription {self.subscription} not found")
+        if error.status_code == 404:
+            return ConfigurationError(
+                f"scale set '{self.group}' not found in resource group '{self.resource_group}'"
+            )
+        return ConfigurationError(f"{call_name} failed: {error.status_code} {code}: {message}")
+
+
+class _NoCredential:
+    """The credential of a loopback test server: the SDK wants one, nothing asks it."""
+
+    def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+        from azure.core.exceptions import ClientAuthenticationError
+
+        raise ClientAuthenticationError("no credentials are sent to a plain-http endpoint")
+
+
+def _default_credential() -> Any:
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError:
+        raise ConfigurationError(
+            "the azure provider needs azure-identity: pip install 'spotring[azure]'"
+        ) from None
+    # On failure it logs every credential it tried, over many lines; spotring says
+    # it in one (see _translate).
+    logging.getLogger("azure.identity").setLevel(logging.ERROR)
+    # No browser prompt: spotring runs unattended.
+    return DefaultAzureCredential(exclude_interactive_browser_credential=True)
+
+
+def _is_credential_error(error: Exception) -> bool:
+    from azure.core.exceptions import ClientAuthenticationError
+
+    # Raised by the credential while getting a token, before any request is sent
+    # (azure-identity's CredentialUnavailableError is a ClientAuthenticationError).
+    return isinstance(error, ClientAuthenticationError) and getattr(error, "response", None) is None
+
+
+def _retry_after(error: Exception) -> float | None:
+    """Seconds to wait before retrying ``error`` (0: the backoff decides), or None."""
+    from azure.core import exceptions as core
+
+    if isinstance(error, core.DecodeError):  # a truncated or malformed answer
+        return 0.0
+    if isinstance(error, core.HttpResponseError) and not isinstance(
+        error, core.ClientAuthenticationError
+    ):
+        status = error.status_code or 0
+        # 409: another operation on the set is still running.
+        if status not in (408, 409, 429) and status < 500:
+            return None
+        headers = getattr(getattr(error, "response", None), "headers", None) or {}
+        try:
+            return min(60.0, float(headers.get("Retry-After", 0) or 0))
+        except ValueError:
+            return 0.0
+    if isinstance(error, (core.ServiceRequestError, core.ServiceResponseError)):
+        return 0.0
+    if isinstance(error, (OSError, ValueError)):
+        return 0.0
+    return None
+
+
+@hookimpl
+def spotring_register_providers(registry: ProviderRegistry) -> None:
+    """Register :class:`AzureProvider` as ``azure``."""
+    registry.add(AzureProvider)
+
+
+__all__ = [
+    "HEALTH_STATE_MAP",
+    "IAM_ACTIONS",
+    "POWER_STATE_MAP",
+    "PROVISIONING_STATE_MAP",
+    "AzureProvider",
+    "member_state",
+]

@@ -1,0 +1,354 @@
+"""The Azure provider against the fake ARM server (tests/azure_fake.py).
+
+The real azure-mgmt-compute and azure-mgmt-network clients make every call over HTTP;
+the fake records what it received, so the tests assert the requests as Azure would
+have seen them. Each listing test runs in both orchestration modes.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("azure.mgmt.compute", reason="the azure extra is not installed")
+
+from spotring.providers.azure import IAM_ACTIONS, AzureProvider, member_state
+from spotring.providers.base import ConfigurationError, InstanceState, Lifecycle, ProviderError
+from spotring.providers.conformance import ProviderContract
+from tests.azure_fake import PERMISSIONS, FakeArm, FakeScaleSet, Member
+
+RG = "rg"
+MODES = ["Uniform", "Flexible"]
+VM_LIST = {"Uniform": "virtualMachineScaleSetVMs.list", "Flexible": "virtualMachines.list"}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeArm]:
+    with FakeArm() as server:
+        yield server
+
+
+def make_provider(fake: FakeArm, group: str = "workers", **options: Any) -> AzureProvider:
+    return AzureProvider(
+        group,
+        resource_group=options.pop("resource_group", RG),
+        subscription=fake.subscription,
+        endpoint=fake.url,
+        **options,
+    )
+
+
+def states(provider: AzureProvider) -> dict[str, InstanceState]:
+    return {i.id: i.state for i in provider.list_instances()}
+
+
+def members(vmss: FakeScaleSet) -> dict[str, Member]:
+    """The set's members by VM name (spotring's instance id in both modes)."""
+    return {m.name: m for m in vmss.members}
+
+
+def ip_of(fake: FakeArm, group: str, name: str) -> str:
+    return members(fake.scale_set(group))[name].private_ip
+
+
+# ------------------------------------------------------------------------ listing
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lists_members_with_addresses_spot_and_size(fake: FakeArm, mode: str) -> None:
+    vmss = fake.add_scale_set("workers", mode=mode, capacity=2, vm_size="Standard_D4s_v5")
+    provider = make_provider(fake)
+
+    instances = provider.list_instances()
+
+    assert sorted(i.id for i in instances) == sorted(members(vmss))
+    for instance in instances:
+        assert instance.address == ip_of(fake, "workers", instance.id)
+        assert instance.is_ready and instance.lifecycle is Lifecycle.SPOT
+        assert (instance.instance_type, instance.slots) == ("Standard_D4s_v5", 1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_steady_set_costs_two_calls_per_refresh(fake: FakeArm, mode: str) -> None:
+    fake.add_scale_set("workers", mode=mode, capacity=3, vm_size="Standard_D4s_v5")
+    provider = make_provider(fake)
+    provider.list_instances()
+    fake.clear_requests()
+
+    for _ in range(3):
+        provider.list_instances()
+        assert provider.last_refresh_calls == 2
+
+    assert [r.api for r in fake.requests] == ["virtualMachineScaleSets.get", VM_LIST[mode]] * 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pages_through_a_thousand_vms(fake: FakeArm, mode: str) -> None:
+    vmss = fake.add_scale_set("big", mode=mode, capacity=1050, vm_size="Standard_D4s_v5")
+    provider = make_provider(fake, "big")
+
+    first = provider.list_instances()
+    second = provider.list_instances()
+
+    assert len(first) == len(second) == 1050 and all(i.is_ready for i in first)
+    assert sorted(i.address for i in first) == sorted(m.private_ip for m in vmss.members)
+    assert len(fake.calls(VM_LIST[mode])) > 2  # several pages per listing
+    nic_calls = [r for r in fake.requests if r.api and r.api.startswith("networkInterfaces.")]
+    first_nic_pages = len(nic_calls)
+    provider.list_instances()
+    assert first_nic_pages >= 1
+    assert len([r for r in fake.requests if r.api and r.api.startswith("networkInterfaces.")]) == (
+        first_nic_pages
+    ), "addresses are fetched only for members not seen before"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_joins_go_creating_to_running(fake: FakeArm, mode: str) -> None:
+    vmss = fake.add_scale_set("workers", mode=mode, capacity=2, vm_size="Standard_D4s_v5")
+    vmss.auto_advance = False
+    provider = make_provider(fake)
+    provider.list_instances()
+
+    provider.set_target_size(3)
+    vmss.advance()  # the update finished: a new VM, Creating
+    (newcomer,) = set(members(vmss)) - {i.id for i in provider.list_instances() if i.is_ready}
+    assert states(provider)[newcomer] is InstanceState.PENDING
+    vmss.advance(3)
+    joined = {i.id: i for i in provider.list_instances()}[newcomer]
+    assert joined.is_ready and joined.address == ip_of(fake, "workers", newcomer)
+
+
+def test_member_state_table() -> None:
+    assert member_state("Succeeded", "running") is InstanceState.READY
+    assert member_state("Succeeded", "running", "unknown") is InstanceState.READY
+    assert member_state("Creating", "") is InstanceState.PENDING
+    assert member_state("Succeeded", "") is InstanceState.PENDING
+    assert member_state("Succeeded", "starting") is InstanceState.PENDING
+    assert member_state("Succeeded", "running", "unhealthy") is InstanceState.DRAINING
+    assert member_state("Failed", "running") is InstanceState.DRAINING
+    assert member_state("Deleting", "running") is InstanceState.TERMINATING
+    assert member_state("Succeeded", "stopped") is InstanceState.TERMINATING
+    assert member_state("Succeeded", "deallocated") is InstanceState.GONE
+    assert member_state("SomethingNew", "running") is InstanceState.PENDING
+
+
+def test_spot_only_and_priority(fake: FakeArm) -> None:
+    fake.add_scale_set("regular", mode="Uniform", capacity=2, priority="Regular")
+    fake.add_scale_set("spot", mode="Flexible", capacity=2)
+
+    regular = make_provider(fake, "regular").list_instances()
+    assert [i.lifecycle for i in regular] == [Lifecycle.ON_DEMAND] * 2
+    assert make_provider(fake, "regular", spot_only=True).list_instances() == []
+    assert len(make_provider(fake, "spot", spot_only=True).list_instances()) == 2
+
+
+def test_slots_from_option_tag_and_gpu_count(fake: FakeArm) -> None:
+    fake.add_scale_set("gpus", capacity=1, vm_size="Standard_NC64as_T4_v3")
+    fake.add_scale_set("tagged", capacity=1, vm_size="Standard_NC64as_T4_v3", vm_tags={"g": "2"})
+
+    provider = make_provider(fake, "gpus")
+    assert [i.slots for i in provider.list_instances()] == [4]
+    provider.list_instances()
+    assert len(fake.calls("resourceSkus.list")) >= 1
+    skus_asked = len(fake.calls("resourceSkus.list"))
+    provider.list_instances()
+    assert len(fake.calls("resourceSkus.list")) == skus_asked, "the SKU list is asked once"
+    assert [i.slots for i in make_provider(fake, "tagged", slots_label="g").list_instances()] == [2]
+    assert [i.slots for i in make_provider(fake, "gpus", slots_per_host=3).list_instances()] == [3]
+
+
+# ----------------------------------------------------------------------- steering
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_capacity_is_set_once_and_only_when_it_changes(fake: FakeArm, mode: str) -> None:
+    vmss = fake.add_scale_set("workers", mode=mode, capacity=2)
+    provider = make_provider(fake)
+    provider.list_instances()
+
+    provider.set_target_size(2)
+    provider.set_target_size(3)
+    provider.set_target_size(3)
+
+    updates = fake.calls("virtualMachineScaleSets.update")
+    assert [u.body for u in updates] == [{"sku": {"capacity": 3}}]
+    provider.list_instances()
+    assert vmss.capacity == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_replace_deletes_the_vm_and_keeps_the_capacity(fake: FakeArm, mode: str) -> None:
+    vmss = fake.add_scale_set("workers", mode=mode, capacity=3)
+    provider = make_provider(fake)
+    victim = provider.list_instances()[0].id
+
+    provider.replace_instance(victim)
+    provider.replace_instance(victim)  # idempotent
+    provider.replace_instance("not-a-member")
+    for _ in range(6):
+        provider.list_instances()
+
+    if mode == "Uniform":
+        deletes = fake.calls("virtualMachineScaleSets.deleteInstances")
+        assert [d.body for d in deletes] == [{"instanceIds": [victim.rsplit("_", 1)[1]]}]
+    else:
+        deletes = fake.calls("virtualMachines.delete")
+        assert [d.path.rsplit("/", 1)[-1] for d in deletes] == [victim]
+    assert victim not in members(vmss)
+    assert vmss.capacity == 3 and len(vmss.members) == 3
+    assert all(i.is_ready for i in provider.list_instances())
+
+
+@pytest.mark.parametrize("policy", ["Deallocate", "Delete"])
+def test_an_evicted_vm_is_replaced(fake: FakeArm, policy: str) -> None:
+    vmss = fake.add_scale_set("workers", mode="Flexible", capacity=2, eviction_policy=policy)
+    provider = make_provider(fake)
+    provider.set_target_size(2)
+    victim = provider.list_instances()[0].id
+
+    vmss.evict(members(vmss)[victim].key)
+    seen = states(provider)
+    assert seen.get(victim, InstanceState.GONE) in (InstanceState.GONE, InstanceState.TERMINATING)
+    for _ in range(6):
+        provider.list_instances()
+
+    assert victim not in members(vmss) and vmss.capacity == 2
+    assert sum(i.is_ready for i in provider.list_instances()) == 2
+
+
+def test_keep_evicted_leaves_a_deallocated_vm(fake: FakeArm) -> None:
+    vmss = fake.add_scale_set("workers", capacity=2, eviction_policy="Deallocate")
+    provider = make_provider(fake, keep_evicted=True)
+    victim = provider.list_instances()[0].id
+    vmss.evict(members(vmss)[victim].key)
+
+    for _ in range(3):
+        assert states(provider)[victim] is InstanceState.GONE
+    assert not fake.calls("virtualMachines.delete")
+
+
+def test_scale_down_on_exit_sets_capacity_zero(fake: FakeArm) -> None:
+    vmss = fake.add_scale_set("workers", capacity=2)
+    provider = make_provider(fake, scale_down_on_exit=True)
+    provider.list_instances()
+
+    provider.job_finished(None)  # type: ignore[arg-type]
+
+    assert fake.calls("virtualMachineScaleSets.update")[-1].body == {"sku": {"capacity": 0}}
+    provider.list_instances()
+    assert vmss.capacity == 0
+
+
+# ------------------------------------------------------------------------- errors
+
+
+def test_throttling_is_retried_honouring_retry_after(fake: FakeArm) -> None:
+    fake.add_scale_set("workers", capacity=2)
+    provider = make_provider(fake)
+    fake.fail_next(1, 429, retry_after=1)
+    fake.fail_next(1, 503)
+
+    assert len(provider.list_instances()) == 2
+    assert provider.api_retries == 2
+
+
+def test_persistent_failure_is_retryable_and_never_an_empty_group(fake: FakeArm) -> None:
+    fake.add_scale_set("workers", capacity=2)
+    provider = make_provider(fake, max_api_attempts=2)
+    assert len(provider.list_instances()) == 2
+    fake.fail_next(2, 500)
+
+    with pytest.raises(ProviderError) as caught:
+        provider.list_instances()
+
+    assert caught.value.retryable
+    assert len(provider.list_instances()) == 2
+
+
+def test_unknown_scale_set_and_resource_group_are_one_line(fake: FakeArm) -> None:
+    fake.add_scale_set("workers", capacity=1)
+    with pytest.raises(ConfigurationError) as missing_set:
+        make_provider(fake, "nope").list_instances()
+    with pytest.raises(ConfigurationError) as missing_rg:
+        make_provider(fake, resource_group="nope-rg").list_instances()
+
+    assert str(missing_set.value) == "scale set 'nope' not found in resource group 'rg'"
+    assert str(missing_rg.value) == (
+        f"resource group 'nope-rg' not found in subscription {fake.subscription}"
+    )
+
+
+def test_authorization_failed_names_the_action(fake: FakeArm) -> None:
+    fake.add_scale_set("workers", mode="Uniform", capacity=2)
+    fake.deny("Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read")
+
+    with pytest.raises(ConfigurationError) as caught:
+        make_provider(fake).list_instances()
+
+    assert str(caught.value).startswith(
+        "Azure denied Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read"
+        " (AuthorizationFailed)"
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_iam_actions_cover_the_calls_made(fake: FakeArm, mode: str) -> None:
+    fake.add_scale_set("workers", mode=mode, capacity=2, vm_size="Standard_NC4as_T4_v3")
+    provider = make_provider(fake)
+    provider.set_target_size(3)
+    provider.list_instances()
+    provider.replace_instance(provider.list_instances()[0].id)
+
+    used = {PERMISSIONS[r.api] for r in fake.requests if r.api in PERMISSIONS}
+    assert used <= set(IAM_ACTIONS)
+    assert len(used) == 6  # get, update, VM list, NIC list, delete, SKUs
+
+
+def test_options_are_checked_before_any_call(
+    fake: FakeArm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AZURE_SUBSCRIPTION_ID", raising=False)
+    with pytest.raises(ConfigurationError, match="--resource-group is required"):
+        AzureProvider("g", resource_group="", subscription="s", endpoint=fake.url)
+    with pytest.raises(ConfigurationError, match="no Azure subscription"):
+        AzureProvider("g", resource_group=RG, endpoint=fake.url)
+    with pytest.raises(ConfigurationError, match="only for a test server on loopback"):
+        AzureProvider("g", resource_group=RG, subscription="s", endpoint="http://example.com")
+    assert not fake.requests
+
+
+# -------------------------------------------------------------------- conformance
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TestAzureContract(ProviderContract):
+    @pytest.fixture(params=MODES)
+    def mode(self, request: pytest.FixtureRequest) -> str:
+        return str(request.param)
+
+    @pytest.fixture
+    def provider(self, fake: FakeArm, mode: str) -> AzureProvider:
+        fake.add_scale_set("workers", mode=mode, capacity=2)
+        return make_provider(fake)
+
+    @pytest.fixture
+    def failing_provider(self) -> AzureProvider:
+        return AzureProvider(
+            "workers",
+            resource_group=RG,
+            subscription="00000000-0000-0000-0000-000000000000",
+            endpoint=f"http://127.0.0.1:{_closed_port()}",
+            max_api_attempts=1,
+        )
+
+
+logging.getLogger("azure").setLevel(logging.WARNING)  # a line per request otherwise
