@@ -1,0 +1,820 @@
+"""Static checks of terraform/azure, the spot scale set + driver module for Azure.
+
+No Azure subscription and no `hashicorp/azurerm` provider are at hand, so these tests
+parse the module with python-hcl2 (the helpers of tests/test_terraform.py) and check
+what a typo or a drifting contract would break: the spot settings and the Flexible
+orchestration of the scale set, no public IP on the workers, ssh keys only, the
+driver's custom roles against the actions spotring's Azure provider performs
+(``spotring.providers.azure.IAM_ACTIONS``) and the scopes they are assigned at, the
+network security group's rules, the bootstrap template's variables, and
+``spotring_command`` against the CLI.
+
+Where a `terraform` binary is on PATH, a few checks need no provider and run for real:
+`terraform fmt -check`, the variables' validations (``terraform plan`` of a copy of
+variables.tf) and the ``spotring_command`` output (evaluated from a copy of its
+expression). With SPOTRING_TERRAFORM_TESTS=1 and a provider mirror that holds
+hashicorp/azurerm, ``test_terraform_cli`` also runs the module's own `terraform test`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import test_terraform as generic
+from tests.test_terraform import (
+    _IDENT,
+    PLUGIN_DIR,
+    REPO,
+    TERRAFORM,
+    Module,
+    _function_args,
+    _object_keys,
+    _resolve_template_path,
+    _strings,
+    _template_variables,
+    _templatefile_calls,
+    _tf_files,
+)
+from tests.test_terraform_gcp import TF_ENV, _only, _terraform, needs_terraform
+
+AZURE = TERRAFORM / "azure"
+BOOTSTRAP = REPO / "worker_image" / "bootstrap.sh.tftpl"
+
+# What spotring's Azure provider calls, until providers/azure.py exports IAM_ACTIONS:
+# the set's get, update (capacity) and deleteInstances, a Uniform set's VM and NIC lists,
+# a Flexible set's members as ordinary VMs (list, delete) and NICs (list), and the
+# resource SKU list (GPU counts of VM sizes).
+ASSUMED_IAM_ACTIONS = frozenset(
+    {
+        "Microsoft.Compute/virtualMachineScaleSets/read",
+        "Microsoft.Compute/virtualMachineScaleSets/write",
+        "Microsoft.Compute/virtualMachineScaleSets/delete/action",
+        "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read",
+        "Microsoft.Compute/virtualMachineScaleSets/networkInterfaces/read",
+        "Microsoft.Compute/virtualMachines/read",
+        "Microsoft.Compute/virtualMachines/delete",
+        "Microsoft.Network/networkInterfaces/read",
+        "Microsoft.Compute/skus/read",
+    }
+)
+SLOTS_TAG = "spotring-slots"
+
+SET = "azurerm_orchestrated_virtual_machine_scale_set"
+SET_ID = f"${{{SET}.workers.id}}"
+RG_ID = "${azurerm_resource_group.cluster.id}"
+SUBSCRIPTION_SCOPE = "${local.subscription_scope}"
+DRIVER_PRINCIPAL = "${local.driver_principal}"
+# Where each custom role is assigned, and which actions may sit in it.
+ROLE_SCOPES = {"driver_set": SET_ID, "driver_members": RG_ID, "driver_sizes": SUBSCRIPTION_SCOPE}
+# Any source that means "everywhere" in an Azure security rule.
+EVERYWHERE = {"*", "internet", "any", "0.0.0.0/0", "0.0.0.0", "::/0"}
+
+
+@pytest.fixture(scope="module")
+def azure() -> Module:
+    return Module(AZURE)
+
+
+def _azure_provider_module() -> Any | None:
+    if importlib.util.find_spec("spotring.providers.azure") is None:
+        return None
+    return importlib.import_module("spotring.providers.azure")
+
+
+def _azure_provider_class() -> type | None:
+    """The provider registered as 'azure', or None before providers/azure.py registers one."""
+    if _azure_provider_module() is None:
+        return None
+    plugins = importlib.import_module("spotring.autoscaler.plugins")
+    registry = plugins.provider_registry(plugins.get_plugin_manager(load_entry_points=False))
+    return registry.get("azure") if "azure" in registry else None
+
+
+# ------------------------------------------------------------------ the module as a whole
+
+
+def test_module_exists_and_is_covered_by_the_generic_checks() -> None:
+    files = {p.name for p in _tf_files(AZURE)}
+    assert {"versions.tf", "variables.tf", "outputs.tf", "main.tf"} <= files, files
+    # tests/test_terraform.py parametrizes its parse/reference/documentation checks over
+    # every directory with .tf files under terraform/; this module must be one of them.
+    assert AZURE in {p.parent for p in _tf_files()}
+
+
+def test_every_file_parses() -> None:
+    for path in _tf_files(AZURE):
+        assert generic._parse(path), f"{path} parsed to nothing"
+
+
+def test_references_resolve_and_everything_is_documented() -> None:
+    generic.test_references_resolve(AZURE)
+    generic.test_variables_and_outputs_are_documented(AZURE)
+
+
+def test_every_variable_has_a_validation_or_is_free_form(azure: Module) -> None:
+    """Inputs that reach names, the network or the bootstrap are validated."""
+    free_form = {
+        "accelerated_networking_enabled",  # bool
+        "encryption_at_host_enabled",  # bool
+        "driver_trusted_launch",  # bool
+        "driver_public_ip",  # bool
+        "image",  # typed object; Azure refuses unknown images
+        "train_command",  # only printed in spotring_command
+    }
+    for name, body in azure.variables.items():
+        if name in free_form:
+            continue
+        assert body.get("validation"), f"variable {name} has no validation"
+
+
+def test_azurerm_provider_is_pinned_to_4(azure: Module) -> None:
+    assert azure.required_providers == {"azurerm"}, azure.required_providers
+    doc = generic._parse(AZURE / "versions.tf")
+    (block,) = doc["terraform"]
+    (providers,) = block["required_providers"]
+    azurerm = providers["azurerm"]
+    assert azurerm["source"] == "hashicorp/azurerm"
+    bounds = [b.strip() for b in azurerm["version"].split(",")]
+    lower = [b for b in bounds if b.startswith(">=")]
+    upper = [b for b in bounds if b.startswith("<")]
+    # The attribute names in the module are 4.x's (accelerated_networking_enabled, ...).
+    assert lower and int(lower[0][2:].strip().split(".")[0]) == 4, azurerm["version"]
+    assert upper and upper[0].replace(" ", "") == "<5.0", azurerm["version"]
+    (provider,) = [p["azurerm"] for p in azure.providers if "azurerm" in p]
+    assert provider["subscription_id"] == "${var.subscription_id}"
+    assert "features" in provider
+
+
+def test_no_autoscale_setting(azure: Module) -> None:
+    """spotring sizes the set itself; an autoscale setting would fight it over the size."""
+    kinds = {kind for kind, _ in azure.resources}
+    assert "azurerm_monitor_autoscale_setting" not in kinds
+    text = (AZURE / "workers.tf").read_text(encoding="utf-8")
+    assert "No autoscale setting" in text, "say why there is none next to the scale set"
+
+
+# ------------------------------------------------------------------ workers
+
+
+def test_workers_are_spot_vms_deleted_when_evicted(azure: Module) -> None:
+    workers = azure.resource(SET, "workers")
+    assert workers["priority"] == "Spot"
+    assert workers["eviction_policy"] == "Delete"
+    assert workers["max_bid_price"] == -1
+    assert "priority_mix" not in workers, "every worker is spot"
+
+
+def test_flexible_orchestration_sized_by_spotring(azure: Module) -> None:
+    kinds = {kind for kind, _ in azure.resources}
+    # The uniform-mode resources are not used; azurerm's orchestrated set is Flexible.
+    assert not kinds & {
+        "azurerm_linux_virtual_machine_scale_set",
+        "azurerm_windows_virtual_machine_scale_set",
+        "azurerm_virtual_machine_scale_set",
+    }, kinds
+    workers = azure.resource(SET, "workers")
+    assert workers["platform_fault_domain_count"] == 1
+    assert workers["name"] == "${var.name}"
+    assert workers["resource_group_name"] == "${azurerm_resource_group.cluster.name}"
+    assert workers["instances"] == "${var.worker_count}"
+    (lifecycle,) = workers["lifecycle"]
+    assert "instances" in lifecycle["ignore_changes"], "a later apply would undo spotring's size"
+    conditions = [p["condition"] for p in lifecycle.get("precondition", [])]
+    assert any("var.max_worker_count" in c and "var.min_worker_count" in c for c in conditions)
+    assert workers["sku_name"] == "${var.vm_size}"
+
+
+def test_workers_have_no_public_ip(azure: Module) -> None:
+    workers = azure.resource(SET, "workers")
+    (nic,) = workers["network_interface"]
+    assert nic.get("ip_forwarding_enabled", False) is False
+    (ip,) = nic["ip_configuration"]
+    assert "public_ip_address" not in ip and "dynamic" not in ip, ip
+    assert ip["subnet_id"] == "${azurerm_subnet.cluster.id}"
+    text = " ".join(_strings(workers))
+    assert "azurerm_public_ip" not in text
+
+
+def test_workers_have_no_identity(azure: Module) -> None:
+    """Workers make no Azure API call: no managed identity, no role."""
+    workers = azure.resource(SET, "workers")
+    assert "identity" not in workers
+
+
+def _linux_settings(azure: Module, site: str) -> dict[str, Any]:
+    if site == "workers":
+        (profile,) = azure.resource(SET, "workers")["os_profile"]
+        (linux,) = profile["linux_configuration"]
+        return linux
+    return azure.resource("azurerm_linux_virtual_machine", "driver")
+
+
+@pytest.mark.parametrize("site", ["workers", "driver"])
+def test_ssh_keys_only(azure: Module, site: str) -> None:
+    settings = _linux_settings(azure, site)
+    assert settings["disable_password_authentication"] is True
+    assert "admin_password" not in settings
+    assert settings["admin_username"] == "${var.ssh_user}"
+    assert "admin_ssh_key" not in settings, "keys come from ssh_public_keys (a dynamic block)"
+    (keys,) = [d["admin_ssh_key"] for d in settings["dynamic"] if "admin_ssh_key" in d]
+    assert keys["for_each"] in ("${var.ssh_public_keys}", "${toset(var.ssh_public_keys)}")
+    (content,) = keys["content"]
+    assert content == {"username": "${var.ssh_user}", "public_key": "${admin_ssh_key.value}"}
+    assert "default" not in azure.variables["ssh_public_keys"]
+
+
+def test_no_vm_extensions(azure: Module) -> None:
+    workers = azure.resource(SET, "workers")
+    assert workers["extension_operations_enabled"] is False and "extension" not in workers
+    driver = azure.resource("azurerm_linux_virtual_machine", "driver")
+    assert driver["allow_extension_operations"] is False
+    kinds = {kind for kind, _ in azure.resources}
+    assert not {k for k in kinds if "extension" in k}, kinds
+
+
+def test_slots_tag_is_set_on_the_scale_set(azure: Module) -> None:
+    workers = azure.resource(SET, "workers")
+    tags = workers["tags"]
+    slots = rf'"{SLOTS_TAG}" = tostring\(var\.slots_per_host\)'
+    assert re.fullmatch(rf"\$\{{merge\(local\.tags, \{{\s*{slots}\s*\}}\)\}}", tags), tags
+    assert azure.variables["slots_per_host"]["default"] == 1
+    provider = _azure_provider_class()
+    if provider is not None:
+        label = getattr(provider, "default_slots_label", SLOTS_TAG)
+        assert label == SLOTS_TAG, f"the provider reads {label!r}, the module writes {SLOTS_TAG}"
+
+
+def test_gpus_are_a_matter_of_size_and_image(azure: Module) -> None:
+    """GPU sizes need only vm_size, slots_per_host and an image with the driver."""
+    workers = azure.resource(SET, "workers")
+    assert workers["source_image_id"] == "${var.source_image_id}"
+    (image,) = [d["source_image_reference"] for d in workers["dynamic"]]
+    assert image["for_each"] == "${var.source_image_id == null ? [var.image] : []}"
+    assert azure.variables["source_image_id"]["default"] is None
+    assert azure.variables["horovod_gpu_operations"]["default"] == ""
+
+
+# ------------------------------------------------------------------ driver and IAM
+
+
+def _expected_actions() -> tuple[frozenset[str], str]:
+    provider = _azure_provider_module()
+    if provider is None:
+        return ASSUMED_IAM_ACTIONS, "assumed list (providers/azure.py does not exist yet)"
+    actions = getattr(provider, "IAM_ACTIONS", None)
+    if actions is None:
+        pytest.fail(
+            "spotring.providers.azure exists but exports no IAM_ACTIONS; the driver's "
+            "custom roles in terraform/azure/iam.tf are checked against it"
+        )
+    assert isinstance(actions, tuple) and all(isinstance(a, str) for a in actions)
+    return frozenset(actions), "spotring.providers.azure.IAM_ACTIONS"
+
+
+def _roles(azure: Module) -> dict[str, list[str]]:
+    roles = {}
+    for name, body in _only(azure, "azurerm_role_definition"):
+        (permissions,) = body["permissions"]
+        assert not permissions.get("not_actions"), f"{name}: use actions, not not_actions"
+        assert not permissions.get("data_actions"), f"{name}: no data actions"
+        roles[name] = permissions["actions"]
+    return roles
+
+
+def _assignments(azure: Module) -> dict[str, dict]:
+    return dict(_only(azure, "azurerm_role_assignment"))
+
+
+def _assigned_role(assignment: dict) -> str:
+    match = re.fullmatch(
+        rf"\$\{{azurerm_role_definition\.({_IDENT})\.role_definition_resource_id\}}",
+        assignment.get("role_definition_id", ""),
+    )
+    assert match, f"assign a custom role of the module, not {assignment}"
+    return match.group(1)
+
+
+def test_custom_roles_grant_exactly_the_provider_actions(azure: Module) -> None:
+    expected, source = _expected_actions()
+    roles = _roles(azure)
+    granted = [action for actions in roles.values() for action in actions]
+    assert len(granted) == len(set(granted)), f"an action sits in two roles: {granted}"
+    assert set(granted) == expected, (
+        f"driver custom roles vs {source}: missing {sorted(expected - set(granted))}, "
+        f"extra {sorted(set(granted) - expected)}"
+    )
+    for action in granted:
+        assert "*" not in action, f"wildcard action {action!r}"
+        assert re.fullmatch(r"Microsoft\.[A-Za-z]+(/[A-Za-z]+)+", action), action
+
+
+def test_role_actions_match_the_provider_module(azure: Module) -> None:
+    """The assertion against the provider's own list, once providers/azure.py exists."""
+    provider = _azure_provider_module()
+    if provider is None:
+        pytest.skip("providers/azure.py does not exist yet; compared with the assumed list")
+    actions, _ = _expected_actions()
+    assert frozenset(a for r in _roles(azure).values() for a in r) == actions
+    assert actions == ASSUMED_IAM_ACTIONS, (
+        "the provider's IAM_ACTIONS changed: update ASSUMED_IAM_ACTIONS, iam.tf and the "
+        "module's README.md"
+    )
+
+
+def test_roles_are_assigned_at_the_narrowest_scope(azure: Module) -> None:
+    roles = _roles(azure)
+    assignments = _assignments(azure)
+    assert set(roles) == set(ROLE_SCOPES), set(roles)
+    assigned = {}
+    for name, assignment in assignments.items():
+        role = _assigned_role(assignment)
+        assert assignment["principal_id"] == DRIVER_PRINCIPAL, name
+        assert assignment.get("principal_type") == "ServicePrincipal", name
+        assert "role_definition_name" not in assignment, f"{name}: a built-in role"
+        assigned[role] = assignment["scope"]
+    assert assigned == ROLE_SCOPES, assigned
+    # The set's own actions act on the set; the members' on the group's VMs and NICs;
+    # the SKU list is a subscription-level call.
+    set_prefix = "Microsoft.Compute/virtualMachineScaleSets/"
+    assert all(a.startswith(set_prefix) for a in roles["driver_set"])
+    assert not any("virtualMachineScaleSets" in a for a in roles["driver_members"])
+    assert roles["driver_sizes"] == ["Microsoft.Compute/skus/read"]
+    for name, body in _only(azure, "azurerm_role_definition"):
+        scope = SUBSCRIPTION_SCOPE if name == "driver_sizes" else RG_ID
+        assert body["scope"] == scope and body["assignable_scopes"] == [scope], name
+    assert azure.locals["subscription_scope"] == "/subscriptions/${var.subscription_id}"
+    assert azure.locals["driver_principal"] == (
+        "${azurerm_linux_virtual_machine.driver.identity[0].principal_id}"
+    )
+    iam = (AZURE / "iam.tf").read_text(encoding="utf-8")
+    assert "narrowest scope" in iam and "subscription-level call" in iam, (
+        "say next to the roles why each is assigned where it is"
+    )
+
+
+def test_resource_group_is_the_modules_own(azure: Module) -> None:
+    """The members' role covers every VM in the group: the group must be a new one."""
+    group = azure.resource("azurerm_resource_group", "cluster")
+    assert group["name"] == "${local.resource_group_name}"
+    assert not azure.data, f"no existing resources are looked up: {list(azure.data)}"
+    for (kind, name), body in azure.resources.items():
+        if "resource_group_name" in body:
+            assert body["resource_group_name"] == "${azurerm_resource_group.cluster.name}", (
+                kind,
+                name,
+            )
+
+
+def test_driver_is_on_demand_with_a_managed_identity(azure: Module) -> None:
+    driver = azure.resource("azurerm_linux_virtual_machine", "driver")
+    (identity,) = driver["identity"]
+    assert identity["type"] == "SystemAssigned"
+    assert driver.get("priority", "Regular") == "Regular" and "eviction_policy" not in driver
+    assert driver["network_interface_ids"] == ["${azurerm_network_interface.driver.id}"]
+    nic = azure.resource("azurerm_network_interface", "driver")
+    (ip,) = nic["ip_configuration"]
+    assert ip["public_ip_address_id"] == (
+        "${var.driver_public_ip ? azurerm_public_ip.driver[0].id : null}"
+    )
+    assert azure.resource("azurerm_public_ip", "driver")["count"] == (
+        "${var.driver_public_ip ? 1 : 0}"
+    )
+    assert azure.variables["driver_public_ip"]["default"] is False
+    # A changed bootstrap must not replace a running driver (custom_data forces one).
+    (lifecycle,) = driver["lifecycle"]
+    assert "custom_data" in lifecycle["ignore_changes"]
+
+
+# ------------------------------------------------------------------ network
+
+
+def _everywhere(prefix: Any) -> bool:
+    values = prefix if isinstance(prefix, list) else [prefix]
+    return any(str(v).lower() in EVERYWHERE or str(v).endswith("/0") for v in values)
+
+
+def test_security_group_allows_the_network_and_ssh_to_the_driver_only(azure: Module) -> None:
+    nsg = azure.resource("azurerm_network_security_group", "cluster")
+    assert "security_rule" not in nsg and "dynamic" not in nsg, "rules are separate resources"
+    association = azure.resource("azurerm_subnet_network_security_group_association", "cluster")
+    assert association == {
+        "subnet_id": "${azurerm_subnet.cluster.id}",
+        "network_security_group_id": "${azurerm_network_security_group.cluster.id}",
+    }
+    rules = dict(_only(azure, "azurerm_network_security_rule"))
+    assert set(rules) == {"cluster_internal", "driver_ssh", "deny_other_inbound"}, set(rules)
+    for name, rule in rules.items():
+        assert rule["network_security_group_name"] == (
+            "${azurerm_network_security_group.cluster.name}"
+        ), name
+        assert rule["direction"] == "Inbound", name
+        if rule["access"] == "Allow":
+            sources = rule.get("source_address_prefix", rule.get("source_address_prefixes"))
+            assert sources is not None and not _everywhere(sources), (name, sources)
+            assert "source_application_security_group_ids" not in rule, name
+
+    internal = rules["cluster_internal"]
+    assert internal["source_address_prefix"] == "${var.address_space}"
+    assert internal["destination_address_prefix"] == "${var.address_space}"
+    vnet = azure.resource("azurerm_virtual_network", "cluster")
+    subnet = azure.resource("azurerm_subnet", "cluster")
+    assert vnet["address_space"] == ["${var.address_space}"]
+    assert subnet["address_prefixes"] == ["${var.address_space}"]
+
+    ssh = rules["driver_ssh"]
+    assert ssh["source_address_prefixes"] == "${var.admin_cidrs}"
+    assert (ssh["protocol"], ssh["destination_port_range"]) == ("Tcp", "22")
+    assert ssh["destination_application_security_group_ids"] == [
+        "${azurerm_application_security_group.driver.id}"
+    ]
+    # No rule at all without admin_cidrs.
+    assert ssh["count"] == "${length(var.admin_cidrs) > 0 ? 1 : 0}"
+    (member,) = _only(azure, "azurerm_network_interface_application_security_group_association")
+    assert member[1]["network_interface_id"] == "${azurerm_network_interface.driver.id}"
+    assert "default" not in azure.variables["admin_cidrs"], "admin_cidrs must have no default"
+    condition = azure.variables["admin_cidrs"]["validation"][0]["condition"]
+    assert "/0" in condition and "internet" in condition.lower()
+
+    deny = rules["deny_other_inbound"]
+    assert (deny["access"], deny["source_address_prefix"], deny["protocol"]) == ("Deny", "*", "*")
+    allows = [r["priority"] for r in rules.values() if r["access"] == "Allow"]
+    assert deny["priority"] > max(allows), "the deny rule must come after the allow rules"
+    assert deny["priority"] < 65000, "it must come before Azure's default AllowVnetInBound"
+
+
+def test_private_subnet_with_a_nat_gateway(azure: Module) -> None:
+    subnet = azure.resource("azurerm_subnet", "cluster")
+    assert subnet["default_outbound_access_enabled"] is False
+    nat = azure.resource("azurerm_subnet_nat_gateway_association", "cluster")
+    assert nat == {
+        "subnet_id": "${azurerm_subnet.cluster.id}",
+        "nat_gateway_id": "${azurerm_nat_gateway.nat.id}",
+    }
+    ip = azure.resource("azurerm_nat_gateway_public_ip_association", "nat")
+    assert ip["public_ip_address_id"] == "${azurerm_public_ip.nat.id}"
+    # The bootstrap downloads at first boot: no VM before the subnet can get out.
+    for rtype, name in ((SET, "workers"), ("azurerm_linux_virtual_machine", "driver")):
+        depends = azure.resource(rtype, name).get("depends_on", [])
+        assert "${azurerm_subnet_nat_gateway_association.cluster}" in depends, (rtype, depends)
+
+
+# ------------------------------------------------------------------ the bootstrap
+
+
+def _custom_data(azure: Module) -> dict[str, str]:
+    (profile,) = azure.resource(SET, "workers")["os_profile"]
+    return {
+        "workers": profile["custom_data"],
+        "driver": azure.resource("azurerm_linux_virtual_machine", "driver")["custom_data"],
+    }
+
+
+def test_custom_data_renders_the_bootstrap_with_every_variable(azure: Module) -> None:
+    calls = _templatefile_calls(azure)
+    assert {w for w, _ in calls} == {f"{SET}.workers", "azurerm_linux_virtual_machine.driver"}
+    for site, args in calls:
+        assert len(args) == 2, f"{site}: templatefile({args})"
+        path = _resolve_template_path(azure, args[0])
+        assert path.resolve() == BOOTSTRAP.resolve()
+        wanted = _template_variables(path)
+        passed = _object_keys(args[1])
+        assert not wanted - passed, f"{site}: template variables not passed: {wanted - passed}"
+        assert not passed - wanted, f"{site}: passed but unused by the template: {passed - wanted}"
+        # No launch lifecycle hook on Azure: the template's AWS-only step must be a no-op.
+        assert re.search(r'lifecycle_hook_name\s*[=:]\s*""', args[1]), args[1]
+        assert re.search(r"group_name\s*[=:]\s*var\.name\b", args[1])
+        assert re.search(r"region\s*[=:]\s*var\.location\b", args[1])
+    for site, data in _custom_data(azure).items():
+        # Custom data is base64 (the API takes nothing else).
+        assert data.startswith("${base64encode(templatefile("), (site, data[:60])
+        (args,) = _function_args(data, "templatefile")
+        role = "worker" if site == "workers" else "driver"
+        assert re.search(rf'role\s*[=:]\s*"{role}"', args[1]), (site, args[1])
+
+
+worker_image = pytest.importorskip("tests.test_worker_image")
+AZURE_VARS = {
+    **worker_image.WORKER_VARS,
+    "region": "eastus",
+    "lifecycle_hook_name": "",
+    "spotring_package": "spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_rendered_bootstrap_is_valid_bash_and_never_touches_aws(tmp_path: Path) -> None:
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(worker_image.render(AZURE_VARS), encoding="utf-8")
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    bin_dir = tmp_path / "bin"
+    worker_image._executable(bin_dir / "curl", 'echo "curl $*" >>"$CALLS"\nexit 22\n')
+    worker_image._executable(tmp_path / "venv" / "bin" / "python", 'echo "python $*" >>"$CALLS"\n')
+    env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    stubs = worker_image._stub_steps().replace(
+        'complete_lifecycle() { echo "complete_lifecycle $1" >>"$CALLS"; }', ""
+    )
+    done = worker_image.run_sourced(path, stubs + "\nmain", tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    assert worker_image.calls(tmp_path) == worker_image.STEPS  # no curl, no boto3
+
+
+def test_apt_waits_for_the_first_boot_updates() -> None:
+    """cloud-init runs custom data while the image's own apt jobs may hold the lock."""
+    text = BOOTSTRAP.read_text(encoding="utf-8")
+    for line in (ln.strip() for ln in text.splitlines()):
+        if line.startswith("apt-get ") and ("update" in line or "install" in line):
+            assert "DPkg::Lock::Timeout=" in line, line
+
+
+def test_software_versions_match_the_setup_script(azure: Module) -> None:
+    setup = (REPO / "scripts" / "setup.sh").read_text(encoding="utf-8")
+    for variable in ("torch_version", "horovod_version"):
+        pinned = re.search(rf"^{variable}=(\S+)$", setup, re.MULTILINE)
+        assert pinned, f"scripts/setup.sh sets no {variable}"
+        assert azure.variables[variable]["default"] == pinned.group(1), variable
+
+
+# ------------------------------------------------------------------ spotring_command
+
+
+def _spotring_argv(azure: Module) -> list[str]:
+    command = azure.outputs["spotring_command"]["value"]
+    # Interpolations become "2": a valid name, resource group, subscription and count.
+    return shlex.split(re.sub(r"\$\{[^}]*\}", "2", command))
+
+
+def test_outputs(azure: Module) -> None:
+    outputs = azure.outputs
+    assert outputs["scale_set_name"]["value"] == f"${{{SET}.workers.name}}"
+    assert outputs["resource_group_name"]["value"] == "${azurerm_resource_group.cluster.name}"
+    assert outputs["subscription_id"]["value"] == "${var.subscription_id}"
+    assert {"driver_private_ip", "driver_public_ip", "spotring_command"} <= set(outputs)
+
+
+def test_spotring_command_shape(azure: Module) -> None:
+    argv = _spotring_argv(azure)
+    assert argv[:4] == ["spotring", "run", "--provider", "azure"]
+    assert "--" in argv and argv[argv.index("--") + 1 :], "no training command after --"
+    command = azure.outputs["spotring_command"]["value"]
+    for flag, ref in (
+        ("--group", f"{SET}.workers.name"),
+        ("--resource-group", "azurerm_resource_group.cluster.name"),
+        ("--subscription", "var.subscription_id"),
+        ("-np", "var.worker_count"),
+        ("--min-np", "var.min_worker_count"),
+        ("--max-np", "var.max_worker_count"),
+    ):
+        assert re.search(rf"{re.escape(flag)} \$\{{[^}}]*{re.escape(ref)}", command), (
+            flag,
+            command,
+        )
+
+
+def _azure_parser() -> Any:
+    cli = importlib.import_module("spotring.autoscaler.cli")
+    if not hasattr(cli, "build_parser"):
+        pytest.skip("spotring.autoscaler.cli has no build_parser() yet")
+    if _azure_provider_module() is None:
+        pytest.skip(
+            "providers/azure.py does not exist yet; --group/--resource-group/--subscription "
+            "are its options"
+        )
+    plugins = importlib.import_module("spotring.autoscaler.plugins")
+    pm = plugins.get_plugin_manager(load_entry_points=False)
+    registry = plugins.provider_registry(pm)
+    if "azure" not in registry:
+        pytest.skip("providers/azure.py exists but no provider named 'azure' is registered yet")
+    return cli.build_parser(pm, registry.get("azure"))
+
+
+def _parse_run(argv: list[str]) -> Any:
+    parser = _azure_parser()
+    dashes = argv.index("--")
+    try:
+        return parser.parse_args(argv[:dashes])
+    except (SystemExit, Exception) as error:  # the CLI's parser raises UsageError
+        pytest.fail(f"spotring_command does not parse: {shlex.join(argv)}: {error}")
+
+
+def test_spotring_command_parses_with_the_cli(azure: Module) -> None:
+    options = _parse_run(_spotring_argv(azure)[1:])
+    assert options.command == "run"
+    assert options.provider == "azure"
+    assert options.num_proc == 2 and options.min_num_proc == 2 and options.max_num_proc == 2
+    values = vars(options)
+    for what in ("group", "resource_group", "subscription"):
+        assert values.get(f"azure_{what}") == "2" or any(
+            key.endswith(what) and value == "2" for key, value in values.items()
+        ), (what, values)
+
+
+# ------------------------------------------------------------------ terraform itself
+# These need the binary but no provider: they run wherever `terraform` is on PATH.
+
+
+@needs_terraform
+def test_terraform_fmt() -> None:
+    done = subprocess.run(
+        ["terraform", "fmt", "-check", "-recursive", "-diff", str(AZURE)],
+        env=TF_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"terraform fmt would change:\n{done.stdout}"
+
+
+SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
+VALID_INPUTS: dict[str, Any] = {
+    "subscription_id": SUBSCRIPTION,
+    "location": "eastus",
+    "name": "spot-train",
+    "worker_count": 2,
+    "max_worker_count": 4,
+    "admin_cidrs": ["203.0.113.7/32"],
+    "ssh_public_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver@spotring"],
+    "spotring_package": "spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+}
+
+
+@pytest.fixture(scope="module")
+def variables_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of variables.tf alone: `terraform plan` there checks the validations."""
+    if shutil.which("terraform") is None:
+        pytest.skip("no terraform binary on PATH")
+    workdir = tmp_path_factory.mktemp("azure-variables")
+    shutil.copy(AZURE / "variables.tf", workdir / "variables.tf")
+    done = _terraform(workdir, "init", "-input=false", "-backend=false")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return workdir
+
+
+def _plan_variables(workdir: Path, inputs: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    (workdir / "inputs.tfvars.json").write_text(json.dumps(inputs), encoding="utf-8")
+    return _terraform(workdir, "plan", "-input=false", "-var-file=inputs.tfvars.json")
+
+
+def test_valid_inputs_pass_the_validations(variables_only: Path) -> None:
+    done = _plan_variables(variables_only, VALID_INPUTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = _plan_variables(
+        variables_only,
+        {
+            **VALID_INPUTS,
+            "admin_cidrs": [],
+            "zones": ["1", "3"],
+            "vm_size": "Standard_NC4as_T4_v3",
+            "slots_per_host": 1,
+            "resource_group_name": "rg-spot_train.1",
+            "source_image_id": "/subscriptions/x/resourceGroups/y/providers/"
+            "Microsoft.Compute/galleries/g/images/cuda/versions/1.0.0",
+            "ssh_public_keys": ["ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQExample admin@laptop"],
+        },
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("admin_cidrs", ["0.0.0.0/0"]),
+        ("admin_cidrs", ["203.0.113.7/32", "10.0.0.0/0"]),
+        ("admin_cidrs", ["*"]),
+        ("admin_cidrs", ["Internet"]),
+        ("admin_cidrs", ["2001:db8::/32"]),
+        ("spotring_package", "spotring @ https://example.com/spotring-0.1.0-py3-none-any.whl"),
+        ("spotring_package", "spotring[gcp] @ https://example.com/x.whl"),
+        ("spotring_package", "spotring[azure]' ; rm -rf / '"),
+        ("subscription_id", "my-subscription"),
+        ("location", "East US"),
+        ("name", "Spot_Train"),
+        ("name", "a-name-that-is-too-long-for-it"),
+        ("resource_group_name", "ends-with-a-period."),
+        ("zones", ["us-east-1a"]),
+        ("zones", ["1", "1"]),
+        ("vm_size", "n2-standard-8"),
+        ("slots_per_host", 0),
+        ("max_worker_count", 1001),
+        ("os_disk_type", "pd-ssd"),
+        ("address_space", "10.42.0.0"),
+        ("ssh_public_keys", ["-----BEGIN OPENSSH PRIVATE KEY-----"]),
+        ("ssh_public_keys", ["ecdsa-sha2-nistp256 AAAAE2VjZHNhExample x@y"]),
+        ("ssh_public_keys", []),
+        ("ssh_user", "root"),
+        ("ssh_user", "admin"),
+        ("source_image_id", "ubuntu-24_04-lts"),
+        ("tags", {"spotring-slots": "8"}),
+    ],
+)
+def test_bad_inputs_are_refused(variables_only: Path, variable: str, value: Any) -> None:
+    done = _plan_variables(variables_only, {**VALID_INPUTS, variable: value})
+    assert done.returncode != 0, f"{variable} = {value!r} passed the validations"
+    assert f"var.{variable}" in done.stderr, done.stderr
+
+
+def _evaluate_spotring_command(azure: Module, workdir: Path, inputs: dict[str, Any]) -> str:
+    """The output's own expression, with the names the resources are given for them."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(AZURE / "variables.tf", workdir / "variables.tf")
+    assert azure.resource(SET, "workers")["name"] == "${var.name}"
+    group = azure.resource("azurerm_resource_group", "cluster")["name"]
+    assert group == "${local.resource_group_name}"
+    value = (
+        azure.outputs["spotring_command"]["value"]
+        .replace(f"{SET}.workers.name", "var.name")
+        .replace("azurerm_resource_group.cluster.name", "local.resource_group_name")
+    )
+    local = azure.locals["resource_group_name"]
+    assert local.startswith("${") and local.endswith("}"), local
+    (workdir / "main.tf").write_text(
+        # The local's expression as written (a quoted copy would escape its quotes).
+        f"locals {{\n  resource_group_name = {local[2:-1]}\n}}\n"
+        f'output "spotring_command" {{\n  value = {json.dumps(value)}\n}}\n',
+        encoding="utf-8",
+    )
+    (workdir / "terraform.tfvars.json").write_text(json.dumps(inputs), encoding="utf-8")
+    for args in (
+        ("init", "-input=false", "-backend=false"),
+        ("apply", "-auto-approve", "-input=false"),
+    ):
+        done = _terraform(workdir, *args)
+        assert done.returncode == 0, done.stdout + done.stderr
+    done = _terraform(workdir, "output", "-raw", "spotring_command")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@needs_terraform
+@pytest.mark.parametrize(
+    ("inputs", "expected"),
+    [
+        (
+            {},
+            "spotring run --provider azure --group spot-train --resource-group "
+            f"spotring-spot-train --subscription {SUBSCRIPTION} -np 2 --min-np 1 --max-np 4 "
+            "-- python train.py",
+        ),
+        (
+            {
+                "slots_per_host": 4,
+                "min_worker_count": 0,
+                "resource_group_name": "rg-train",
+                "train_command": "python /opt/job/train.py",
+            },
+            f"spotring run --provider azure --group spot-train --resource-group rg-train "
+            f"--subscription {SUBSCRIPTION} -np 8 --min-np 4 --max-np 16 "
+            "-- python /opt/job/train.py",
+        ),
+        (
+            {"slots_per_host": 2, "worker_count": 0},
+            "spotring run --provider azure --group spot-train --resource-group "
+            f"spotring-spot-train --subscription {SUBSCRIPTION} -np 2 --min-np 2 --max-np 8 "
+            "-- python train.py",
+        ),
+    ],
+    ids=["defaults", "gpus", "empty"],
+)
+def test_spotring_command_renders(
+    azure: Module, tmp_path: Path, inputs: dict[str, Any], expected: str
+) -> None:
+    command = _evaluate_spotring_command(azure, tmp_path, {**VALID_INPUTS, **inputs})
+    assert command == expected
+    if _azure_provider_class() is not None:
+        options = _parse_run(shlex.split(command)[1:])
+        assert options.azure_subscription == SUBSCRIPTION
+
+
+def _azurerm_in_mirror() -> bool:
+    return (PLUGIN_DIR / "registry.terraform.io" / "hashicorp" / "azurerm").is_dir()
+
+
+def test_terraform_cli(tmp_path: Path) -> None:
+    """`terraform test` of the module (tests/plan.tftest.hcl, mocked azurerm provider)."""
+    reason = generic._terraform_cli_available()
+    if reason:
+        pytest.skip(reason)
+    if not _azurerm_in_mirror():
+        pytest.skip(f"no hashicorp/azurerm provider in the mirror at {PLUGIN_DIR}")
+    shutil.copytree(AZURE, tmp_path / "terraform" / "azure")
+    shutil.copytree(REPO / "worker_image", tmp_path / "worker_image")
+    workdir = tmp_path / "terraform" / "azure"
+    for args in (
+        ("init", "-backend=false", "-input=false", f"-plugin-dir={PLUGIN_DIR}"),
+        ("test",),
+    ):
+        done = _terraform(workdir, *args)
+        assert done.returncode == 0, f"terraform {args[0]}:\n{done.stdout}\n{done.stderr}"
+    assert "0 failed" in done.stdout, done.stdout
