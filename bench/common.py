@@ -45,6 +45,7 @@ LATEST = RESULTS / "latest.json"
 BENCHMARKS: tuple[str, ...] = (
     "discovery",
     "gcp_discovery",
+    "azure_discovery",
     "driver_overhead",
     "commit",
     "recovery",

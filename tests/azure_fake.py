@@ -115,6 +115,7 @@ PERMISSIONS = {
         "Microsoft.Compute/virtualMachineScaleSets/networkInterfaces/read"
     ),
     "networkInterfaces.list": "Microsoft.Network/networkInterfaces/read",
+    "networkInterfaces.get": "Microsoft.Network/networkInterfaces/read",
     "resourceSkus.list": "Microsoft.Compute/skus/read",
     "operations.get": "Microsoft.Compute/locations/operations/read",
 }
@@ -980,6 +981,9 @@ _add_route(
     "DELETE", _RG + "/providers/Microsoft.Compute/virtualMachines/{vm}", "virtualMachines.delete"
 )
 _add_route("GET", _RG + "/providers/Microsoft.Network/networkInterfaces", "networkInterfaces.list")
+_add_route(
+    "GET", _RG + "/providers/Microsoft.Network/networkInterfaces/{nic}", "networkInterfaces.get"
+)
 _add_route("GET", _SUB + "/providers/Microsoft.Compute/skus", "resourceSkus.list")
 _add_route(
     "GET",
@@ -1566,6 +1570,8 @@ class FakeArm:
             return 200, self._list_flexible_vms(rg, path, query), {}
         if api == "networkInterfaces.list":
             return 200, self._list_rg_nics(rg, path, query), {}
+        if api == "networkInterfaces.get":
+            return 200, self._get_flexible_nic(rg, params["nic"]), {}
         if api == "virtualMachines.get":
             found = self._find_flexible_vm(rg, params["vm"])
             if found is None:
@@ -1748,6 +1754,14 @@ class FakeArm:
         ]
         items = [s.nic(m) for m, s in sorted(pairs, key=lambda p: p[0].seq)]
         return self._page(items, path, query)
+
+    def _get_flexible_nic(self, rg: str, name: str) -> dict[str, Any]:
+        for s in self.scale_sets.values():
+            if s.resource_group.lower() == rg.lower() and not s.uniform:
+                for m in s.members:
+                    if m.nic_name.lower() == name.lower():
+                        return s.nic(m)
+        raise resource_not_found("Microsoft.Network/networkInterfaces", name, rg)
 
     def _list_skus(self, path: str, query: dict[str, str]) -> dict[str, Any]:
         location: str | None = None

@@ -277,6 +277,14 @@ def test_flexible_nics_map_to_their_vms(fake: FakeArm, compute: Any, network: An
         assert nic.ip_configurations[0].private_ip_address == flex.member(vm.name).private_ip
     assert other.member(other.keys()[0]).id in by_vm
 
+    # One NIC by name: what a hand-written discovery script asks per VM.
+    member = flex.member(flex.keys()[0])
+    nic = network.network_interfaces.get(RG, member.nic_name)
+    assert nic.ip_configurations[0].private_ip_address == member.private_ip
+    with pytest.raises(HttpResponseError) as info:
+        network.network_interfaces.get(RG, "missing-nic")
+    assert (info.value.status_code, info.value.error.code) == (404, "ResourceNotFound")
+
 
 def test_references_can_spell_the_resource_group_in_upper_case(
     fake: FakeArm, compute: Any, network: Any
@@ -618,6 +626,7 @@ def test_every_route_has_a_permission() -> None:
         ("GET", f"{prefix}/Microsoft.Compute/virtualMachines"): "virtualMachines.list",
         ("DELETE", f"{prefix}/Microsoft.Compute/virtualMachines/v"): "virtualMachines.delete",
         ("GET", f"{prefix}/Microsoft.Network/networkInterfaces"): "networkInterfaces.list",
+        ("GET", f"{prefix}/Microsoft.Network/networkInterfaces/n"): "networkInterfaces.get",
         ("GET", f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Compute/skus"): (
             "resourceSkus.list"
         ),
