@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -201,8 +202,6 @@ class AzureProvider(CloudGroupProvider):
             CLI login). An ``http://`` endpoint on loopback (a local test server) gets no
             credential at all: azure-core refuses to send a bearer token over plain HTTP.
         """
-        import os
-
         if not group:
             raise ConfigurationError("--group is required for --provider azure")
         if not resource_group:
@@ -526,7 +525,6 @@ class AzureProvider(CloudGroupProvider):
 
     def _make_clients(self, credential: Any | None, endpoint: str | None) -> tuple[Any, Any]:
         try:
-            from azure.core.pipeline.policies import SansIOHTTPPolicy
             from azure.mgmt.compute import ComputeManagementClient
             from azure.mgmt.network import NetworkManagementClient
         except ImportError:
@@ -534,25 +532,10 @@ class AzureProvider(CloudGroupProvider):
                 "the azure provider needs azure-mgmt-compute, azure-mgmt-network and"
                 " azure-identity: pip install 'spotring[azure]'"
             ) from None
-        options: dict[str, Any] = {
-            # Our retries (counted, --max-api-attempts, Retry-After) replace azure-core's.
-            "retry_total": 0,
-            "connection_timeout": CONNECTION_TIMEOUT,
-            "read_timeout": READ_TIMEOUT,
-        }
-        if endpoint:
-            parts = urlsplit(endpoint)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ConfigurationError(f"--endpoint must be an http(s) URL, got {endpoint!r}")
-            if parts.scheme == "http":
-                if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
-                    raise ConfigurationError(
-                        "--endpoint over plain http is only for a test server on loopback"
-                    )
-                options["authentication_policy"] = SansIOHTTPPolicy()
-                credential = credential or _NoCredential()
-            options["base_url"] = endpoint.rstrip("/")
-        if credential is None and "authentication_policy" not in options:
+        options = client_options(endpoint)
+        if "authentication_policy" in options:  # a loopback test server: no token
+            credential = credential or _NoCredential()
+        if credential is None:
             credential = _default_credential()
         return (
             ComputeManagementClient(credential, self.subscription, **options),
@@ -644,6 +627,39 @@ class AzureProvider(CloudGroupProvider):
         return ConfigurationError(f"{call_name} failed: {error.status_code} {code}: {message}")
 
 
+def client_options(endpoint: str | None) -> dict[str, Any]:
+    """Keyword arguments for the management clients talking to ``endpoint``.
+
+    An https endpoint (a sovereign cloud's Resource Manager) also sets the token scope,
+    which the clients would otherwise leave at the public cloud's. A plain-http one is
+    accepted only on loopback (a test server) and gets an authentication policy that
+    adds nothing: azure-core refuses to send a bearer token over plain HTTP.
+    """
+    from azure.core.pipeline.policies import SansIOHTTPPolicy
+
+    options: dict[str, Any] = {
+        # Our retries (counted, --max-api-attempts, Retry-After) replace azure-core's.
+        "retry_total": 0,
+        "connection_timeout": CONNECTION_TIMEOUT,
+        "read_timeout": READ_TIMEOUT,
+    }
+    if not endpoint:
+        return options
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigurationError(f"--endpoint must be an http(s) URL, got {endpoint!r}")
+    if parts.scheme == "http":
+        if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise ConfigurationError(
+                "--endpoint over plain http is only for a test server on loopback"
+            )
+        options["authentication_policy"] = SansIOHTTPPolicy()
+    else:
+        options["credential_scopes"] = [f"https://{parts.netloc}/.default"]
+    options["base_url"] = endpoint.rstrip("/")
+    return options
+
+
 class _NoCredential:
     """The credential of a loopback test server: the SDK wants one, nothing asks it."""
 
@@ -712,5 +728,6 @@ __all__ = [
     "POWER_STATE_MAP",
     "PROVISIONING_STATE_MAP",
     "AzureProvider",
+    "client_options",
     "member_state",
 ]

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("azure.mgmt.compute", reason="the azure extra is not installed")
 
-from spotring.providers.azure import IAM_ACTIONS, AzureProvider, member_state
+from spotring.providers.azure import IAM_ACTIONS, AzureProvider, client_options, member_state
 from spotring.providers.base import ConfigurationError, InstanceState, Lifecycle, ProviderError
 from spotring.providers.conformance import ProviderContract
 from tests.azure_fake import PERMISSIONS, FakeArm, FakeScaleSet, Member
@@ -319,6 +319,18 @@ def test_options_are_checked_before_any_call(
     with pytest.raises(ConfigurationError, match="only for a test server on loopback"):
         AzureProvider("g", resource_group=RG, subscription="s", endpoint="http://example.com")
     assert not fake.requests
+
+
+def test_a_sovereign_cloud_endpoint_gets_its_own_token_scope() -> None:
+    from azure.mgmt.compute import ComputeManagementClient
+
+    options = client_options("https://management.chinacloudapi.cn/")
+    assert options["base_url"] == "https://management.chinacloudapi.cn"
+    client = ComputeManagementClient(object(), "s", **options)
+    # Left alone, the client would ask for a public-cloud token and China's ARM would
+    # refuse it.
+    assert client._config.credential_scopes == ["https://management.chinacloudapi.cn/.default"]
+    assert "credential_scopes" not in client_options(None)
 
 
 # -------------------------------------------------------------------- conformance
