@@ -39,6 +39,7 @@ from spotring.providers.base import (
 )
 from spotring.providers.cloud import (
     CloudGroupProvider,
+    EpisodeWarnings,
     call_with_retries,
     lookup_state,
     one_line,
@@ -80,6 +81,17 @@ READ_TIMEOUT = 20.0
 """Seconds; a stuck call must not hold the controller thread for azure-core's 300 s."""
 
 DEFAULT_SLOTS_TAG = "spotring-slots"
+
+CAPACITY_ERRORS = frozenset(
+    {
+        "SkuNotAvailable",
+        "AllocationFailed",
+        "ZonalAllocationFailed",
+        "OverconstrainedAllocationRequest",
+        "OverconstrainedZonalAllocationRequest",
+    }
+)
+"""Codes of a VM that could not be provisioned for lack of spot capacity."""
 
 # ------------------------------------------------------------------- state maps
 
@@ -151,6 +163,9 @@ class _Member:
     zone: str
     tags: Mapping[str, str]
     created: float | None
+    failure: str = ""
+    """The code of ``ProvisioningState/failed/<code>``, if provisioning failed."""
+    failure_message: str = ""
 
     @property
     def leaving(self) -> bool:
@@ -160,13 +175,19 @@ class _Member:
     def evicted(self) -> bool:
         return self.spot and self.power == "deallocated" and not self.leaving
 
+    @property
+    def never_started(self) -> bool:
+        """Provisioning failed before the VM ever ran (e.g. no capacity for its size)."""
+        return self.provisioning == "Failed" and not self.power
 
-def _status(statuses: Iterable[Any], prefix: str) -> str:
+
+def _status(statuses: Iterable[Any], prefix: str) -> tuple[str, str]:
+    """The code after ``prefix`` of the first status with it, and its message."""
     for status in statuses or ():
         code = status.code or ""
         if code.startswith(prefix):
-            return code[len(prefix) :]
-    return ""
+            return code[len(prefix) :], status.message or ""
+    return "", ""
 
 
 # ------------------------------------------------------------------------ provider
@@ -221,6 +242,7 @@ class AzureProvider(CloudGroupProvider):
         self._addresses: dict[str, str] = {}  # lower-case VM resource id -> private IP
         self._gpus_by_size: dict[str, int] | None = None
         self._wanted: int | None = None
+        self._capacity_warnings = EpisodeWarnings(log)
         self._compute, self._network = self._make_clients(credential, endpoint)
 
     # ----------------------------------------------------------------- options
@@ -288,7 +310,8 @@ class AzureProvider(CloudGroupProvider):
         self._members = {m.name: m for m in members}
         self._learn_addresses(members)
         self._learn_gpu_counts(members)
-        self._replace_evicted(members)
+        self._warn_about_capacity(members)
+        self._replace_lost(members)
         self._restore_capacity(members)
         return [self._to_instance(m) for m in self._members.values()]
 
@@ -357,18 +380,21 @@ class AzureProvider(CloudGroupProvider):
         )
         priority = getattr(props, "priority", None)
         created = props.time_created.timestamp() if props and props.time_created else None
+        failure, failure_message = _status(statuses, "ProvisioningState/failed/")
         return _Member(
             name=vm.name,
             resource_id=vm.id,
             instance_id=getattr(vm, "instance_id", None) or "",
             provisioning=(props.provisioning_state if props else "") or "",
-            power=_status(statuses, "PowerState/"),
+            power=_status(statuses, "PowerState/")[0],
             health=health,
             size=size,
             spot=priority == "Spot" if priority else set_spot,
             zone=(vm.zones or [""])[0],
             tags=dict(vm.tags or {}),
             created=created,
+            failure=failure,
+            failure_message=failure_message,
         )
 
     def _learn_addresses(self, members: Sequence[_Member]) -> None:
@@ -472,14 +498,42 @@ class AzureProvider(CloudGroupProvider):
         self._members[member.name] = replace(member, provisioning="Deleting")
         log.info("azure: deleting %s from scale set %s", member.name, self.group)
 
-    def _replace_evicted(self, members: Sequence[_Member]) -> None:
-        """Delete spot VMs evicted with policy Deallocate, so the set replaces them."""
-        if self.keep_evicted:
-            return
+    def _warn_about_capacity(self, members: Sequence[_Member]) -> None:
+        """Warn once per zone and error while the set cannot provision VMs there."""
+        conditions: dict[str, str] = {}
         for member in members:
-            if member.evicted:
+            if member.never_started and member.failure in CAPACITY_ERRORS:
+                where = f"zone {member.zone}" if member.zone else self._set_location()
+                conditions.setdefault(
+                    f"azure: {where} {member.failure}",
+                    f"azure: scale set {self.group} cannot create VMs in {where}:"
+                    f" {member.failure}: {one_line(member.failure_message, 160)}",
+                )
+        # The failed VMs are deleted and tried again, so between attempts none may be
+        # listed: the shortage lasts until the set runs as many VMs as spotring wants.
+        running = sum(m.provisioning == "Succeeded" and m.power == "running" for m in members)
+        if self._wanted is not None and running < self._wanted:
+            conditions = {**self._capacity_warnings.active, **conditions}
+        self._capacity_warnings.update(conditions)
+
+    def _set_location(self) -> str:
+        return str(self._set.location) if self._set is not None else "its location"
+
+    def _replace_lost(self, members: Sequence[_Member]) -> None:
+        """Delete VMs that will not run again by themselves, so the set replaces them:
+        spot VMs evicted with policy Deallocate (unless ``--keep-evicted``) and VMs
+        whose provisioning failed before they ever ran (the set does not retry them)."""
+        for member in members:
+            if member.evicted and not self.keep_evicted:
                 log.warning(
                     "azure: spot VM %s was evicted (deallocated); replacing it", member.name
+                )
+                self.replace_instance(member.name)
+            elif member.never_started:
+                log.info(
+                    "azure: VM %s failed to provision (%s); deleting it so the set retries",
+                    member.name,
+                    member.failure or "no reason given",
                 )
                 self.replace_instance(member.name)
 
@@ -618,6 +672,9 @@ class AzureProvider(CloudGroupProvider):
                 f"resource group '{self.resource_group}' not found"
                 f" in subscription {self.subscription}"
             )
+        if code == "OperationNotAllowed" and error.status_code == 409:
+            # A quota refusal: the job trains on what it has, and spotring asks again.
+            return ProviderError(f"scale set '{self.group}' cannot grow: {message}")
         if code in ("SubscriptionNotFound", "InvalidSubscriptionId"):
             return ConfigurationError(f"subscription {self.subscription} not found")
         if error.status_code == 404:
@@ -701,7 +758,10 @@ def _retry_after(error: Exception) -> float | None:
         error, core.ClientAuthenticationError
     ):
         status = error.status_code or 0
-        # 409: another operation on the set is still running.
+        code = error.error.code if error.error is not None else ""
+        # 409: another operation on the set is still running; but not a quota refusal.
+        if status == 409 and code == "OperationNotAllowed":
+            return None
         if status not in (408, 409, 429) and status < 500:
             return None
         headers = getattr(getattr(error, "response", None), "headers", None) or {}

@@ -231,6 +231,53 @@ def test_keep_evicted_leaves_a_deallocated_vm(fake: FakeArm) -> None:
     assert not fake.calls("virtualMachines.delete")
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_capacity_shortage_warns_once_and_retries_the_failed_vms(
+    fake: FakeArm, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    vmss = fake.add_scale_set("workers", mode=mode, capacity=1)
+    provider = make_provider(fake)
+    provider.list_instances()
+    vmss.capacity_error("AllocationFailed")
+    provider.set_target_size(3)
+
+    caplog.set_level(logging.INFO, logger="spotring.providers")
+    for _ in range(6):
+        provider.list_instances()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "cannot create VMs in eastus: AllocationFailed: Allocation failed" in warnings[0]
+    # The failed VMs were deleted so the set tries again; the capacity stays at 3.
+    delete_api = (
+        "virtualMachines.delete"
+        if mode == "Flexible"
+        else ("virtualMachineScaleSets.deleteInstances")
+    )
+    assert fake.calls(delete_api)
+    assert vmss.capacity == 3
+
+    vmss.clear_capacity_error()
+    for _ in range(8):
+        provider.list_instances()
+    assert sum(i.is_ready for i in provider.list_instances()) == 3
+    assert any(r.getMessage().endswith("AllocationFailed: resolved") for r in caplog.records)
+
+
+def test_a_quota_refusal_is_retryable_and_not_retried_at_once(fake: FakeArm) -> None:
+    vmss = fake.add_scale_set("workers", capacity=1)
+    provider = make_provider(fake)
+    provider.list_instances()
+    vmss.capacity_error("OperationNotAllowed")
+
+    with pytest.raises(
+        ProviderError, match="cannot grow: Operation could not be completed"
+    ) as info:
+        provider.set_target_size(4)
+    assert info.value.retryable and not isinstance(info.value, ConfigurationError)
+    assert len(fake.calls("virtualMachineScaleSets.update")) == 1
+    assert vmss.capacity == 1
+
+
 def test_scale_down_on_exit_sets_capacity_zero(fake: FakeArm) -> None:
     vmss = fake.add_scale_set("workers", capacity=2)
     provider = make_provider(fake, scale_down_on_exit=True)
