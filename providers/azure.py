@@ -348,6 +348,9 @@ class AzureProvider(CloudGroupProvider):
         profile = self._set.properties.virtual_machine_profile if self._set else None
         set_spot = bool(profile and profile.priority == "Spot")
         set_size = (self._set.sku.name if self._set and self._set.sku else "") or ""
+        # A Flexible set's VMs need not carry the set's tags (Terraform puts the slots
+        # tag on the set): a VM's own tag wins, the set's fills in.
+        set_tags = dict(self._set.tags or {}) if self._set else {}
         if self.flexible:
             set_filter = f"'virtualMachineScaleSet/id' eq '{self._set.id}'"
             vms = self._pages(
@@ -363,9 +366,11 @@ class AzureProvider(CloudGroupProvider):
                     self.resource_group, self.group, expand="instanceView"
                 ),
             )
-        return [self._member(vm, set_spot, set_size) for vm in vms]
+        return [self._member(vm, set_spot, set_size, set_tags) for vm in vms]
 
-    def _member(self, vm: Any, set_spot: bool, set_size: str) -> _Member:
+    def _member(
+        self, vm: Any, set_spot: bool, set_size: str, set_tags: Mapping[str, str]
+    ) -> _Member:
         props = vm.properties
         view = props.instance_view if props else None
         statuses = view.statuses if view else ()
@@ -391,7 +396,7 @@ class AzureProvider(CloudGroupProvider):
             size=size,
             spot=priority == "Spot" if priority else set_spot,
             zone=(vm.zones or [""])[0],
-            tags=dict(vm.tags or {}),
+            tags={**set_tags, **(vm.tags or {})},
             created=created,
             failure=failure,
             failure_message=failure_message,

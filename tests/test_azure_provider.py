@@ -159,6 +159,12 @@ def test_slots_from_option_tag_and_gpu_count(fake: FakeArm) -> None:
     assert len(fake.calls("resourceSkus.list")) == skus_asked, "the SKU list is asked once"
     assert [i.slots for i in make_provider(fake, "tagged", slots_label="g").list_instances()] == [2]
     assert [i.slots for i in make_provider(fake, "gpus", slots_per_host=3).list_instances()] == [3]
+    # The slots tag on the set (where terraform/azure puts it) counts for its VMs; a
+    # VM's own tag wins.
+    fake.add_scale_set("set-tagged", capacity=1, tags={"spotring-slots": "3"})
+    assert [i.slots for i in make_provider(fake, "set-tagged").list_instances()] == [3]
+    fake.add_scale_set("both", capacity=1, tags={"g": "3"}, vm_tags={"g": "5"})
+    assert [i.slots for i in make_provider(fake, "both", slots_label="g").list_instances()] == [5]
 
 
 # ----------------------------------------------------------------------- steering
