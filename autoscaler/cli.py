@@ -207,6 +207,11 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         help="do not ask the provider to replace hosts whose workers failed",
     )
     control.add_argument(
+        "--drain-on-rebalance",
+        action="store_true",
+        help="leave a host at a rebalance recommendation already, not only at a notice",
+    )
+    control.add_argument(
         "--launcher",
         choices=["auto", "local", "ssh"],
         default="auto",
@@ -399,6 +404,7 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
             target_hosts=options.target_hosts,
             resize=not options.no_resize,
             replace_failed=not options.no_replace,
+            drain_on_rebalance=options.drain_on_rebalance,
         ),
         elastic=ElasticOptions(
             reset_limit=options.reset_limit,

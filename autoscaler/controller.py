@@ -20,7 +20,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pluggy
@@ -30,6 +30,7 @@ from spotring.autoscaler.policy import JobShape
 from spotring.providers.base import (
     Instance,
     InstanceState,
+    InterruptionNotice,
     Provider,
     ProviderError,
     is_valid_address,
@@ -109,6 +110,10 @@ class Controller:
         self._inventory: Inventory | None = None
         self._excluded: dict[str, float | None] = {}  # instance id -> readmit at (monotonic)
         self._failed_hosts: queue.SimpleQueue[tuple[Instance, str]] = queue.SimpleQueue()
+        self._notices: dict[str, InterruptionNotice] = {}  # instance id -> draining notice
+        self._noticed_hosts: queue.SimpleQueue[tuple[Instance, InterruptionNotice, bool]] = (
+            queue.SimpleQueue()
+        )
 
         # Only the controller thread touches these.
         self._announced: dict[str, Instance] = {}
@@ -205,6 +210,7 @@ class Controller:
     def _run(self) -> None:
         try:
             while not self._stopped.is_set():
+                self._take_noticed_hosts()
                 self._take_failed_hosts()
                 refreshed = self.refresh()
                 if refreshed and self._job is not None and self.provider.can_resize:
@@ -264,8 +270,9 @@ class Controller:
         with self._lock:
             self._instances = instances
             listed = {i.id for i in instances}
-            # Forget exclusions once the cloud stops listing the member.
+            # Forget exclusions and notices once the cloud stops listing the member.
             self._excluded = {i: at for i, at in self._excluded.items() if i in listed}
+            self._notices = {i: n for i, n in self._notices.items() if i in listed}
             self._publish(new_generation=True)
         self.refreshes += 1
         self._first.set()
@@ -278,9 +285,11 @@ class Controller:
         old = self._inventory
         generation = (old.generation if old else 0) + (1 if new_generation else 0)
         refreshed_at = now if new_generation or old is None else old.refreshed_at
-        self._inventory = Inventory(
-            self._instances, generation, refreshed_at, frozenset(self._excluded)
+        instances = tuple(
+            _draining(i, self._notices[i.id]) if i.id in self._notices else i
+            for i in self._instances
         )
+        self._inventory = Inventory(instances, generation, refreshed_at, frozenset(self._excluded))
 
     def _warn_invalid_addresses(self, instances: tuple[Instance, ...]) -> None:
         for instance in instances:
@@ -339,6 +348,72 @@ class Controller:
         self._failed_hosts.put((instance, reason))
         self._wake.set()
         return instance
+
+    def host_noticed(self, address: str, notice: InterruptionNotice) -> bool:
+        """The host at ``address`` announced that the cloud will take it.
+
+        Called by the launcher (on its thread) the moment a verified notice arrives.
+        Unless the ``spotring_drain_on_notice`` hook says otherwise, the host is
+        DRAINING with its notice from now on and leaves discovery at once: Horovod
+        re-forms the ring without it at the next commit. Returns whether it drains; a
+        notice for an address that is not a member of the group is ignored (False).
+        """
+        inventory = self._inventory
+        instance = inventory.by_address(address) if inventory else None
+        if instance is None:
+            log.warning("ignored a notice for %s: not a member of the group", address)
+            return False
+        if instance.notice == notice:
+            return True  # the same notice from another worker of that host
+        if not any(i.id != instance.id for i in inventory.ready):
+            # Horovod re-forms a ring only around a host of the previous one: with no
+            # other host to carry the state, keep training until the cloud takes it.
+            log.warning("host %s announced %s, but no other host could carry on; staying",
+                        address, notice.kind)  # fmt: skip
+            return False
+        drain = self._job is None or bool(
+            self._call(
+                "the spotring_drain_on_notice hook",
+                self._hook.spotring_drain_on_notice,
+                instance=instance,
+                notice=notice,
+                job=self._job,
+            )
+        )
+        if drain:
+            with self._lock:
+                self._notices[instance.id] = notice
+                self._publish()
+        log.info("host %s (%s) announced %s%s", address, instance.id, notice.kind,
+                 "; leaving the job" if drain else "")  # fmt: skip
+        self._noticed_hosts.put((instance, notice, drain))
+        self._wake.set()
+        return drain
+
+    def _take_noticed_hosts(self) -> None:
+        while True:
+            try:
+                instance, notice, drain = self._noticed_hosts.get_nowait()
+            except queue.Empty:
+                return
+            self._emit("spotring_host_noticed", instance=instance, notice=notice, draining=drain)
+            try:
+                self._call("starting a replacement", self.provider.host_noticed, instance, notice)
+            except ProviderError as error:
+                if not error.retryable:
+                    raise
+                log.warning("could not start a replacement for %s: %s", instance.id, error)
+
+    def notice_watcher(self, address: str) -> dict[str, Any] | None:
+        """The notice watcher for the host at ``address`` (``Provider.notice_watcher``)."""
+        inventory = self._inventory
+        instance = inventory.by_address(address) if inventory else None
+        if instance is None:
+            return None
+        watcher = self._call(
+            "the provider's notice watcher", self.provider.notice_watcher, instance
+        )
+        return dict(watcher) if watcher else None
 
     def _take_failed_hosts(self) -> None:
         while True:
@@ -465,3 +540,10 @@ class Controller:
 def _unexpected(what: str, error: Exception) -> ControllerError:
     log.debug("unexpected error while %s", what, exc_info=error)
     return ControllerError(f"{what} failed unexpectedly: {type(error).__name__}: {error}")
+
+
+def _draining(instance: Instance, notice: InterruptionNotice) -> Instance:
+    """``instance`` as it is after ``notice``: leaving, unless already further gone."""
+    usable = instance.state in (InstanceState.PENDING, InstanceState.READY)
+    return replace(instance, state=InstanceState.DRAINING if usable else instance.state,
+                   notice=notice)  # fmt: skip

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from spotring.autoscaler.inventory import Inventory
     from spotring.autoscaler.plugins import ProviderRegistry
     from spotring.autoscaler.policy import JobShape
-    from spotring.providers.base import Instance, Provider
+    from spotring.providers.base import Instance, InterruptionNotice, Provider
 
 PROJECT = "spotring"
 
@@ -104,6 +104,26 @@ def spotring_replace_host(instance: Instance, reason: str, job: JobShape) -> boo
     """
 
 
+@hookspec(firstresult=True)
+def spotring_drain_on_notice(
+    instance: Instance, notice: InterruptionNotice, job: JobShape
+) -> bool | None:
+    """Whether a host that announced its interruption leaves the job now.
+
+    Called on the worker launcher's thread the moment the notice arrives (keep it
+    quick). Draining takes the host out of discovery: the ring re-forms at its next
+    commit without it, with nothing rolled back. spotring's own answer: yes, except for
+    a rebalance recommendation (elevated risk, no deadline) without
+    ``--drain-on-rebalance``. Stops at the first non-None result.
+
+    :param instance: the instance as last listed.
+    :param notice: what the host heard: ``kind`` (``preempt``, ``terminate``,
+        ``rebalance``) and ``deadline`` (epoch seconds, or None).
+    :param job: the job's elastic limits and steering options.
+    :return: True to drain, False to keep training on it, None to leave it to others.
+    """
+
+
 # ---------------------------------------------------------------------- events
 
 
@@ -119,6 +139,19 @@ def spotring_inventory_changed(
     :param added: instances that became READY.
     :param removed: instances that stopped being READY (gone, draining, failed).
     :param ready: every READY instance after the change.
+    """
+
+
+@hookspec
+def spotring_host_noticed(instance: Instance, notice: InterruptionNotice, draining: bool) -> None:
+    """A host announced that the cloud will take it (spot reclaim, scale-in, rebalance).
+
+    Called on the controller thread, after the host left discovery if ``draining``.
+    Return values are ignored.
+
+    :param instance: the instance as last listed.
+    :param notice: the notice (kind, deadline).
+    :param draining: whether the host is leaving the job now.
     """
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.autoscaler.inventory import Inventory
-from spotring.providers.base import Instance, InstanceState, hosts_for_slots
+from spotring.providers.base import Instance, InstanceState, InterruptionNotice, hosts_for_slots
 
 _LIVE = (InstanceState.PENDING, InstanceState.READY)
 
@@ -32,6 +32,8 @@ class JobShape:
     """False with ``--no-resize``: never change the group's size."""
     replace_failed: bool = True
     """False with ``--no-replace``: leave failed hosts to the cloud."""
+    drain_on_rebalance: bool = False
+    """``--drain-on-rebalance``: leave a host at a rebalance recommendation already."""
 
 
 def group_slots(inventory: Inventory) -> int | None:
@@ -73,6 +75,13 @@ def spotring_target_size(
     if current_target < low:
         return low
     return None
+
+
+@hookimpl(trylast=True)
+def spotring_drain_on_notice(instance: Instance, notice: InterruptionNotice, job: JobShape) -> bool:
+    """Drain at every notice but a rebalance recommendation, unless
+    ``--drain-on-rebalance``."""
+    return notice.kind != "rebalance" or job.drain_on_rebalance
 
 
 @hookimpl(trylast=True)

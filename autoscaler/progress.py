@@ -14,7 +14,7 @@ from typing import IO
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.autoscaler.inventory import Inventory
-from spotring.providers.base import Instance, Provider
+from spotring.providers.base import Instance, InterruptionNotice, Provider
 
 
 class ProgressReporter:
@@ -25,6 +25,7 @@ class ProgressReporter:
         self._started = time.monotonic()
         self.membership_changes = 0
         self.host_failures: list[str] = []
+        self.notices: list[str] = []
         self._lock = threading.Lock()
 
     def _say(self, text: str) -> None:
@@ -51,6 +52,15 @@ class ProgressReporter:
         )
 
     @hookimpl
+    def spotring_host_noticed(
+        self, instance: Instance, notice: InterruptionNotice, draining: bool
+    ) -> None:
+        lead = "" if notice.deadline is None else f", {notice.deadline - time.time():.0f} s ahead"
+        self.notices.append(f"{instance.address} ({notice.kind}{lead})")
+        then = "leaves the ring at the next commit" if draining else "keeps training"
+        self._say(f"host {instance.address} announced {notice.kind}{lead}; {then}")
+
+    @hookimpl
     def spotring_host_failed(self, instance: Instance, reason: str) -> None:
         self.host_failures.append(instance.address)
         self._say(f"host {instance.address} failed ({reason}); taken out of the job")
@@ -74,6 +84,7 @@ class ProgressReporter:
             f"resets: {max(0, len(world_sizes) - 1)}",
             f"membership changes: {self.membership_changes}",
             f"failed hosts: {', '.join(self.host_failures) or 'none'}",
+            f"interruption notices: {', '.join(self.notices) or 'none'}",
         ]
         lines += [f"at {at:5.1f}s {what}" for at, what in events]
         width = max(len(line) for line in lines)

@@ -16,6 +16,9 @@ blacklisting and resets. What we do instead of ``horovod.runner.gloo_run`` and w
   peer-failure messages are bound to.
 * The job stops cleanly, with the controller's message, when the controller hits an
   error it cannot retry (a missing group, denied permissions, a plugin's bug).
+* A host that announced its interruption leaves discovery at once; Horovod re-forms
+  the ring without it at the next commit (nothing restored), and only then are its
+  workers stopped: a worker stopped mid-collective would force a rollback.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from spotring.driver.discovery import InventoryHostDiscovery
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.options import ElasticOptions
 from spotring.driver.peer_failure import PeerFailureNotifier
+from spotring.providers.base import InterruptionNotice
+from spotring.worker_image.notices import Notice
 from spotring.worker_image.peer_abort import JOB_KEY_ENV, RING_KEY, RING_SCOPE
 from spotring.worker_image.supervisor import local_address_towards
 
@@ -61,6 +66,10 @@ class JobController(Protocol):
     def inventory(self) -> Inventory | None: ...
 
     def host_failed(self, address: str, reason: str) -> object: ...
+
+    def host_noticed(self, address: str, notice: InterruptionNotice) -> bool: ...
+
+    def notice_watcher(self, address: str) -> dict[str, Any] | None: ...
 
     def wait_for_fatal_error(self, timeout: float | None = None) -> Exception | None:
         """Block until the controller stops for good; its error, or None on timeout."""
@@ -86,7 +95,11 @@ class RingTracker(RendezvousServer):
     def __init__(self, verbose: int = 0, on_ring: Callable[[int, list[str]], None] | None = None):
         super().__init__(verbose)
         self.world_sizes: list[int] = []
-        self._on_ring = on_ring
+        self._ring_listeners = [on_ring] if on_ring is not None else []
+
+    def add_ring_listener(self, listener: Callable[[int, list[str]], None]) -> None:
+        """Call ``listener(size, hosts)`` for every ring formed from now on."""
+        self._ring_listeners.append(listener)
 
     @property
     def generation(self) -> int:
@@ -98,7 +111,7 @@ class RingTracker(RendezvousServer):
         handler_cls = handler_cls or RendezvousHandler
         if not address:
             return int(super().start(handler_cls))
-        self._httpd = RendezvousHTTPServer((address, 0), handler_cls, self._verbose)
+        self._httpd = _RendezvousHTTPServer((address, 0), handler_cls, self._verbose)
         self._listen_thread = threading.Thread(
             target=self._httpd.serve_forever, name="spotring-rendezvous", daemon=True
         )
@@ -113,9 +126,22 @@ class RingTracker(RendezvousServer):
             value = codec.dumps_base64(self.generation, to_ascii=False)
             httpd.cache.setdefault(RING_SCOPE, {})[RING_KEY] = value
         hosts = sorted({slot.hostname for slot in host_alloc_plan})
-        if self._on_ring is not None:
-            self._on_ring(len(host_alloc_plan), hosts)
+        for listener in self._ring_listeners:
+            listener(len(host_alloc_plan), hosts)
         return result
+
+
+class _RendezvousHTTPServer(RendezvousHTTPServer):
+    """Horovod's rendezvous HTTP server, without a traceback for a worker that went
+    away while its request was answered (a stopped worker, a preempted host)."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            log.debug("rendezvous: %s went away before its answer", client_address)
+            return
+        super().handle_error(request, client_address)
 
 
 def run_elastic(
@@ -138,6 +164,9 @@ def run_elastic(
     job_key = secrets.token_bytes(32)
     notifier = PeerFailureNotifier(job_key, lambda: rendezvous.generation)
     launcher.add_listener(_FailureRouter(controller, notifier))
+    notices = _NoticeRouter(controller, launcher)
+    launcher.add_listener(notices)
+    rendezvous.add_ring_listener(notices.ring_formed)
 
     driver = ElasticDriver(
         rendezvous,
@@ -149,6 +178,7 @@ def run_elastic(
         cooldown_range=options.cooldown_range,
         verbose=options.verbose,
     )
+    notices.hold_rank_answers(driver)
     port = rendezvous.start(create_rendezvous_handler(driver), address)
     notifier.attach(driver)
     _replay_host_changes_for_new_coordinator(driver)
@@ -170,6 +200,7 @@ def run_elastic(
                 argv=tuple(command),
                 env={**base, **create_slot_env_vars(slot_info)},
                 cwd=os.getcwd(),
+                notices=controller.notice_watcher(slot_info.hostname),
             )
             return launcher(spec, events)
 
@@ -325,3 +356,64 @@ class _FailureRouter:
         reason = f"worker rank {exit.rank} exited with {exit.exit_code}"
         self._controller.host_failed(exit.host, reason)
         self._notifier.notify(exit.host, exit.local_rank)
+
+
+class _NoticeRouter:
+    """On a host's interruption notice: drain it, and stop its workers once it has left.
+
+    The notice takes the host out of discovery (the controller); Horovod tells the
+    ring, whose workers stop at their next commit and re-form without it. The leaving
+    host's workers wait in that rendezvous too: they are stopped as soon as the new
+    ring is formed without them, before Horovod would tell them they have no rank.
+    """
+
+    STOP_WAIT_SECONDS = 3.0
+
+    def __init__(self, controller: JobController, launcher: ProcessLauncher) -> None:
+        self._controller = controller
+        self._launcher = launcher
+        self._leaving: set[str] = set()
+        self._workers: dict[str, int] = {}  # host -> workers running there
+        self._departed: dict[str, threading.Event] = {}  # host -> all its workers exited
+        self._lock = threading.Lock()
+
+    def worker_started(self, host: str, process_group: int) -> None:
+        with self._lock:
+            self._workers[host] = self._workers.get(host, 0) + 1
+
+    def worker_exited(self, exit: WorkerExit, process_group: int) -> None:
+        with self._lock:
+            self._workers[exit.host] = self._workers.get(exit.host, 1) - 1
+            if self._workers[exit.host] <= 0 and exit.host in self._departed:
+                self._departed.pop(exit.host).set()
+
+    def hold_rank_answers(self, driver: ElasticDriver) -> None:
+        """Make a departed host's workers wait for their stop instead of hearing that
+        they have no rank: Horovod's answer makes them abort with a C++ error."""
+        get_slot_info = driver.get_slot_info
+
+        def held(host: str, slot: int) -> Any:
+            with self._lock:
+                departed = self._departed.get(host)
+            if departed is not None:
+                departed.wait(self.STOP_WAIT_SECONDS)
+            return get_slot_info(host, slot)
+
+        driver.get_slot_info = held  # type: ignore[method-assign]
+
+    def worker_noticed(self, host: str, notice: Notice) -> None:
+        announced = InterruptionNotice(notice.kind, notice.deadline)
+        if self._controller.host_noticed(host, announced):
+            with self._lock:
+                self._leaving.add(host)
+
+    def ring_formed(self, size: int, hosts: list[str]) -> None:
+        with self._lock:
+            gone = self._leaving - set(hosts)
+            self._leaving -= gone
+            for host in gone:
+                if self._workers.get(host, 0) > 0:
+                    self._departed[host] = threading.Event()
+        for host in sorted(gone):
+            log.info("host %s has left the ring; stopping its workers", host)
+            self._launcher.stop_workers_on(host)

@@ -12,6 +12,12 @@ spotring's launchers add what Horovod's own lack: they report every worker start
 exit to listeners the moment it happens, so a dead worker's host leaves discovery and
 its peers are told at once instead of after Gloo's 30 s timeout; and any failure to
 start or watch a worker becomes that worker's failed exit, never a silent hang.
+
+With a notice watcher in the spec, the supervisor also reports interruption notices
+for its host as signed lines among the worker's output (see
+``spotring.worker_image.notices``). The launcher takes those lines out of the output,
+checks them against the job key and the launch they belong to, and tells listeners of
+the good ones; a forged, replayed, oversized or malformed one is logged and dropped.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -33,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal, Protocol
 
 from spotring.providers.base import is_valid_address
+from spotring.worker_image.notices import MESSAGE_MARKER, Notice, NoticeMessage
+from spotring.worker_image.peer_abort import JOB_KEY_ENV
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,8 @@ class WorkerSpec:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str = ""
+    notices: Mapping[str, Any] | None = None
+    """The notice watcher the host's supervisor runs (``Provider.notice_watcher``)."""
 
 
 @dataclass(frozen=True)
@@ -79,9 +90,15 @@ class WorkerExit:
 
 
 class WorkerListener(Protocol):
+    """Told of workers' starts and exits; optionally of notices (``worker_noticed``)."""
+
     def worker_started(self, host: str, process_group: int) -> None: ...
 
     def worker_exited(self, exit: WorkerExit, process_group: int) -> None: ...
+
+
+class NoticeListener(Protocol):
+    def worker_noticed(self, host: str, notice: Notice) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -132,9 +149,26 @@ class ProcessLauncher:
         self._output_lock = threading.Lock()
         self._job_dir: str | None = None
         self._job_dir_lock = threading.Lock()
+        self._host_stops: dict[str, threading.Event] = {}
+        self._host_stops_lock = threading.Lock()
 
     def add_listener(self, listener: WorkerListener) -> None:
         self._listeners.append(listener)
+
+    def stop_workers_on(self, host: str) -> None:
+        """Stop every worker running on ``host`` (it has left the ring); their exits
+        are reported as stopped, not failed."""
+        with self._host_stops_lock:
+            self._host_stops.setdefault(host, threading.Event()).set()
+
+    def _stop_event(self, host: str) -> threading.Event:
+        """The event that stops workers on ``host``; a fresh one if an earlier stop
+        (of an instance that had this address before) is still set."""
+        with self._host_stops_lock:
+            event = self._host_stops.get(host)
+            if event is None or event.is_set():
+                event = self._host_stops[host] = threading.Event()
+            return event
 
     def close(self) -> None:
         """Remove the job's own known_hosts file, if one was made."""
@@ -151,10 +185,12 @@ class ProcessLauncher:
         Horovod records its exit instead of waiting for it forever.
         """
         process: subprocess.Popen[str] | None = None
+        launch = secrets.token_hex(8)
+        events = [*events, self._stop_event(spec.host)]
         try:
-            process = self._start(spec)
+            process = self._start(spec, launch)
             self._tell("worker_started", spec.host, process.pid)
-            exit_code, stopped = self._watch(process, spec, events)
+            exit_code, stopped = self._watch(process, spec, launch, events)
         except Exception as error:
             log.error(
                 "could not run worker rank %d on %s: %s: %s",
@@ -172,7 +208,7 @@ class ProcessLauncher:
 
     # ---------------------------------------------------------------- starting
 
-    def _start(self, spec: WorkerSpec) -> subprocess.Popen[str]:
+    def _start(self, spec: WorkerSpec, launch: str) -> subprocess.Popen[str]:
         if not is_valid_address(spec.host):
             raise ValueError(f"{spec.host!r} is not a host name or IP address")
         process = subprocess.Popen(
@@ -186,8 +222,10 @@ class ProcessLauncher:
             errors="replace",
         )
         assert process.stdin is not None
-        line = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": spec.cwd}
+        line: dict[str, Any] = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": spec.cwd}
         line["grace"] = STOP_GRACE_SECONDS
+        if spec.notices is not None:
+            line.update(launch=launch, notices=dict(spec.notices))
         process.stdin.write(json.dumps(line) + "\n")
         process.stdin.flush()  # stays open: closing it stops the worker
         return process
@@ -239,11 +277,17 @@ class ProcessLauncher:
     # ---------------------------------------------------------------- watching
 
     def _watch(
-        self, process: subprocess.Popen[str], spec: WorkerSpec, events: Sequence[threading.Event]
+        self,
+        process: subprocess.Popen[str],
+        spec: WorkerSpec,
+        launch: str,
+        events: Sequence[threading.Event],
     ) -> tuple[int, bool]:
         """Wait for the worker; stop it if any event is set. Returns (code, stopped)."""
-        prefix = f"[{spec.rank}]<{spec.host}:{spec.local_rank}>"
-        pump = threading.Thread(target=self._pump, args=(process.stdout, prefix), daemon=True)
+        notices = _NoticeReader(spec, launch, self._tell) if spec.notices is not None else None
+        pump = threading.Thread(
+            target=self._pump, args=(process.stdout, spec, notices), daemon=True
+        )
         pump.start()
         stopped = False
         while process.poll() is None:
@@ -254,25 +298,65 @@ class ProcessLauncher:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=0.05)
         pump.join(timeout=2.0)
+        # Exited just as it was told to stop (a leaving host's worker told it has no
+        # rank): still a stop, not a failure.
+        stopped = stopped or any(event.is_set() for event in events)
         if stopped and process.returncode == 0:
             return STOPPED_EXIT, True
         return process.returncode, stopped
 
-    def _pump(self, stream: IO[str] | None, prefix: str) -> None:
+    def _pump(
+        self, stream: IO[str] | None, spec: WorkerSpec, notices: _NoticeReader | None
+    ) -> None:
         if stream is None:
             return
+        prefix = f"[{spec.rank}]<{spec.host}:{spec.local_rank}>"
         for line in stream:
+            if notices is not None and line.startswith(MESSAGE_MARKER):
+                notices.read(line)
+                continue
             with self._output_lock:
                 self._output.write(f"{prefix}: {line}")
                 self._output.flush()
 
     def _tell(self, method: str, *args: Any) -> None:
-        """Call every listener; one that raises is logged and does not stop the others."""
+        """Call every listener that has ``method``; one that raises is logged and does
+        not stop the others."""
         for listener in self._listeners:
+            call = getattr(listener, method, None)
+            if call is None:
+                continue
             try:
-                getattr(listener, method)(*args)
+                call(*args)
             except Exception:
                 log.exception("worker listener %r failed in %s", listener, method)
+
+
+class _NoticeReader:
+    """Checks the notice lines of one worker launch and passes on the good ones."""
+
+    def __init__(self, spec: WorkerSpec, launch: str, tell: Callable[..., None]) -> None:
+        self._host = spec.host
+        self._launch = launch
+        self._key = bytes.fromhex(spec.env.get(JOB_KEY_ENV, ""))
+        self._tell = tell
+        self._last_sequence = 0
+
+    def read(self, line: str) -> None:
+        try:
+            message = NoticeMessage.parse(line.rstrip("\n"))
+        except ValueError as error:
+            log.warning("rejected a notice line from %s: %s", self._host, error)
+            return
+        if not self._key or not message.verify(self._key):
+            log.warning("rejected a notice from %s: bad signature", self._host)
+        elif message.launch != self._launch:
+            log.warning("rejected a notice from %s: it belongs to another launch", self._host)
+        elif message.sequence <= self._last_sequence:
+            log.warning("rejected a notice from %s: replayed", self._host)
+        else:
+            self._last_sequence = message.sequence
+            self._tell("worker_noticed", self._host, message.notice)
 
 
 def _stop(process: subprocess.Popen[str]) -> None:

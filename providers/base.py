@@ -30,7 +30,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class InstanceState(enum.Enum):
@@ -208,6 +208,24 @@ class Provider(abc.ABC):
 
     def close(self) -> None:
         """Release resources (clients, simulated hosts). Called once at the end."""
+
+    def notice_watcher(self, instance: Instance) -> Mapping[str, Any] | None:
+        """The interruption-notice watcher the supervisor on ``instance`` runs, or None.
+
+        ``{"watcher": NAME, **options}``: a built-in watcher of
+        ``spotring.worker_image.notices`` (``aws``, ``gcp``, ``azure``) or
+        ``"package.module:Class"`` of the plugin's own, importable on the hosts, made
+        with the options as keyword arguments. Its notices take the host out of the
+        ring at a commit boundary, with nothing rolled back.
+        """
+        return None
+
+    def host_noticed(self, instance: Instance, notice: InterruptionNotice) -> None:
+        """``instance`` announced it will be taken and is leaving the job.
+
+        Called on the controller thread. Providers start its replacement here where the
+        cloud allows it without taking the host first; the default does nothing.
+        """
 
     def job_finished(self, options: argparse.Namespace) -> None:
         """Called once when the training job ends, before :meth:`close`.

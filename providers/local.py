@@ -4,8 +4,11 @@ Hosts are named ``host-0``, ``host-1``, ... and their workers run as local proce
 (the launcher tells the provider which process groups run on which host). Like a cloud
 group, it keeps a desired size: a host that is preempted or replaced is followed by a
 new one that boots for ``--boot-seconds``. Chaos options script what a spot group does
-to a job: a scale-up at a given time, and hard preemptions that kill a host's workers
-with SIGKILL and then report the host GONE.
+to a job: a scale-up at a given time, hard preemptions that kill a host's workers with
+SIGKILL and then report the host GONE, and noticed preemptions: the host announces its
+interruption through an EC2-style metadata service on loopback
+(``providers/local_metadata.py``, read by the real AWS notice watcher on the host)
+``--notice-lead`` seconds before the same hard preemption.
 """
 
 from __future__ import annotations
@@ -17,20 +20,26 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
     Instance,
     InstanceState,
+    InterruptionNotice,
     Lifecycle,
     Provider,
     hosts_for_slots,
 )
+from spotring.providers.local_metadata import FakeImds
 from spotring.providers.options import non_negative_int, non_negative_seconds
+
+DEFAULT_NOTICE_LEAD_SECONDS = 10.0
+NOTICE_POLL_SECONDS = 0.25
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +50,8 @@ class _Host:
     launched_at: float
     state: InstanceState = InstanceState.PENDING
     process_groups: set[int] = field(default_factory=set)
+    leaving: bool = False
+    """It announced its interruption: the group already counts its replacement."""
 
 
 class LocalProvider(Provider):
@@ -61,6 +72,8 @@ class LocalProvider(Provider):
         scale_up_to: int | None = None,
         preempt_at: Sequence[float] = (),
         preempt_host: str | None = None,
+        notice_at: Sequence[float] = (),
+        notice_lead: float = DEFAULT_NOTICE_LEAD_SECONDS,
         control: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -80,9 +93,14 @@ class LocalProvider(Provider):
         self._hosts: dict[str, _Host] = {}
         self._next_index = 0
         self._desired = hosts
+        self._notice_lead = notice_lead
+        self._imds: FakeImds | None = None
         self._timers = [
             threading.Timer(delay, self.preempt, kwargs={"name": preempt_host})
             for delay in sorted(preempt_at)
+        ] + [
+            threading.Timer(delay, self.notice, kwargs={"name": preempt_host})
+            for delay in sorted(notice_at)
         ]
         self._control = Path(control) if control else None
         self._control_offset = 0
@@ -137,15 +155,33 @@ class LocalProvider(Provider):
             "it GONE (repeatable)",
         )
         group.add_argument(
+            "--notice-at",
+            type=non_negative_seconds,
+            action="append",
+            default=[],
+            metavar="SECONDS",
+            help="chaos: SECONDS after start, announce a host's interruption through its "
+            "metadata service, then preempt it --notice-lead seconds later (repeatable)",
+        )
+        group.add_argument(
+            "--notice-lead",
+            type=non_negative_seconds,
+            default=DEFAULT_NOTICE_LEAD_SECONDS,
+            metavar="SECONDS",
+            help="chaos: seconds between a notice and the SIGKILL (default: "
+            f"{DEFAULT_NOTICE_LEAD_SECONDS:.0f}; EC2 gives 120, GCP and Azure 30)",
+        )
+        group.add_argument(
             "--preempt-host",
             metavar="NAME",
-            help="chaos: which host to preempt (default: the newest READY host)",
+            help="chaos: which host to preempt or notice (default: the newest READY host)",
         )
         group.add_argument(
             "--control",
             metavar="FILE",
             help="chaos on demand: each refresh runs the lines appended to FILE since the "
-            "last: 'preempt [HOST]' or 'scale N' (tests trigger chaos on training progress)",
+            "last: 'preempt [HOST]', 'notice [HOST]' or 'scale N' (tests trigger chaos on "
+            "training progress)",
         )
 
     @classmethod
@@ -164,6 +200,8 @@ class LocalProvider(Provider):
             scale_up_to=options.scale_up_to,
             preempt_at=options.preempt_at,
             preempt_host=options.preempt_host,
+            notice_at=options.notice_at,
+            notice_lead=options.notice_lead,
             control=options.control,
         )
 
@@ -212,12 +250,31 @@ class LocalProvider(Provider):
     def describe(self) -> str:
         return f"local group ({len(self._live())} hosts)"
 
+    def notice_watcher(self, instance: Instance) -> Mapping[str, Any] | None:
+        """The real AWS watcher, pointed at the host's part of the loopback service."""
+        with self._lock:
+            if self._imds is None:
+                self._imds = FakeImds().start()
+            endpoint = self._imds.endpoint(instance.id)
+        return {"watcher": "aws", "endpoint": endpoint, "interval": NOTICE_POLL_SECONDS}
+
+    def host_noticed(self, instance: Instance, notice: InterruptionNotice) -> None:
+        """Launch the leaving host's replacement now, as a cloud group may."""
+        with self._lock:
+            host = self._hosts.get(instance.id)
+            if host is None or host.leaving or notice.kind == "rebalance":
+                return
+            host.leaving = True
+            self._maintain()
+
     def close(self) -> None:
         for timer in self._timers:
             timer.cancel()
         with self._lock:
             for host in self._hosts.values():
                 self._kill(host, signal.SIGKILL)
+            if self._imds is not None:
+                self._imds.stop()
 
     # ------------------------------------------------------- local processes
 
@@ -243,19 +300,49 @@ class LocalProvider(Provider):
     def preempt(self, name: str | None = None) -> str | None:
         """Hard-preempt a host: SIGKILL its workers, then report it GONE.
 
-        Without ``name``, takes the newest READY host other than host-0 when there is
-        a choice. Returns the host's name, or None when there was nothing to preempt.
+        Without ``name``, takes the newest READY host when there is a choice. Returns
+        the host's name, or None when there was nothing to preempt.
         """
         with self._lock:
-            ready = [h for h in self._hosts.values() if h.state is InstanceState.READY]
-            host = self._hosts.get(name) if name is not None else ready[-1] if ready else None
-            if host is None or host.state is InstanceState.GONE:
+            host = self._pick(name)
+            if host is None:
                 self._note(f"chaos: nothing to preempt ({name or 'no READY host'})")
                 return None
             self._note(f"chaos: preempted {host.name} (SIGKILL to its workers)")
             self._kill(host, signal.SIGKILL)
             host.state = InstanceState.GONE
+            if self._imds is not None:
+                self._imds.forget(host.name)
             return host.name
+
+    def notice(self, name: str | None = None, lead: float | None = None) -> str | None:
+        """Announce a host's interruption on its metadata service; preempt it ``lead``
+        seconds later (default ``--notice-lead``). Returns the host's name, or None."""
+        lead = self._notice_lead if lead is None else lead
+        with self._lock:
+            host = self._pick(name)
+            if host is None:
+                self._note(f"chaos: nothing to notice ({name or 'no READY host'})")
+                return None
+            if self._imds is None:
+                self._imds = FakeImds().start()
+            self._imds.announce_interruption(host.name, time.time() + lead)
+            self._note(f"chaos: interruption notice to {host.name}, {lead:g} s ahead")
+            timer = threading.Timer(lead, self.preempt, kwargs={"name": host.name})
+            timer.daemon = True
+            self._timers.append(timer)
+            timer.start()
+            return host.name
+
+    def _pick(self, name: str | None) -> _Host | None:
+        """Host ``name``, or the newest READY one not already leaving (lock held)."""
+        if name is not None:
+            host = self._hosts.get(name)
+            return host if host is not None and host.state is not InstanceState.GONE else None
+        ready = [
+            h for h in self._hosts.values() if h.state is InstanceState.READY and not h.leaving
+        ]
+        return ready[-1] if ready else None
 
     def _run_control_commands(self) -> None:
         """Run the lines appended to the ``--control`` file since the last refresh."""
@@ -273,8 +360,9 @@ class LocalProvider(Provider):
             words = line.split()
             if not words:
                 continue
-            if words[0] == "preempt" and len(words) <= 2:
-                self.preempt(words[1] if len(words) == 2 else None)
+            if words[0] in ("preempt", "notice") and len(words) <= 2:
+                chaos = self.preempt if words[0] == "preempt" else self.notice
+                chaos(words[1] if len(words) == 2 else None)
             elif words[0] == "scale" and len(words) == 2 and words[1].isdigit():
                 with self._lock:
                     self._note(f"chaos: group scaled to {words[1]} hosts")
@@ -298,10 +386,11 @@ class LocalProvider(Provider):
         )
 
     def _live(self) -> list[_Host]:
+        """Hosts the group counts towards its size: not gone and not leaving."""
         return [
             h
             for h in self._hosts.values()
-            if h.state in (InstanceState.PENDING, InstanceState.READY)
+            if h.state in (InstanceState.PENDING, InstanceState.READY) and not h.leaving
         ]
 
     def _resize(self, size: int) -> None:

@@ -141,3 +141,59 @@ def wait_for_worker(driver_pid: int, rank: int, events: Path, min_step: int) -> 
                 return pid, environ["HOROVOD_HOSTNAME"]
         time.sleep(0.2)
     raise AssertionError(f"rank {rank} did not reach step {min_step} at size 4")
+
+
+@pytest.mark.parametrize("state", ["spotring", "horovod"])
+def test_noticed_preemption_leaves_at_a_commit_with_nothing_rolled_back(
+    repo: Path, tmp_path: Path, state: str
+) -> None:
+    """The host hears its notice through the (fake) metadata service, the real AWS
+    watcher reports it, and the ring re-forms without it at the next commit: the
+    survivors resume exactly where they committed. With spotring's TorchState and
+    with plain hvd.elastic.TorchState."""
+    events, control = tmp_path / "events.jsonl", tmp_path / "control"
+    argv = [
+        *(SPOTRING, "--log-level", "info", "run", "--provider", "local"),
+        *("-np", "3", "--min-np", "2", "--max-np", "3", "--hosts", "3"),
+        *("--refresh-interval", "0.5", "--boot-seconds", "3600", "--control", str(control)),
+        *("--notice-lead", "600"),  # the deadline never comes: the host must leave by itself
+        *job(repo, events, "--epochs", "5", "--step-seconds", "0.05", "--state", state),
+    ]
+    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+        wait_for_events(process, events, commits(size=3, steps=10), "10 commits at size 3")
+        control.write_text("notice host-2\n")
+        log, _ = process.communicate(timeout=JOB_TIMEOUT)
+    assert process.returncode == 0, log[-4000:]
+    recorded = read_events(events)
+    assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 2
+    resumes = [i for i, e in enumerate(recorded) if e["event"] == "resume" and e["size"] == 2]
+    assert len(resumes) == 1, recorded
+    last_commit = max(e["step"] for e in recorded[: resumes[0]] if e["event"] == "commit")
+    assert recorded[resumes[0]]["step"] == last_commit, "steps were rolled back"
+    assert "host host-2 announced preempt" in log
+    assert "host-2 has left the ring; stopping its workers" in log
+    assert "failed hosts: none" in log
+    assert "interruption notices: host-2 (preempt" in log
+    assert "chaos: preempted host-2" not in log  # it left long before its deadline
+    assert "Traceback" not in log and "terminate called" not in log
+
+
+def test_notice_too_short_to_drain_falls_back_to_the_hard_kill_path(
+    repo: Path, tmp_path: Path
+) -> None:
+    events, control = tmp_path / "events.jsonl", tmp_path / "control"
+    argv = [
+        *(SPOTRING, "run", "--provider", "local", "-np", "3", "--min-np", "2", "--max-np", "3"),
+        *("--hosts", "3", "--refresh-interval", "0.5", "--boot-seconds", "3600"),
+        *("--control", str(control), "--notice-lead", "0"),
+        *job(repo, events, "--epochs", "4", "--step-seconds", "0.05"),
+    ]
+    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+        wait_for_events(process, events, commits(size=3, steps=10), "10 commits at size 3")
+        control.write_text("notice host-2\n")
+        log, _ = process.communicate(timeout=JOB_TIMEOUT)
+    assert process.returncode == 0, log[-4000:]
+    recorded = read_events(events)
+    assert_no_committed_step_lost(recorded)
+    assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 2
+    assert "chaos: preempted host-2" in log

@@ -3,7 +3,8 @@
 The launcher starts ``python -m spotring.worker_image.supervisor`` (locally, or on the
 worker host over ssh) and writes one JSON line to its stdin::
 
-    {"argv": [...], "env": {...}, "cwd": "/dir", "grace": 5.0}
+    {"argv": [...], "env": {...}, "cwd": "/dir", "grace": 5.0,
+     "launch": "<id>", "notices": {"watcher": "aws", ...}}
 
 Why a supervisor instead of ``env K=V ... command`` on a command line:
 
@@ -17,6 +18,10 @@ Why a supervisor instead of ``env K=V ... command`` on a command line:
 * The worker gets spotring's ``sitecustomize`` (the fast peer-failure abort, whatever
   state class the script uses) and, unless given one, the network interface that routes
   to the driver's rendezvous server, found on this host.
+* With ``notices``, the supervisor watches the cloud's metadata service for an
+  interruption notice about this host (``spotring.worker_image.notices``) and reports
+  it to the driver as a signed line on its stdout. It then relays the worker's output
+  itself, so a report always starts a line of its own.
 
 The supervisor exits as its worker did: with its exit code, or killed by the same signal.
 """
@@ -35,6 +40,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from spotring.worker_image.notices import NoticeReporter, make_watcher
+from spotring.worker_image.peer_abort import JOB_KEY_ENV
 
 SITEHOOK_DIR = str(Path(__file__).resolve().with_name("sitehook"))
 """Put first on the worker's PYTHONPATH: its sitecustomize installs the peer abort."""
@@ -116,10 +124,58 @@ def _read_spec(fd: int) -> dict[str, Any]:
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         raise ValueError("'env' must map strings to strings")
+    if spec.get("notices") is not None and not (
+        isinstance(spec["notices"], dict) and isinstance(spec.get("launch"), str)
+    ):
+        raise ValueError("'notices' must be an object, with a 'launch' id")
     return spec
 
 
-def _stop_group_when_stdin_closes(grace: float) -> None:
+class _Output:
+    """This process's stdout, shared by the worker's relayed output and notice lines."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at_line_start = True
+
+    def relay(self, fd: int) -> None:
+        """Copy the worker's output from ``fd`` until it closes."""
+        while chunk := os.read(fd, 65536):
+            with self._lock:
+                _write_all(1, chunk)
+                self._at_line_start = chunk.endswith(b"\n")
+        os.close(fd)
+
+    def line(self, text: str) -> None:
+        """Write ``text`` (one line) so that it starts a line of its own."""
+        with self._lock:
+            _write_all(1, (b"" if self._at_line_start else b"\n") + text.encode())
+            self._at_line_start = True
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BrokenPipeError:  # the driver is gone: nothing left to tell
+            return
+
+
+def _notice_reporter(spec: dict[str, Any], output: _Output) -> NoticeReporter | None:
+    """The reporter the spec asks for (None: none asked, or no job key to sign with)."""
+    config, key = spec.get("notices"), spec.get("env", {}).get(JOB_KEY_ENV, "")
+    if not config or not key:
+        return None
+    try:
+        watcher = make_watcher(config)
+        return NoticeReporter(watcher, bytes.fromhex(key), spec["launch"], output.line)
+    except Exception as error:  # a bad watcher must not keep the worker from training
+        print(f"spotring supervisor: no notice watcher: {error}", file=sys.stderr)
+        return None
+
+
+def _stop_group_when_stdin_closes(grace: float, reporter: NoticeReporter | None) -> None:
     # The raw descriptor, not sys.stdin: a daemon thread blocked in a buffered read
     # holds its lock, which would abort the interpreter's shutdown.
     while os.read(0, 65536):
@@ -127,6 +183,10 @@ def _stop_group_when_stdin_closes(grace: float) -> None:
     group = os.getpgid(0)
     try:
         os.killpg(group, signal.SIGTERM)  # the worker and its children; ours is a no-op
+        if reporter is not None:
+            # Stopped after a notice: the host has left the ring, the cloud may go on.
+            reporter.stop()
+            reporter.acknowledge()
         time.sleep(grace)
         os.killpg(group, signal.SIGKILL)  # whatever is left, this process included
     except ProcessLookupError:
@@ -148,25 +208,40 @@ def main() -> int:
     if not (isinstance(cwd, str) and os.path.isdir(cwd)):
         cwd = None
     env = worker_environment(os.environ, spec.get("env", {}))
+    output = _Output()
+    reporter = _notice_reporter(spec, output)
+    relay_fd, worker_out = os.pipe() if reporter is not None else (None, None)
     try:
         worker = subprocess.Popen(
             spec["argv"],
             env=env,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
+            stdout=worker_out,
+            stderr=worker_out,
             preexec_fn=_die_with_parent,  # one libc call before exec: no locks taken
         )
     except OSError as error:
         print(f"spotring: cannot start {spec['argv'][0]!r}: {error}", file=sys.stderr)
         return CANNOT_START_EXIT
+    relay = None
+    if reporter is not None and relay_fd is not None and worker_out is not None:
+        os.close(worker_out)  # the worker holds it; EOF when the worker (group) is done
+        relay = threading.Thread(target=output.relay, args=(relay_fd,), daemon=True)
+        relay.start()
+        reporter.start()
     grace = float(spec.get("grace", DEFAULT_GRACE_SECONDS))
-    threading.Thread(target=_stop_group_when_stdin_closes, args=(grace,), daemon=True).start()
+    threading.Thread(
+        target=_stop_group_when_stdin_closes, args=(grace, reporter), daemon=True
+    ).start()
     while True:
         try:
             code = worker.wait()
             break
         except InterruptedError:  # pragma: no cover - PEP 475 retries for us
             continue
+    if relay is not None:
+        relay.join(timeout=2.0)  # the worker's last lines (children may hold the pipe)
     if code < 0:  # die the way the worker did, so the driver sees the signal
         with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
             signal.signal(-code, signal.SIG_DFL)
