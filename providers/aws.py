@@ -489,6 +489,11 @@ class AwsProvider(CloudGroupProvider):
         """The group's MinSize, described afresh."""
         return int(self._describe_group()["MinSize"])
 
+    def notice_watcher(self, instance: Instance) -> Mapping[str, Any] | None:
+        """Every host watches EC2 instance metadata (IMDSv2): spot/instance-action,
+        rebalance recommendations, the group's target lifecycle state."""
+        return {"watcher": "aws"}
+
     def describe(self) -> str:
         """``aws auto scaling group NAME (REGION)``."""
         return f"aws auto scaling group {self.group} ({self.region})"

@@ -571,6 +571,11 @@ class AzureProvider(CloudGroupProvider):
         """0: a scale set has no minimum capacity of its own."""
         return 0
 
+    def notice_watcher(self, instance: Instance) -> Mapping[str, Any] | None:
+        """Every host watches Scheduled Events (Preempt, Terminate), acknowledged once
+        the host has left the ring."""
+        return {"watcher": "azure"}
+
     def describe(self) -> str:
         """``azure scale set NAME (RESOURCE_GROUP)``."""
         return f"azure scale set {self.group} ({self.resource_group})"

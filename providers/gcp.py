@@ -578,6 +578,11 @@ class GcpProvider(CloudGroupProvider):
         """``zone Z`` or ``region R``."""
         return f"zone {self.zone}" if self.zone else f"region {self.region}"
 
+    def notice_watcher(self, instance: Instance) -> Mapping[str, Any] | None:
+        """Every host watches the metadata server: instance/preempted (a hanging GET)
+        and maintenance events."""
+        return {"watcher": "gcp"}
+
     def describe(self) -> str:
         """``gcp managed instance group NAME (PROJECT, zone Z or region R)``."""
         return f"gcp managed instance group {self.group} ({self.project}, {self.location})"
