@@ -259,10 +259,11 @@ class LocalProvider(Provider):
         return {"watcher": "aws", "endpoint": endpoint, "interval": NOTICE_POLL_SECONDS}
 
     def host_noticed(self, instance: Instance, notice: InterruptionNotice) -> None:
-        """Launch the leaving host's replacement now, as a cloud group may."""
+        """Launch the host's replacement now, as a cloud group may (for a rebalance
+        recommendation too: the host keeps training until its real notice)."""
         with self._lock:
             host = self._hosts.get(instance.id)
-            if host is None or host.leaving or notice.kind == "rebalance":
+            if host is None or host.leaving:
                 return
             host.leaving = True
             self._maintain()

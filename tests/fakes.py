@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from spotring.providers.base import Instance, InstanceState, Provider, ProviderError
+from spotring.providers.base import (
+    Instance,
+    InstanceState,
+    InterruptionNotice,
+    Provider,
+    ProviderError,
+)
 
 
 def instance(name: str, state: InstanceState = InstanceState.READY, slots: int = 1) -> Instance:
@@ -23,6 +29,7 @@ class ScriptedProvider(Provider):
         self.list_calls = 0
         self.targets: list[int] = []
         self.replaced: list[str] = []
+        self.noticed: list[tuple[str, str]] = []
 
     @classmethod
     def from_options(cls, options: argparse.Namespace) -> ScriptedProvider:
@@ -39,3 +46,6 @@ class ScriptedProvider(Provider):
 
     def replace_instance(self, instance_id: str) -> None:
         self.replaced.append(instance_id)
+
+    def host_noticed(self, instance: Instance, notice: InterruptionNotice) -> None:
+        self.noticed.append((instance.id, notice.kind))

@@ -17,6 +17,7 @@ from spotring.providers.base import (
     ConfigurationError,
     Instance,
     InstanceState,
+    InterruptionNotice,
     ProviderError,
     hosts_for_slots,
 )
@@ -398,3 +399,64 @@ def test_no_host_is_replaced_when_the_whole_job_fails_within_the_grace(
     controller.stop()  # the job ended: nothing is due any more
     controller._replace_due()
     assert provider.replaced == []
+
+
+class NoticeRecorder:
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, str, bool, str]] = []
+
+    @hookimpl
+    def spotring_host_noticed(self, instance, notice, draining) -> None:  # type: ignore[no-untyped-def]
+        self.heard.append(
+            (instance.address, notice.kind, draining, threading.current_thread().name)
+        )
+
+
+def test_a_noticed_host_drains_at_once_and_its_replacement_is_asked_for(
+    provider: ScriptedProvider,
+) -> None:
+    recorder = NoticeRecorder()
+    controller = make_controller(provider, recorder, job=JOB)
+    assert controller.refresh()
+    deadline = time.time() + 120
+    assert controller.host_noticed("b", InterruptionNotice("preempt", deadline))
+    # Discovery drops it before the controller thread runs at all.
+    inventory = controller.inventory
+    assert inventory is not None and inventory.hosts_and_slots() == {"a": 1}
+    b = inventory.by_address("b")
+    assert b is not None and b.state is InstanceState.DRAINING and b.notice.deadline == deadline
+    assert controller.refresh()  # still draining after the next listing
+    assert controller.inventory.hosts_and_slots() == {"a": 1}  # type: ignore[union-attr]
+
+    controller.start()
+    try:
+        eventually(lambda: provider.noticed == [("i-b", "preempt")])
+        eventually(lambda: recorder.heard)
+        assert recorder.heard == [("b", "preempt", True, "spotring-controller")]
+        # The same notice from the host's other worker changes nothing.
+        assert controller.host_noticed("b", InterruptionNotice("preempt", deadline))
+        time.sleep(0.1)
+        assert len(recorder.heard) == 1
+        # Once the cloud no longer lists it, the notice is forgotten.
+        provider.members = [m for m in provider.members if m.address != "b"]
+        eventually(lambda: controller.inventory.by_address("b") is None)  # type: ignore[union-attr]
+    finally:
+        controller.stop()
+    assert not controller._notices
+
+
+@pytest.mark.parametrize("drain_on_rebalance", [False, True])
+def test_a_rebalance_recommendation_drains_only_when_asked(
+    provider: ScriptedProvider, drain_on_rebalance: bool
+) -> None:
+    job = JobShape(
+        num_proc=2, min_num_proc=1, max_num_proc=3, drain_on_rebalance=drain_on_rebalance
+    )
+    controller = make_controller(provider, job=job)
+    assert controller.refresh()
+    drained = controller.host_noticed("b", InterruptionNotice("rebalance"))
+    assert drained is drain_on_rebalance
+    ready = controller.inventory.hosts_and_slots()  # type: ignore[union-attr]
+    assert ("b" in ready) is not drain_on_rebalance
+    controller._take_noticed_hosts()
+    assert provider.noticed == [("i-b", "rebalance")]  # a replacement starts early either way

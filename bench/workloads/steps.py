@@ -1,7 +1,8 @@
 """A training loop for the recovery benchmark: one JSON line per completed step.
 
 Rank 0 appends ``{"t", "step", "size", "event"}`` to ``--log`` after every optimizer
-step ("step"), after every commit ("commit") and when training (re)starts ("resume").
+step ("step"), after every commit ("commit", every ``--commit-every`` steps) and when
+training (re)starts ("resume").
 ``--state spotring`` uses spotring's TorchState; ``--state horovod`` uses
 ``hvd.elastic.TorchState`` (the anchor's, and a spotring row of its own: the fast
 abort does not depend on the state class). Runs until the benchmark stops the job.
@@ -22,6 +23,7 @@ def main() -> None:
     parser.add_argument("--step-log", required=True)
     parser.add_argument("--state", choices=["spotring", "horovod"], default="spotring")
     parser.add_argument("--step-seconds", type=float, default=0.05)
+    parser.add_argument("--commit-every", type=int, default=1, help="steps between commits")
     args = parser.parse_args()
 
     hvd.init()
@@ -56,8 +58,9 @@ def main() -> None:
             state.step += 1
             log("step")
             time.sleep(args.step_seconds)
-            state.commit()
-            log("commit")
+            if state.step % args.commit_every == 0:
+                state.commit()
+                log("commit")
 
     train(state)
 
