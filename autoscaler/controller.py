@@ -399,10 +399,8 @@ class Controller:
             self._emit("spotring_host_noticed", instance=instance, notice=notice, draining=drain)
             try:
                 self._call("starting a replacement", self.provider.host_noticed, instance, notice)
-            except ProviderError as error:
-                if not error.retryable:
-                    raise
-                log.warning("could not start a replacement for %s: %s", instance.id, error)
+            except ProviderError as error:  # the group still replaces it after the reclaim
+                log.warning("could not start a replacement for %s early: %s", instance.id, error)
 
     def notice_watcher(self, address: str) -> dict[str, Any] | None:
         """The notice watcher for the host at ``address`` (``Provider.notice_watcher``)."""

@@ -21,6 +21,7 @@ from spotring.providers.base import (
     ConfigurationError,
     Instance,
     InstanceState,
+    InterruptionNotice,
     Lifecycle,
     ProviderError,
 )
@@ -46,6 +47,7 @@ _IAM_ACTION_BY_OPERATION: Mapping[str, str] = {
     "DescribeAutoScalingInstances": "autoscaling:DescribeAutoScalingInstances",
     "SetDesiredCapacity": "autoscaling:SetDesiredCapacity",
     "SetInstanceHealth": "autoscaling:SetInstanceHealth",
+    "DetachInstances": "autoscaling:DetachInstances",
     "DescribeInstances": "ec2:DescribeInstances",
     "DescribeInstanceTypes": "ec2:DescribeInstanceTypes",
 }
@@ -57,6 +59,7 @@ allow all of them (see :func:`iam_policy`)."""
 IAM_STEERING_ACTIONS: tuple[str, ...] = (
     "autoscaling:SetDesiredCapacity",
     "autoscaling:SetInstanceHealth",
+    "autoscaling:DetachInstances",
 )
 """The actions that change the group; they accept the group's ARN as resource, while
 the Describe* actions only accept ``"*"``."""
@@ -488,6 +491,22 @@ class AwsProvider(CloudGroupProvider):
     def scale_down_size(self) -> int:
         """The group's MinSize, described afresh."""
         return int(self._describe_group()["MinSize"])
+
+    def host_noticed(self, instance: Instance, notice: InterruptionNotice) -> None:
+        """At EC2's two-minute warning, detach the instance without lowering the
+        desired capacity: the group launches its replacement now instead of after the
+        reclaim, and EC2 still terminates the instance at the deadline (an Auto
+        Scaling group's spot instances are always terminated, never stopped)."""
+        if notice.kind != "preempt":
+            return  # scale-in is the group's own doing; a rebalance is only a risk
+        self._call(
+            self.autoscaling,
+            "DetachInstances",
+            InstanceIds=[instance.id],
+            AutoScalingGroupName=self.group,
+            ShouldDecrementDesiredCapacity=False,
+        )
+        log.info("aws: detached %s from %s; its replacement launches now", instance.id, self.group)
 
     def notice_watcher(self, instance: Instance) -> Mapping[str, Any] | None:
         """Every host watches EC2 instance metadata (IMDSv2): spot/instance-action,

@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from spotring.providers.aws import (
 from spotring.providers.base import (
     ConfigurationError,
     InstanceState,
+    InterruptionNotice,
     Lifecycle,
     ProviderError,
 )
@@ -741,9 +743,10 @@ def test_iam_actions_are_exactly_the_calls_made(moto: None) -> None:
     provider = make_provider(scale_down_on_exit=True)
     ops = count_operations(provider.autoscaling, provider.ec2)
 
-    provider.list_instances()
+    listed = provider.list_instances()
     provider.set_target_size(4)
     provider.replace_instance(ids[0])
+    provider.host_noticed(listed[1], InterruptionNotice("preempt"))
     provider.job_finished(argparse.Namespace())
 
     assert set(ops) == set(IAM_ACTIONS)
@@ -774,3 +777,27 @@ def test_only_members_not_yet_running_are_described_again(moto: None) -> None:
     assert ops["ec2:DescribeInstances"] == 2
     (new,) = [i for i in listed if i.id not in ids]
     assert new.address and new.is_ready
+
+
+def test_a_spot_notice_detaches_the_host_so_its_replacement_launches_now(moto: None) -> None:
+    ids = create_group(size=2)
+    provider = make_provider()
+    sent = capture_params(provider.autoscaling, "DetachInstances")
+    noticed = {i.id: i for i in provider.list_instances()}[ids[1]]
+
+    provider.host_noticed(noticed, InterruptionNotice("rebalance"))  # only a risk: kept
+    provider.host_noticed(noticed, InterruptionNotice("terminate"))  # the group's own scale-in
+    assert sent == []
+    provider.host_noticed(noticed, InterruptionNotice("preempt", time.time() + 120))
+
+    assert sent == [
+        {
+            "InstanceIds": [ids[1]],
+            "AutoScalingGroupName": "workers",
+            "ShouldDecrementDesiredCapacity": False,
+        }
+    ]
+    members = {i.id for i in provider.list_instances()}
+    assert ids[1] not in members and ids[0] in members and len(members) == 2
+    group = client("autoscaling").describe_auto_scaling_groups(AutoScalingGroupNames=["workers"])
+    assert group["AutoScalingGroups"][0]["DesiredCapacity"] == 2

@@ -45,6 +45,7 @@ ASSUMED_IAM_ACTIONS = frozenset(
         "autoscaling:DescribeAutoScalingGroups",
         "autoscaling:SetDesiredCapacity",
         "autoscaling:SetInstanceHealth",
+        "autoscaling:DetachInstances",
         "autoscaling:TerminateInstanceInAutoScalingGroup",
         "ec2:DescribeInstances",
         "ec2:DescribeInstanceTypes",

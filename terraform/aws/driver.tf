@@ -27,6 +27,7 @@ data "aws_iam_policy_document" "driver" {
     actions = [
       "autoscaling:SetDesiredCapacity",
       "autoscaling:SetInstanceHealth",
+      "autoscaling:DetachInstances",
     ]
     resources = [aws_autoscaling_group.workers.arn]
   }
