@@ -25,7 +25,8 @@ class ProgressReporter:
         self._started = time.monotonic()
         self.membership_changes = 0
         self.host_failures: list[str] = []
-        self.notices: list[str] = []
+        self.notices: dict[str, str] = {}  # address -> what its notice came to
+        self._draining: dict[str, bool] = {}  # address -> no failure since its notice
         self._lock = threading.Lock()
 
     def _say(self, text: str) -> None:
@@ -56,18 +57,31 @@ class ProgressReporter:
         self, instance: Instance, notice: InterruptionNotice, draining: bool
     ) -> None:
         lead = "" if notice.deadline is None else f", {notice.deadline - time.time():.0f} s ahead"
-        self.notices.append(f"{instance.address} ({notice.kind}{lead})")
         then = "leaves the ring at the next commit" if draining else "keeps training"
+        self.notices[instance.address] = f"{notice.kind}{lead}" + ("" if draining else ", kept")
+        if draining:
+            self._draining[instance.address] = True
         self._say(f"host {instance.address} announced {notice.kind}{lead}; {then}")
 
     @hookimpl
     def spotring_host_failed(self, instance: Instance, reason: str) -> None:
         self.host_failures.append(instance.address)
+        if self._draining.pop(instance.address, None) is not None:
+            self.notices[instance.address] += ": died before it could leave (rolled back)"
+        # A ring re-formed after a failure restores its last commit: no longer clean.
+        self._draining = dict.fromkeys(self._draining, False)
         self._say(f"host {instance.address} failed ({reason}); taken out of the job")
 
     def ring_formed(self, size: int, hosts: list[str]) -> None:
         """Horovod's driver assigned ranks for a new ring."""
         self._say(f"ring of {size} workers on {', '.join(hosts)}")
+        for address in sorted(set(self._draining) - set(hosts)):
+            # Left at a commit: the survivors saved it and restore nothing, unless a
+            # failure since made the ring roll back anyway.
+            clean = self._draining.pop(address)
+            what = "left at a commit, 0 steps rolled back" if clean else "left"
+            self.notices[address] += f": {what}"
+            self._say(f"host {address} {what.replace('left', 'left the ring', 1)}")
 
     def summary(
         self,
@@ -84,7 +98,8 @@ class ProgressReporter:
             f"resets: {max(0, len(world_sizes) - 1)}",
             f"membership changes: {self.membership_changes}",
             f"failed hosts: {', '.join(self.host_failures) or 'none'}",
-            f"interruption notices: {', '.join(self.notices) or 'none'}",
+            "interruption notices: "
+            + (", ".join(f"{a} ({what})" for a, what in self.notices.items()) or "none"),
         ]
         lines += [f"at {at:5.1f}s {what}" for at, what in events]
         width = max(len(line) for line in lines)

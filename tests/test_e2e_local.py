@@ -173,6 +173,7 @@ def test_noticed_preemption_leaves_at_a_commit_with_nothing_rolled_back(
     assert "host host-2 announced preempt" in log
     assert "host-2 has left the ring; stopping its workers" in log
     assert "failed hosts: none" in log
+    assert "host host-2 left the ring at a commit, 0 steps rolled back" in log
     assert "interruption notices: host-2 (preempt" in log
     assert "chaos: preempted host-2" not in log  # it left long before its deadline
     assert "Traceback" not in log and "terminate called" not in log
