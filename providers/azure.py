@@ -34,6 +34,7 @@ from spotring.providers.base import (
     ConfigurationError,
     Instance,
     InstanceState,
+    InterruptionNotice,
     Lifecycle,
     ProviderError,
 )
@@ -566,6 +567,16 @@ class AzureProvider(CloudGroupProvider):
         if self._set is not None and self._set.sku is not None:
             self._set.sku.capacity = size
         log.info("azure: scale set %s capacity -> %d", self.group, size)
+
+    def host_noticed(self, instance: Instance, notice: InterruptionNotice) -> None:
+        """At a spot eviction notice, grow the set by one now: its replacement starts
+        while the VM still trains. The eviction (policy Delete), or spotring's delete of
+        the deallocated VM, takes the capacity back down to what spotring wants."""
+        if notice.kind != "preempt" or not self.can_resize or self._set is None:
+            return
+        if self._wanted is None:
+            self._wanted = self._capacity
+        self._update_capacity(self._capacity + 1)
 
     def scale_down_size(self) -> int:
         """0: a scale set has no minimum capacity of its own."""

@@ -39,7 +39,7 @@ from spotring.providers.local_metadata import FakeImds
 from spotring.providers.options import non_negative_int, non_negative_seconds
 
 DEFAULT_NOTICE_LEAD_SECONDS = 10.0
-NOTICE_POLL_SECONDS = 0.25
+NOTICE_POLL_SECONDS = 1.0  # as often as the AWS watcher polls a real host
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,13 @@ import pytest
 pytest.importorskip("azure.mgmt.compute", reason="the azure extra is not installed")
 
 from spotring.providers.azure import IAM_ACTIONS, AzureProvider, client_options, member_state
-from spotring.providers.base import ConfigurationError, InstanceState, Lifecycle, ProviderError
+from spotring.providers.base import (
+    ConfigurationError,
+    InstanceState,
+    InterruptionNotice,
+    Lifecycle,
+    ProviderError,
+)
 from spotring.providers.conformance import ProviderContract
 from tests.azure_fake import PERMISSIONS, FakeArm, FakeScaleSet, Member
 
@@ -223,6 +230,29 @@ def test_an_evicted_vm_is_replaced(fake: FakeArm, policy: str) -> None:
         provider.list_instances()
 
     assert victim not in members(vmss) and vmss.capacity == 2
+    assert sum(i.is_ready for i in provider.list_instances()) == 2
+
+
+@pytest.mark.parametrize("policy", ["Deallocate", "Delete"])
+def test_an_eviction_notice_starts_the_replacement_at_once(fake: FakeArm, policy: str) -> None:
+    vmss = fake.add_scale_set("workers", capacity=2, eviction_policy=policy)
+    provider = make_provider(fake)
+    provider.set_target_size(2)
+    victim = provider.list_instances()[0]
+
+    provider.host_noticed(victim, InterruptionNotice("rebalance"))  # Azure has none; ignored
+    provider.host_noticed(victim, InterruptionNotice("preempt", time.time() + 30))
+    assert [u.body for u in fake.calls("virtualMachineScaleSets.update")] == [
+        {"sku": {"capacity": 3}}
+    ]
+    for _ in range(3):
+        provider.list_instances()
+    assert sum(i.is_ready for i in provider.list_instances()) == 3  # still training on it
+
+    vmss.evict(members(vmss)[victim.id].key)  # the eviction comes
+    for _ in range(6):
+        provider.list_instances()
+    assert victim.id not in members(vmss) and vmss.capacity == 2
     assert sum(i.is_ready for i in provider.list_instances()) == 2
 
 
