@@ -26,8 +26,9 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.providers.base import (
@@ -82,6 +83,9 @@ READ_TIMEOUT = 20.0
 """Seconds; a stuck call must not hold the controller thread for azure-core's 300 s."""
 
 DEFAULT_SLOTS_TAG = "spotring-slots"
+
+COMPUTE_API_VERSION = "2024-07-01"
+"""Of the VM lists spotring reads as plain JSON (the SDK's models cost too much CPU)."""
 
 CAPACITY_ERRORS = frozenset(
     {
@@ -185,10 +189,57 @@ class _Member:
 def _status(statuses: Iterable[Any], prefix: str) -> tuple[str, str]:
     """The code after ``prefix`` of the first status with it, and its message."""
     for status in statuses or ():
-        code = status.code or ""
+        code = str(status.get("code") or "") if isinstance(status, dict) else ""
         if code.startswith(prefix):
-            return code[len(prefix) :], status.message or ""
+            return code[len(prefix) :], str(status.get("message") or "")
     return "", ""
+
+
+def _member_of(
+    vm: Mapping[str, Any], set_spot: bool, set_size: str, set_tags: Mapping[str, str]
+) -> _Member:
+    """A VM of the set as ARM's JSON lists it (Uniform or Flexible shape)."""
+    props = vm.get("properties") or {}
+    view = props.get("instanceView") or {}
+    statuses = view.get("statuses") or ()
+    health = ((view.get("vmHealth") or {}).get("status") or {}).get("code") or ""
+    size = (
+        (vm.get("sku") or {}).get("name")
+        or (props.get("hardwareProfile") or {}).get("vmSize")
+        or set_size
+    )
+    priority = props.get("priority")
+    failure, failure_message = _status(statuses, "ProvisioningState/failed/")
+    return _Member(
+        name=str(vm.get("name") or ""),
+        resource_id=str(vm.get("id") or ""),
+        instance_id=str(vm.get("instanceId") or ""),
+        provisioning=str(props.get("provisioningState") or ""),
+        power=_status(statuses, "PowerState/")[0],
+        health=str(health).removeprefix("HealthState/"),
+        size=str(size),
+        spot=priority == "Spot" if priority else set_spot,
+        zone=str((vm.get("zones") or [""])[0]),
+        tags={**set_tags, **(vm.get("tags") or {})},
+        created=_timestamp(props.get("timeCreated")),
+        failure=failure,
+        failure_message=failure_message,
+    )
+
+
+_FRACTION = re.compile(r"\.(\d+)")
+
+
+def _timestamp(text: Any) -> float | None:
+    """Epoch seconds of ARM's ``2026-11-23T04:00:00.1234567+00:00`` (None if unreadable)."""
+    if not isinstance(text, str) or not text:
+        return None
+    # ARM writes 7 fraction digits and sometimes "Z"; fromisoformat wants at most 6.
+    text = _FRACTION.sub(lambda m: "." + m.group(1)[:6].ljust(6, "0"), text, count=1)
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 # ------------------------------------------------------------------------ provider
@@ -352,56 +403,23 @@ class AzureProvider(CloudGroupProvider):
         # A Flexible set's VMs need not carry the set's tags (Terraform puts the slots
         # tag on the set): a VM's own tag wins, the set's fills in.
         set_tags = dict(self._set.tags or {}) if self._set else {}
+        group = f"/subscriptions/{quote(self.subscription, safe='')}/resourceGroups/"
+        group += quote(self.resource_group, safe="")
         if self.flexible:
             set_filter = f"'virtualMachineScaleSet/id' eq '{self._set.id}'"
-            vms = self._pages(
+            vms = self._json_pages(
                 "virtualMachines.list",
-                lambda: self._compute.virtual_machines.list(
-                    self.resource_group, filter=set_filter, expand="instanceView"
-                ),
+                f"{group}/providers/Microsoft.Compute/virtualMachines",
+                {"$filter": set_filter, "$expand": "instanceView"},
             )
         else:
-            vms = self._pages(
+            vms = self._json_pages(
                 "virtualMachineScaleSetVMs.list",
-                lambda: self._compute.virtual_machine_scale_set_vms.list(
-                    self.resource_group, self.group, expand="instanceView"
-                ),
+                f"{group}/providers/Microsoft.Compute/virtualMachineScaleSets/"
+                f"{quote(self.group, safe='')}/virtualMachines",
+                {"$expand": "instanceView"},
             )
-        return [self._member(vm, set_spot, set_size, set_tags) for vm in vms]
-
-    def _member(
-        self, vm: Any, set_spot: bool, set_size: str, set_tags: Mapping[str, str]
-    ) -> _Member:
-        props = vm.properties
-        view = props.instance_view if props else None
-        statuses = view.statuses if view else ()
-        health = ""
-        if view is not None and view.vm_health is not None and view.vm_health.status:
-            health = (view.vm_health.status.code or "").removeprefix("HealthState/")
-        hardware = props.hardware_profile if props else None
-        size = (
-            (vm.sku.name if getattr(vm, "sku", None) else "")
-            or (hardware.vm_size if hardware else "")
-            or set_size
-        )
-        priority = getattr(props, "priority", None)
-        created = props.time_created.timestamp() if props and props.time_created else None
-        failure, failure_message = _status(statuses, "ProvisioningState/failed/")
-        return _Member(
-            name=vm.name,
-            resource_id=vm.id,
-            instance_id=getattr(vm, "instance_id", None) or "",
-            provisioning=(props.provisioning_state if props else "") or "",
-            power=_status(statuses, "PowerState/")[0],
-            health=health,
-            size=size,
-            spot=priority == "Spot" if priority else set_spot,
-            zone=(vm.zones or [""])[0],
-            tags={**set_tags, **(vm.tags or {})},
-            created=created,
-            failure=failure,
-            failure_message=failure_message,
-        )
+        return [_member_of(vm, set_spot, set_size, set_tags) for vm in vms]
 
     def _learn_addresses(self, members: Sequence[_Member]) -> None:
         """Private IPs from the network interfaces, for members without one yet."""
@@ -632,6 +650,37 @@ class AzureProvider(CloudGroupProvider):
             items.extend(page)
             if not token:
                 return items
+
+    def _json_pages(self, call_name: str, path: str, params: dict[str, str]) -> list[dict]:
+        """Every item of a paged ARM list as plain JSON, one retried call per page.
+
+        For the VM list, the bulk of every refresh: azure-mgmt-compute building its
+        models from it costs about ten times the request itself. The request still
+        goes through the client's pipeline (credentials, timeouts, policies).
+        """
+        from azure.core.exceptions import HttpResponseError
+        from azure.core.rest import HttpRequest
+        from azure.mgmt.core.exceptions import ARMErrorFormat
+
+        items: list[dict] = []
+        request = HttpRequest("GET", path, params={"api-version": COMPUTE_API_VERSION, **params})
+        while True:
+
+            def fetch(request: HttpRequest = request) -> dict[str, Any]:
+                response = self._compute.send_request(request)
+                if response.status_code != 200:
+                    raise HttpResponseError(response=response, error_format=ARMErrorFormat)
+                page = response.json()
+                if not isinstance(page, dict):
+                    raise ValueError(f"{call_name} answered {type(page).__name__}, not a page")
+                return page
+
+            page = self._call(call_name, fetch)
+            items.extend(item for item in page.get("value") or () if isinstance(item, dict))
+            next_link = page.get("nextLink")
+            if not next_link:
+                return items
+            request = HttpRequest("GET", str(next_link))
 
     def _call(self, call_name: str, call: Callable[[], T]) -> T:
         """One API call with retries, every failure turned into ProviderError."""

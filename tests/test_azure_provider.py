@@ -77,6 +77,8 @@ def test_lists_members_with_addresses_spot_and_size(fake: FakeArm, mode: str) ->
         assert instance.address == ip_of(fake, "workers", instance.id)
         assert instance.is_ready and instance.lifecycle is Lifecycle.SPOT
         assert (instance.instance_type, instance.slots) == ("Standard_D4s_v5", 1)
+        created = members(vmss)[instance.id].time_created.timestamp()
+        assert instance.launch_time == pytest.approx(created, abs=1e-5)
 
 
 @pytest.mark.parametrize("mode", MODES)
