@@ -30,6 +30,7 @@ import signal
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import Row, format_table, row
@@ -91,20 +92,12 @@ def run_spotring(
         "--",
         *_workload(log, state),
     ]
-    job = Job(argv, log, dict(os.environ))
-    results = []
-    try:
-        job.wait_steady(WORKERS, after=0.0, steps=COMMIT_EVERY)
-        for size in (WORKERS - 1, WORKERS - 2):
-            _random_phase(rng)
-            noticed_at = time.time()
-            with control.open("a") as stream:
-                stream.write("notice\n")
-            results.append(_measure_change(job, noticed_at, size))
-            job.wait_steady(size, after=time.time(), steps=COMMIT_EVERY)
-    finally:
-        job.stop()
-    return results
+
+    def notice(job: Job) -> None:
+        with control.open("a") as stream:
+            stream.write("notice\n")
+
+    return _preempt_twice(Job(argv, log, dict(os.environ)), rng, notice)
 
 
 def run_anchor(workdir: Path, rng: random.Random) -> list[dict[str, float]]:
@@ -123,19 +116,29 @@ def run_anchor(workdir: Path, rng: random.Random) -> list[dict[str, float]]:
         *("--host-discovery-script", str(script), "--network-interface", "lo"),
         *_workload(log, "horovod"),
     ]
-    job = Job(argv, log, dict(os.environ))
+
+    def die_at_the_deadline(job: Job) -> None:
+        workers = job.workers()
+        victim = max(workers, key=workers.__getitem__)  # the newest: not rank 0's
+        os.kill(workers[victim], signal.SIGKILL)
+        hosts.write_text("".join(line for line in hosts.read_text().splitlines(True)
+                                 if not line.startswith(f"{victim}:")))  # fmt: skip
+
+    return _preempt_twice(Job(argv, log, dict(os.environ)), rng, die_at_the_deadline)
+
+
+def _preempt_twice(
+    job: Job, rng: random.Random, preempt: Callable[[Job], None]
+) -> list[dict[str, float]]:
+    """Preempt a host of the steady ring twice (4 -> 3 -> 2), measuring each change."""
     results = []
     try:
         job.wait_steady(WORKERS, after=0.0, steps=COMMIT_EVERY)
         for size in (WORKERS - 1, WORKERS - 2):
             _random_phase(rng)
-            workers = job.workers()
-            victim = max(workers, key=workers.__getitem__)  # the newest: not rank 0's
-            killed_at = time.time()
-            os.kill(workers[victim], signal.SIGKILL)
-            hosts.write_text("".join(line for line in hosts.read_text().splitlines(True)
-                                     if not line.startswith(f"{victim}:")))  # fmt: skip
-            results.append(_measure_change(job, killed_at, size))
+            started = time.time()
+            preempt(job)
+            results.append(_measure_change(job, started, size))
             job.wait_steady(size, after=time.time(), steps=COMMIT_EVERY)
     finally:
         job.stop()

@@ -31,6 +31,7 @@ PATCHED_INTERNALS: tuple[tuple[str, str], ...] = (
     ("horovod.runner.elastic.driver:ElasticDriver", "has_rank_assignment"),
     ("horovod.runner.elastic.driver:ElasticDriver", "get_worker_client"),
     ("horovod.runner.elastic.driver:ElasticDriver", "get_results"),
+    ("horovod.runner.elastic.driver:ElasticDriver", "get_slot_info"),
     ("horovod.runner.elastic.rendezvous", "create_rendezvous_handler"),
     ("horovod.runner.http.http_server:RendezvousServer", "init"),
     ("horovod.runner.http.http_server:RendezvousServer", "_httpd"),

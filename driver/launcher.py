@@ -186,11 +186,11 @@ class ProcessLauncher:
         """
         process: subprocess.Popen[str] | None = None
         launch = secrets.token_hex(8)
-        events = [*events, self._stop_event(spec.host)]
+        host_stop = self._stop_event(spec.host)
         try:
             process = self._start(spec, launch)
             self._tell("worker_started", spec.host, process.pid)
-            exit_code, stopped = self._watch(process, spec, launch, events)
+            exit_code, stopped = self._watch(process, spec, launch, events, host_stop)
         except Exception as error:
             log.error(
                 "could not run worker rank %d on %s: %s: %s",
@@ -282,8 +282,11 @@ class ProcessLauncher:
         spec: WorkerSpec,
         launch: str,
         events: Sequence[threading.Event],
+        host_stop: threading.Event,
     ) -> tuple[int, bool]:
-        """Wait for the worker; stop it if any event is set. Returns (code, stopped)."""
+        """Wait for the worker; stop it if any event is set (Horovod's, or
+        :meth:`stop_workers_on` for its host). Returns (code, stopped)."""
+        events = [*events, host_stop]
         notices = _NoticeReader(spec, launch, self._tell) if spec.notices is not None else None
         pump = threading.Thread(
             target=self._pump, args=(process.stdout, spec, notices), daemon=True
@@ -298,9 +301,9 @@ class ProcessLauncher:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=0.05)
         pump.join(timeout=2.0)
-        # Exited just as it was told to stop (a leaving host's worker told it has no
-        # rank): still a stop, not a failure.
-        stopped = stopped or any(event.is_set() for event in events)
+        # Its host had left the ring and it exited just before the stop reached it:
+        # still a stop, not a failure.
+        stopped = stopped or host_stop.is_set()
         if stopped and process.returncode == 0:
             return STOPPED_EXIT, True
         return process.returncode, stopped

@@ -252,3 +252,48 @@ def test_a_stop_reaches_the_remote_process_group(fake_ssh: Path) -> None:
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not processes_with(marker), "the remote worker outlived its stop"
+
+
+def test_a_notice_comes_through_the_supervisor_signed_and_out_of_the_output() -> None:
+    """The real watcher on a (fake) metadata service, the supervisor's signed line, the
+    launcher's check: the listener hears the notice, the output never shows it, and a
+    worker stopped because its host left counts as stopped."""
+    from spotring.providers.local_metadata import FakeImds
+    from spotring.worker_image.notices import MESSAGE_MARKER, PREEMPT
+    from spotring.worker_image.peer_abort import JOB_KEY_ENV
+
+    class Heard(Listener):
+        def __init__(self) -> None:
+            super().__init__()
+            self.notices: list[tuple[str, object]] = []
+
+        def worker_noticed(self, host: str, notice: object) -> None:
+            self.notices.append((host, notice))
+
+    out, listener = io.StringIO(), Heard()
+    launcher = ProcessLauncher(remote=False, listeners=[listener], output=out)
+    with FakeImds() as imds:
+        worker = WorkerSpec(
+            host="host-1",
+            local_rank=0,
+            rank=2,
+            argv=("sh", "-c", "printf 'no newline yet'; sleep 60"),
+            env={**ENV, JOB_KEY_ENV: os.urandom(32).hex()},
+            notices={"watcher": "aws", "endpoint": imds.endpoint("host-1"), "interval": 0.1},
+        )
+        result: list[tuple[int, float]] = []
+        thread = threading.Thread(target=lambda: result.append(launcher(worker, [])))
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not imds.requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        imds.announce_interruption("host-1", time.time() + 120)
+        while not listener.notices and time.monotonic() < deadline:
+            time.sleep(0.05)
+        launcher.stop_workers_on("host-1")
+        thread.join(timeout=20)
+    assert [(h, n.kind) for h, n in listener.notices] == [("host-1", PREEMPT)]  # type: ignore[attr-defined]
+    assert MESSAGE_MARKER not in out.getvalue() and "launch" not in out.getvalue()
+    assert "[2]<host-1:0>: no newline yet\n" in out.getvalue()
+    (exit,) = listener.exits
+    assert exit.stopped and not exit.failed and result[0][0] != 0

@@ -39,10 +39,12 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spotring.worker_image.notices import NoticeReporter, make_watcher
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
+
+if TYPE_CHECKING:
+    from spotring.worker_image.notices import NoticeReporter
 
 SITEHOOK_DIR = str(Path(__file__).resolve().with_name("sitehook"))
 """Put first on the worker's PYTHONPATH: its sitecustomize installs the peer abort."""
@@ -167,6 +169,9 @@ def _notice_reporter(spec: dict[str, Any], output: _Output) -> NoticeReporter | 
     config, key = spec.get("notices"), spec.get("env", {}).get(JOB_KEY_ENV, "")
     if not config or not key:
         return None
+    # Imported here: a worker without notices does not pay for urllib at start-up.
+    from spotring.worker_image.notices import NoticeReporter, make_watcher
+
     try:
         watcher = make_watcher(config)
         return NoticeReporter(watcher, bytes.fromhex(key), spec["launch"], output.line)
@@ -184,7 +189,8 @@ def _stop_group_when_stdin_closes(grace: float, reporter: NoticeReporter | None)
     try:
         os.killpg(group, signal.SIGTERM)  # the worker and its children; ours is a no-op
         if reporter is not None:
-            # Stopped after a notice: the host has left the ring, the cloud may go on.
+            # After a notice, a stop means the host has left the ring: the cloud may go
+            # on (acknowledge does nothing without a notice, or on clouds without one).
             reporter.stop()
             reporter.acknowledge()
         time.sleep(grace)
