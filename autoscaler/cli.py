@@ -27,7 +27,13 @@ from spotring.driver.launcher import SshOptions
 from spotring.driver.options import ElasticOptions
 from spotring.driver.worker_env import parse_forwarded
 from spotring.providers.base import ConfigurationError, Provider, ProviderError
-from spotring.providers.options import non_negative_int, positive_int, positive_seconds
+from spotring.providers.options import (
+    non_negative_int,
+    non_negative_seconds,
+    port_number,
+    positive_int,
+    positive_seconds,
+)
 
 PROG = "spotring"
 DEFAULT_REFRESH_INTERVAL = 10.0
@@ -69,6 +75,26 @@ def build_parser(
     )
     _add_provider_options(run, pm, provider)
     _add_elastic_options(run)
+    observe = run.add_argument_group("what the job did")
+    observe.add_argument(
+        "--events",
+        metavar="FILE",
+        help="append one JSON object per line for every membership change, instance state "
+        "change, notice, host failure, ring, refresh and the job's end (spotring report "
+        "FILE draws it)",
+    )
+    observe.add_argument(
+        "--metrics-port",
+        type=port_number,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port while the job runs",
+    )
+    observe.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics listen on (default: 127.0.0.1; 0.0.0.0 for every interface)",
+    )
     run.add_argument(
         "job", nargs=argparse.REMAINDER, metavar="COMMAND", help="the training command"
     )
@@ -90,6 +116,29 @@ def build_parser(
     )
 
     commands.add_parser("providers", help="list the installed providers")
+
+    report = commands.add_parser(
+        "report",
+        help="draw a run's --events file: sizes over time, notices, failures, stalls, cost",
+        description="Render the events file of a spotring run as a self-contained HTML "
+        "report, or as a PNG chart when OUT ends in .png.",
+    )
+    report.add_argument("events", metavar="FILE", help="the events file of a run")
+    report.add_argument(
+        "-o", "--output", default="report.html", metavar="OUT", help="default: report.html"
+    )
+    report.add_argument(
+        "--price-spot",
+        type=non_negative_seconds,
+        metavar="USD",
+        help="price of a spot instance-hour, for the cost line",
+    )
+    report.add_argument(
+        "--price-on-demand",
+        type=non_negative_seconds,
+        metavar="USD",
+        help="price of an on-demand instance-hour, for the cost line and the savings",
+    )
 
     check = commands.add_parser(
         "check",
@@ -340,6 +389,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from spotring.autoscaler.check import run_check
 
         return run_check(provider_registry(pm), options.provider)
+    if options.command == "report":
+        from spotring.autoscaler.report import ReportError, write_report
+
+        try:
+            print(write_report(options.events, options.output, options.price_spot,
+                               options.price_on_demand))  # fmt: skip
+        except ReportError as error:
+            print(f"{PROG} report: error: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        return 0
     assert provider_cls is not None
     try:
         provider = provider_cls.from_options(options)
@@ -426,6 +485,9 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
         ),
         worker_python=options.worker_python,
         forwarded_env=forwarded,
+        events_path=options.events,
+        metrics_port=options.metrics_port,
+        metrics_addr=options.metrics_addr,
     )
     # SIGTERM (a scheduler, `kill`) stops the job like Ctrl-C: workers first.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -244,6 +244,25 @@ class Controller:
     def refresh(self) -> bool:
         """List the group once and publish a new inventory. Returns False when the
         listing failed and will be retried; raises a non-retryable error."""
+        started = time.monotonic()
+        error: ProviderError | None = None
+        try:
+            return self._refresh()
+        except ProviderError as failed:
+            error = failed
+            raise
+        finally:
+            error = error or self._last_error
+            self._emit(
+                "spotring_refreshed",
+                inventory=self._inventory,
+                seconds=time.monotonic() - started,
+                calls=getattr(self.provider, "last_refresh_calls", None),
+                error=str(error) if error is not None else None,
+                target=self._target,
+            )
+
+    def _refresh(self) -> bool:
         try:
             instances = tuple(self._call("listing the group", self.provider.list_instances))
         except ProviderError as error:

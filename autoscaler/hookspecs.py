@@ -143,6 +143,28 @@ def spotring_inventory_changed(
 
 
 @hookspec
+def spotring_refreshed(
+    inventory: Inventory | None,
+    seconds: float,
+    calls: int | None,
+    error: str | None,
+    target: int | None,
+) -> None:
+    """The controller listed the group once (successfully or not).
+
+    Called on the controller thread after every refresh. Return values are ignored.
+
+    :param inventory: the inventory now in use (the last good one after a failure;
+        None before the first success).
+    :param seconds: how long the listing took.
+    :param calls: cloud API requests it made, where the provider counts them
+        (``last_refresh_calls``), else None.
+    :param error: the failure's message, or None when the listing succeeded.
+    :param target: the group size spotring asks for (None before it asked).
+    """
+
+
+@hookspec
 def spotring_host_noticed(instance: Instance, notice: InterruptionNotice, draining: bool) -> None:
     """A host announced that the cloud will take it (spot reclaim, scale-in, rebalance).
 

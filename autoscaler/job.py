@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pluggy
 
@@ -48,6 +49,11 @@ class JobConfig:
     worker_python: str = sys.executable
     forwarded_env: Mapping[str, str] = field(default_factory=dict)
     """``-x``/``--env`` variables, resolved to values."""
+    events_path: str | None = None
+    """``--events FILE``: the run's events, one JSON object per line."""
+    metrics_port: int | None = None
+    """``--metrics-port``: serve Prometheus metrics there (0: a free port)."""
+    metrics_addr: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,10 @@ def run_job(
     if hasattr(provider, "worker_started"):
         launcher.add_listener(_ProviderProcesses(provider))
     rings = RingTracker(config.elastic.verbose, on_ring=reporter.ring_formed)
+    observers = _observers(config, provider, reporter)
+    for observer in observers:
+        pm.register(observer)
+        rings.add_ring_listener(observer.ring_formed)
     elastic = dataclasses.replace(
         config.elastic,
         nics=config.elastic.nics or (("lo",) if local else ()),
@@ -109,6 +119,7 @@ def run_job(
     started = time.monotonic()
     pm.register(reporter, name="spotring.progress")
     controller.start()
+    outcome: JobOutcome | None = None
     try:
         inventory = controller.wait_for_inventory(elastic.start_timeout)
         reporter.started(provider, inventory)
@@ -127,6 +138,11 @@ def run_job(
         launcher.close()
         pm.unregister(reporter)
         _finish(provider, provider_options)
+        code = outcome.exit_code if outcome is not None else _exit_status(sys.exc_info()[1])
+        for observer in observers:
+            observer.job_finished(code == 0, code, time.monotonic() - started, rings.world_sizes)
+            observer.close()
+            pm.unregister(observer)
     reporter.summary(
         rings.world_sizes,
         outcome.exit_code == 0,
@@ -134,6 +150,43 @@ def run_job(
         getattr(provider, "events", ()),
     )
     return outcome
+
+
+def _observers(config: JobConfig, provider: Provider, reporter: ProgressReporter) -> list[Any]:
+    """The run's events file and metrics endpoint, as asked; ConfigurationError (exit
+    2, one line) when the file cannot be written or the port taken."""
+    observers: list[Any] = []
+    option = "--events"
+    try:
+        if config.events_path is not None:
+            from spotring.autoscaler.events import EventLog
+
+            events = EventLog(config.events_path)
+            observers.append(events)
+            shape = config.shape
+            events.job_started(provider.name, shape.num_proc, shape.min_num_proc,
+                               shape.max_num_proc)  # fmt: skip
+        option = "--metrics-port"
+        if config.metrics_port is not None:
+            from spotring.autoscaler.metrics import Metrics
+
+            metrics = Metrics(config.metrics_port, config.metrics_addr, provider.name)
+            observers.append(metrics)
+            reporter.say(f"metrics on http://{config.metrics_addr}:{metrics.port}/metrics")
+    except OSError as error:
+        for observer in observers:
+            observer.close()
+        raise ConfigurationError(f"{option}: {error.strerror or error}") from None
+    return observers
+
+
+def _exit_status(error: BaseException | None) -> int:
+    """The exit status ``spotring run`` will have for ``error`` escaping the job."""
+    if isinstance(error, KeyboardInterrupt):
+        return 130
+    if isinstance(error, ConfigurationError):
+        return EXIT_USAGE
+    return EXIT_FAILURE
 
 
 def _finish(provider: Provider, options: argparse.Namespace) -> None:

@@ -29,7 +29,8 @@ class ProgressReporter:
         self._draining: dict[str, bool] = {}  # address -> no failure since its notice
         self._lock = threading.Lock()
 
-    def _say(self, text: str) -> None:
+    def say(self, text: str) -> None:
+        """Print one progress line, with the time since the run started."""
         elapsed = time.monotonic() - self._started
         with self._lock:  # one write per line: the controller thread prints too
             self._stream.write(f"spotring [{elapsed:6.1f}s] {text}\n")
@@ -37,7 +38,7 @@ class ProgressReporter:
 
     def started(self, provider: Provider, inventory: Inventory) -> None:
         ready = inventory.hosts_and_slots()
-        self._say(
+        self.say(
             f"{provider.describe()}: {len(inventory.instances)} members, {len(ready)} ready "
             f"({_hosts(ready)})"
         )
@@ -48,7 +49,7 @@ class ProgressReporter:
     ) -> None:
         self.membership_changes += 1
         changes = [f"+{i.address}" for i in added] + [f"-{i.address}" for i in removed]
-        self._say(
+        self.say(
             f"hosts {' '.join(changes)} -> ready: {_hosts({i.address: i.slots for i in ready})}"
         )
 
@@ -61,7 +62,7 @@ class ProgressReporter:
         self.notices[instance.address] = f"{notice.kind}{lead}" + ("" if draining else ", kept")
         if draining:
             self._draining[instance.address] = True
-        self._say(f"host {instance.address} announced {notice.kind}{lead}; {then}")
+        self.say(f"host {instance.address} announced {notice.kind}{lead}; {then}")
 
     @hookimpl
     def spotring_host_failed(self, instance: Instance, reason: str) -> None:
@@ -70,18 +71,18 @@ class ProgressReporter:
             self.notices[instance.address] += ": died before it could leave (rolled back)"
         # A ring re-formed after a failure restores its last commit: no longer clean.
         self._draining = dict.fromkeys(self._draining, False)
-        self._say(f"host {instance.address} failed ({reason}); taken out of the job")
+        self.say(f"host {instance.address} failed ({reason}); taken out of the job")
 
     def ring_formed(self, size: int, hosts: list[str]) -> None:
         """Horovod's driver assigned ranks for a new ring."""
-        self._say(f"ring of {size} workers on {', '.join(hosts)}")
+        self.say(f"ring of {size} workers on {', '.join(hosts)}")
         for address in sorted(set(self._draining) - set(hosts)):
             # Left at a commit: the survivors saved it and restore nothing, unless a
             # failure since made the ring roll back anyway.
             clean = self._draining.pop(address)
             what = "left at a commit, 0 steps rolled back" if clean else "left"
             self.notices[address] += f": {what}"
-            self._say(f"host {address} {what.replace('left', 'left the ring', 1)}")
+            self.say(f"host {address} {what.replace('left', 'left the ring', 1)}")
 
     def summary(
         self,

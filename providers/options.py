@@ -26,6 +26,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    value = _integer(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port between 0 and 65535, got {value}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """A finite number of seconds > 0."""
     value = _number(text)

@@ -8,10 +8,13 @@ committed is lost, nothing beyond it is replayed) and the ring has the size it s
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
+import socket
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -44,17 +47,22 @@ def job(repo: Path, events: Path, *train_args: str) -> list[str]:
 
 def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
     """The group grows after some training, then the new host is preempted: chaos is
-    triggered on progress (committed steps), never on the clock."""
+    triggered on progress (committed steps), never on the clock. The run's events file
+    and metrics tell the same story as its progress lines."""
     events, control = tmp_path / "events.jsonl", tmp_path / "control"
+    run_events, port = tmp_path / "run.jsonl", free_port()
     argv = [
         *(SPOTRING, "run", "--provider", "local", "-np", "2", "--min-np", "1", "--max-np", "3"),
         *("--refresh-interval", "0.5", "--boot-seconds", "5", "--control", str(control)),
+        *("--events", str(run_events), "--metrics-port", str(port)),
         *job(repo, events, "--epochs", "16", "--step-seconds", "0.1"),
     ]
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
         wait_for_events(process, events, commits(size=2, steps=10), "10 commits at size 2")
         control.write_text("scale 3\n")
         wait_for_events(process, events, commits(size=3, steps=10), "10 commits at size 3")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            scraped = answer.read().decode()
         with control.open("a") as stream:
             stream.write("preempt host-2\n")
         log, _ = process.communicate(timeout=JOB_TIMEOUT)
@@ -71,6 +79,25 @@ def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
     sizes = [int(s) for s in log.split("world sizes: ")[1].splitlines()[0].split(" -> ")]
     assert 3 in sizes and sizes[-1] == 3 == done["size"]
     assert any(a == 3 and b == 2 for a, b in itertools.pairwise(sizes)), sizes
+
+    assert "spotring_world_size 3.0" in scraped
+    assert 'spotring_hosts{state="ready"} 3.0' in scraped
+    for series in ("spotring_resets_total", "spotring_refresh_duration_seconds_count",
+                   'spotring_instance_seconds_total{lifecycle="spot"}'):  # fmt: skip
+        assert series in scraped, series
+    story = [json.loads(line) for line in run_events.read_text().splitlines()]
+    assert [e["size"] for e in story if e["event"] == "ring_formed"] == sizes
+    membership = [e for e in story if e["event"] == "membership"]
+    assert f"membership changes: {len(membership)}" in log
+    assert [e["host"] for e in story if e["event"] == "host_failed"] == ["host-2"]
+    assert story[-1]["event"] == "job_finished" and story[-1]["ok"]
+    assert story[-1]["world_sizes"] == sizes
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @pytest.mark.parametrize("state", ["spotring", "horovod"])

@@ -1,0 +1,151 @@
+"""``spotring run --events FILE``: what the job did, one JSON object per line.
+
+Every line has ``v`` (the format's version, :data:`VERSION`), ``t`` (epoch seconds) and
+``event``; the rest depends on the event (README.md lists them all). The file is
+line-buffered: a crash loses at most the line being written. The log is a plugin: it
+hears the controller's events through the same hooks a third-party plugin would, plus
+the rings Horovod forms and the job's end from the run itself.
+
+``spotring report FILE`` (``spotring.autoscaler.report``) reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from spotring.autoscaler.hookspecs import hookimpl
+from spotring.autoscaler.inventory import Inventory
+from spotring.providers.base import Instance, InstanceState, InterruptionNotice
+
+VERSION = 1
+"""Bumped when a field changes meaning or goes away; new fields do not bump it."""
+
+
+def host_record(instance: Instance) -> dict[str, Any]:
+    """An instance as the events file shows it."""
+    return {
+        "id": instance.id,
+        "address": instance.address,
+        "state": instance.state.value,
+        "lifecycle": instance.lifecycle.value,
+        "slots": instance.slots,
+        "zone": instance.zone,
+        "instance_type": instance.instance_type,
+    }
+
+
+class EventLog:
+    """Writes the events of one run to ``path`` (appending)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._stream: IO[str] = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        self._lock = threading.Lock()
+        self._states: dict[str, InstanceState] = {}  # instance id -> state last written
+        self._last_change: float | None = None  # monotonic time of the last host change
+
+    def write(self, event: str, **fields: Any) -> None:
+        """One line: ``{"v", "t", "event", **fields}``."""
+        record = {"v": VERSION, "t": round(time.time(), 3), "event": event, **fields}
+        line = json.dumps(record, separators=(",", ":"), default=str)
+        with self._lock:
+            if not self._stream.closed:
+                self._stream.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._stream.close()
+
+    # ------------------------------------------------------------ from the run
+
+    def job_started(self, provider: str, num_proc: int, min_np: int, max_np: int) -> None:
+        self.write("job_started", provider=provider, np=num_proc, min_np=min_np, max_np=max_np)
+
+    def ring_formed(self, size: int, hosts: list[str]) -> None:
+        """Horovod assigned ranks for a new ring (a reset, after the first)."""
+        since = None if self._last_change is None else time.monotonic() - self._last_change
+        self.write(
+            "ring_formed",
+            size=size,
+            hosts=hosts,
+            since_change_s=None if since is None else round(since, 3),
+        )
+
+    def job_finished(
+        self, ok: bool, exit_code: int, seconds: float, world_sizes: Sequence[int]
+    ) -> None:
+        self.write(
+            "job_finished",
+            ok=ok,
+            exit_code=exit_code,
+            seconds=round(seconds, 3),
+            world_sizes=list(world_sizes),
+            resets=max(0, len(world_sizes) - 1),
+        )
+
+    # -------------------------------------------------------------- the hooks
+
+    @hookimpl
+    def spotring_refreshed(
+        self,
+        inventory: Inventory | None,
+        seconds: float,
+        calls: int | None,
+        error: str | None,
+        target: int | None,
+    ) -> None:
+        counts: dict[str, int] = {}
+        if inventory is not None and error is None:
+            for instance in inventory.instances:
+                counts[instance.state.value] = counts.get(instance.state.value, 0) + 1
+                if self._states.get(instance.id) is not instance.state:
+                    self._states[instance.id] = instance.state
+                    self.write("instance_state", **host_record(instance))
+            listed = {i.id for i in inventory.instances}
+            for gone in [i for i in self._states if i not in listed]:
+                if self._states.pop(gone) is not InstanceState.GONE:
+                    self.write("instance_state", id=gone, state=InstanceState.GONE.value)
+        self.write(
+            "refresh",
+            seconds=round(seconds, 4),
+            calls=calls,
+            error=error,
+            hosts=counts,
+            ready=len(inventory.ready) if inventory is not None else 0,
+            target=target,
+        )
+
+    @hookimpl
+    def spotring_inventory_changed(
+        self, added: Sequence[Instance], removed: Sequence[Instance], ready: Sequence[Instance]
+    ) -> None:
+        self._last_change = time.monotonic()
+        self.write(
+            "membership",
+            added=[i.address for i in added],
+            removed=[i.address for i in removed],
+            ready=[i.address for i in ready],
+        )
+
+    @hookimpl
+    def spotring_host_failed(self, instance: Instance, reason: str) -> None:
+        self._last_change = time.monotonic()
+        self.write("host_failed", host=instance.address, id=instance.id, reason=reason)
+
+    @hookimpl
+    def spotring_host_noticed(
+        self, instance: Instance, notice: InterruptionNotice, draining: bool
+    ) -> None:
+        self._last_change = time.monotonic()
+        self.write(
+            "notice",
+            host=instance.address,
+            id=instance.id,
+            kind=notice.kind,
+            deadline=notice.deadline,
+            draining=draining,
+        )

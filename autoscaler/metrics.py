@@ -1,0 +1,144 @@
+"""``spotring run --metrics-port PORT``: the job's state for Prometheus.
+
+Served by prometheus_client from a registry of the run's own (nothing global), on
+``--metrics-addr`` (default 127.0.0.1: put a scraper on the driver, or open it on
+purpose). Fed by the same hooks as the events file; README.md lists the series.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from spotring.autoscaler.hookspecs import hookimpl
+from spotring.autoscaler.inventory import Inventory
+from spotring.providers.base import Instance, InstanceState, InterruptionNotice, Lifecycle
+
+_RUNNING = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
+"""States in which an instance is billed."""
+
+
+class Metrics:
+    """The run's Prometheus series, served on ``addr:port`` until :meth:`close`."""
+
+    def __init__(self, port: int, addr: str = "127.0.0.1", provider: str = "") -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.world_size = Gauge("spotring_world_size", "Workers in the current ring", registry=r)
+        self.hosts = Gauge("spotring_hosts", "Group members by state", ["state"], registry=r)
+        self.target = Gauge("spotring_target_hosts", "Group size spotring asks for", registry=r)
+        self.resets = Counter("spotring_resets", "Rings re-formed after the first", registry=r)
+        self.failures = Counter(
+            "spotring_host_failures", "Hosts taken out of the job", ["reason"], registry=r
+        )
+        self.notices = Counter(
+            "spotring_notices", "Interruption notices heard", ["kind"], registry=r
+        )
+        self.calls = Counter(
+            "spotring_provider_api_calls", "Cloud API requests", ["provider"], registry=r
+        )
+        self.errors = Counter(
+            "spotring_provider_errors", "Failed group listings", ["provider"], registry=r
+        )
+        self.refresh_seconds = Histogram(
+            "spotring_refresh_duration_seconds",
+            "Time to list the group once",
+            ["provider"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.instance_seconds = Counter(
+            "spotring_instance_seconds",
+            "Seconds of running instances, by lifecycle",
+            ["lifecycle"],
+            registry=r,
+        )
+        self._provider = provider
+        self._rings = 0
+        self._running: dict[str, int] = {}  # lifecycle -> running instances at last refresh
+        self._since = time.monotonic()
+        self._lock = threading.Lock()
+        for state in InstanceState:
+            self.hosts.labels(state.value)
+        for lifecycle in Lifecycle:
+            self.instance_seconds.labels(lifecycle.value)
+        from prometheus_client import start_http_server
+
+        self._server, self._thread = start_http_server(port, addr, registry=r)
+
+    @property
+    def port(self) -> int:
+        """The port it serves on (``--metrics-port 0`` picks a free one)."""
+        return int(self._server.server_address[1])
+
+    def close(self) -> None:
+        self._account_instance_seconds()
+        self._server.shutdown()
+        self._server.server_close()
+
+    # ------------------------------------------------------------ from the run
+
+    def ring_formed(self, size: int, hosts: list[str]) -> None:
+        self.world_size.set(size)
+        self._rings += 1
+        if self._rings > 1:
+            self.resets.inc()
+
+    def job_finished(self, *args: Any, **kwargs: Any) -> None:
+        self.world_size.set(0)
+
+    # -------------------------------------------------------------- the hooks
+
+    @hookimpl
+    def spotring_refreshed(
+        self,
+        inventory: Inventory | None,
+        seconds: float,
+        calls: int | None,
+        error: str | None,
+        target: int | None,
+    ) -> None:
+        self.refresh_seconds.labels(self._provider).observe(seconds)
+        if target is not None:
+            self.target.set(target)
+        if calls:
+            self.calls.labels(self._provider).inc(calls)
+        if error is not None:
+            self.errors.labels(self._provider).inc()
+            return
+        if inventory is None:
+            return
+        self._account_instance_seconds()
+        running: dict[str, int] = {}
+        for state in InstanceState:
+            self.hosts.labels(state.value).set(inventory.count(state))
+        for instance in inventory.instances:
+            if instance.state in _RUNNING:
+                key = instance.lifecycle.value
+                running[key] = running.get(key, 0) + 1
+        with self._lock:
+            self._running = running
+
+    @hookimpl
+    def spotring_host_failed(self, instance: Instance, reason: str) -> None:
+        # The reason's kind, not its text: labels must stay few.
+        self.failures.labels(
+            "worker_killed" if "exited with -" in reason else "worker_failed"
+        ).inc()
+
+    @hookimpl
+    def spotring_host_noticed(
+        self, instance: Instance, notice: InterruptionNotice, draining: bool
+    ) -> None:
+        self.notices.labels(notice.kind).inc()
+
+    def _account_instance_seconds(self) -> None:
+        """Add the time since the last call for the instances running then."""
+        with self._lock:
+            now = time.monotonic()
+            elapsed, self._since = now - self._since, now
+            for lifecycle, count in self._running.items():
+                self.instance_seconds.labels(lifecycle).inc(count * elapsed)

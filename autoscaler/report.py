@@ -1,0 +1,231 @@
+"""``spotring report FILE``: a run's events file drawn as one page.
+
+The chart shows the ring's world size, the READY hosts and the target size over time,
+with the notices, host failures and the spans the ring stood still (from the change
+that caused a new ring to its formation). The page adds the cost line (instance-hours
+by lifecycle, priced with ``--price-spot`` / ``--price-on-demand``) and every event
+but the per-refresh ones in a table. HTML embeds the chart; ``-o x.png`` writes only it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spotring.autoscaler.events import VERSION
+
+_BILLED = frozenset({"pending", "ready", "draining"})
+_QUIET = frozenset({"refresh", "instance_state"})
+"""Events left out of the table (there is one per refresh or state change)."""
+
+
+class ReportError(Exception):
+    """The events file cannot be drawn; the message says why, in one line."""
+
+
+@dataclass
+class Run:
+    """What the events file says, relative to the first event's time."""
+
+    events: list[dict[str, Any]]
+    start: float
+    end: float
+    skipped_lines: int = 0
+    world: list[tuple[float, int]] = field(default_factory=list)
+    ready: list[tuple[float, int]] = field(default_factory=list)
+    target: list[tuple[float, int]] = field(default_factory=list)
+    notices: list[tuple[float, str]] = field(default_factory=list)
+    failures: list[tuple[float, str]] = field(default_factory=list)
+    stalls: list[tuple[float, float]] = field(default_factory=list)
+    instance_hours: dict[str, float] = field(default_factory=dict)
+
+
+def read_events(path: str | Path) -> Run:
+    """Parse an events file; a truncated or foreign line is skipped and counted."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as error:
+        raise ReportError(f"cannot read {path}: {error.strerror or error}") from None
+    events, skipped = [], 0
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            skipped += line.strip() != ""
+            continue
+        if isinstance(event, dict) and isinstance(event.get("t"), (int, float)):
+            if event.get("v", VERSION) > VERSION:
+                raise ReportError(f"{path} is version {event['v']}; this spotring reads {VERSION}")
+            events.append(event)
+        else:
+            skipped += 1
+    if not events:
+        raise ReportError(f"{path} holds no spotring events")
+    events.sort(key=lambda e: e["t"])
+    run = Run(events, events[0]["t"], events[-1]["t"], skipped)
+    _timelines(run)
+    return run
+
+
+def _timelines(run: Run) -> None:
+    opened: dict[str, tuple[float, str]] = {}  # instance id -> (billed since, lifecycle)
+    hours: dict[str, float] = {}
+    for event in run.events:
+        at, kind = event["t"] - run.start, event.get("event")
+        if kind == "ring_formed":
+            run.world.append((at, int(event.get("size", 0))))
+            since = event.get("since_change_s")
+            if isinstance(since, (int, float)):
+                run.stalls.append((at - since, at))
+        elif kind == "refresh" and event.get("error") is None:
+            run.ready.append((at, int(event.get("ready", 0))))
+            if isinstance(event.get("target"), int):
+                run.target.append((at, event["target"]))
+        elif kind == "membership":
+            run.ready.append((at, len(event.get("ready", ()))))
+        elif kind == "notice":
+            run.notices.append((at, f"{event.get('host')} {event.get('kind')}"))
+        elif kind == "host_failed":
+            run.failures.append((at, str(event.get("host"))))
+        elif kind == "job_finished":
+            run.world.append((at, 0))
+        elif kind == "instance_state":
+            iid, state = str(event.get("id")), event.get("state")
+            if state in _BILLED and iid not in opened:
+                opened[iid] = (at, str(event.get("lifecycle") or "on-demand"))
+            elif state not in _BILLED and iid in opened:
+                since, lifecycle = opened.pop(iid)
+                hours[lifecycle] = hours.get(lifecycle, 0.0) + (at - since) / 3600
+    end = run.end - run.start
+    for since, lifecycle in opened.values():
+        hours[lifecycle] = hours.get(lifecycle, 0.0) + (end - since) / 3600
+    run.instance_hours = hours
+
+
+def cost_line(run: Run, price_spot: float | None, price_on_demand: float | None) -> str:
+    """Instance-hours by lifecycle, and what they cost and saved at the given prices."""
+    spot = run.instance_hours.get("spot", 0.0)
+    on_demand = run.instance_hours.get("on-demand", 0.0)
+    line = f"{spot:.3f} spot and {on_demand:.3f} on-demand instance-hours"
+    if price_spot is None or price_on_demand is None:
+        return line + " (give --price-spot and --price-on-demand for the cost)"
+    cost = spot * price_spot + on_demand * price_on_demand
+    all_on_demand = (spot + on_demand) * price_on_demand
+    saved = all_on_demand - cost
+    share = f" ({saved / all_on_demand:.0%})" if all_on_demand else ""
+    return (
+        f"{line}: ${cost:.2f} at ${price_spot:g}/h spot and ${price_on_demand:g}/h on-demand;"
+        f" on demand only: ${all_on_demand:.2f}, saved ${saved:.2f}{share}"
+    )
+
+
+def chart_png(run: Run) -> bytes:
+    """The timeline chart as PNG bytes."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("the report needs matplotlib: pip install 'spotring[report]'") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(12, 4.5), dpi=100)
+    for series, label, style in (
+        (run.world, "world size (workers in the ring)", {"color": "tab:blue", "lw": 2}),
+        (run.ready, "READY hosts", {"color": "tab:green"}),
+        (run.target, "target hosts", {"color": "tab:gray", "ls": "--"}),
+    ):
+        if series:
+            xs, ys = zip(*_extend(series, run.end - run.start), strict=True)
+            axes.step(xs, ys, where="post", label=label, **style)
+    for start, end in run.stalls:
+        axes.axvspan(start, end, color="tab:red", alpha=0.12, lw=0)
+    for at, _ in run.notices:
+        axes.axvline(at, color="tab:orange", ls=":", lw=1.5)
+    for at, _ in run.failures:
+        axes.axvline(at, color="tab:red", ls="-", lw=1)
+    handles, _ = axes.get_legend_handles_labels()
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles += [
+        Line2D([], [], color="tab:orange", ls=":", label="interruption notice"),
+        Line2D([], [], color="tab:red", label="host failure"),
+        Patch(color="tab:red", alpha=0.12, label="ring stood still"),
+    ]
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    axes.set_xlabel("seconds since the run started")
+    axes.set_ylabel("count")
+    axes.set_ylim(bottom=0)
+    from matplotlib.ticker import MaxNLocator
+
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.grid(alpha=0.3)
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def _extend(series: list[tuple[float, int]], end: float) -> list[tuple[float, int]]:
+    return [*series, (max(end, series[-1][0]), series[-1][1])]
+
+
+def render_html(run: Run, png: bytes, cost: str) -> str:
+    """A self-contained page: chart, cost line, table of events."""
+    rows = "\n".join(
+        f"<tr><td>{event['t'] - run.start:8.1f}</td><td>{html.escape(str(event['event']))}"
+        f"</td><td>{html.escape(_details(event))}</td></tr>"
+        for event in run.events
+        if event.get("event") not in _QUIET
+    )
+    note = f"<p>{run.skipped_lines} unreadable line(s) skipped.</p>" if run.skipped_lines else ""
+    chart = base64.b64encode(png).decode()
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>spotring run report</title>
+<style>body{{font-family:sans-serif;margin:2em}}td{{padding:0 1em 0 0;vertical-align:top}}
+th{{text-align:left}}table{{border-collapse:collapse;font-size:90%}}</style></head>
+<body><h1>spotring run report</h1>
+<p>{len(run.world) and max(s for _, s in run.world)} workers at most;
+{len(run.notices)} notice(s), {len(run.failures)} host failure(s),
+{max(0, sum(1 for e in run.events if e.get("event") == "ring_formed") - 1)} reset(s)
+in {run.end - run.start:.0f} s.</p>
+<img alt="world size, READY and target hosts over time" src="data:image/png;base64,{chart}">
+<h2>Cost</h2><p class="cost">{html.escape(cost)}</p>{note}
+<h2>Events</h2><table><tr><th>s</th><th>event</th><th>details</th></tr>
+{rows}
+</table></body></html>
+"""
+
+
+def _details(event: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{key}={value}" for key, value in event.items() if key not in ("v", "t", "event")
+    )
+
+
+def write_report(
+    events: str | Path,
+    output: str | Path,
+    price_spot: float | None = None,
+    price_on_demand: float | None = None,
+) -> str:
+    """Write the report of ``events`` to ``output`` (.png: the chart only). Returns a
+    line saying what was written."""
+    run = read_events(events)
+    png = chart_png(run)
+    path = Path(output)
+    try:
+        if path.suffix.lower() == ".png":
+            path.write_bytes(png)
+        else:
+            path.write_text(render_html(run, png, cost_line(run, price_spot, price_on_demand)))
+    except OSError as error:
+        raise ReportError(f"cannot write {output}: {error.strerror or error}") from None
+    return f"wrote {path} ({len(run.events)} events, {run.end - run.start:.0f} s)"

@@ -1,0 +1,153 @@
+"""The events file, the Prometheus endpoint and the report, fed by a real controller."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from spotring.autoscaler.cli import main
+from spotring.autoscaler.controller import Controller
+from spotring.autoscaler.events import VERSION, EventLog
+from spotring.autoscaler.metrics import Metrics
+from spotring.autoscaler.plugins import get_plugin_manager
+from spotring.autoscaler.report import ReportError, read_events, write_report
+from spotring.providers.base import InstanceState, InterruptionNotice
+from tests.fakes import ScriptedProvider, instance
+
+RECORDED = Path(__file__).parent / "data" / "run_events.jsonl"
+"""The events of a local run: 2 hosts, a scale-up to 3, a noticed preemption."""
+
+
+def controller_with(provider: ScriptedProvider, *plugins: object) -> Controller:
+    pm = get_plugin_manager(load_entry_points=False)
+    for plugin in plugins:
+        pm.register(plugin)
+    return Controller(provider, pm.hook, refresh_interval=60)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_events_are_versioned_lines_written_as_they_happen(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    provider = ScriptedProvider([instance("a"), instance("b", InstanceState.PENDING)])
+    log = EventLog(path)
+    controller = controller_with(provider, log)
+    assert controller.refresh()
+    # Line-buffered: readable while the run goes on.
+    recorded = lines(path)
+    assert all(e["v"] == VERSION and isinstance(e["t"], float) for e in recorded)
+    assert [(e["event"], e.get("id"), e.get("state")) for e in recorded] == [
+        ("instance_state", "i-a", "ready"),
+        ("instance_state", "i-b", "pending"),
+        ("refresh", None, None),
+    ]
+    assert recorded[-1]["hosts"] == {"ready": 1, "pending": 1} and recorded[-1]["ready"] == 1
+
+    provider.members = [instance("a"), instance("b")]
+    controller.refresh()  # b: pending -> ready; a unchanged, not written again
+    controller.host_noticed("b", InterruptionNotice("preempt", 123.0))
+    controller._take_noticed_hosts()
+    provider.members = [instance("a")]
+    controller.refresh()
+    log.ring_formed(1, ["a"])
+    log.job_finished(True, 0, 12.5, [2, 1])
+    log.close()
+    events = [(e["event"], e.get("id"), e.get("state")) for e in lines(path)[3:]]
+    assert ("instance_state", "i-b", "ready") in events
+    assert ("instance_state", "i-a", "ready") not in events
+    assert ("notice", "i-b", None) in events
+    gone = events.index(("instance_state", "i-b", "gone"))
+    assert events[gone + 1 :] == [
+        ("refresh", None, None),
+        ("ring_formed", None, None),
+        ("job_finished", None, None),
+    ]
+    finished = lines(path)[-1]
+    assert finished["event"] == "job_finished" and finished["resets"] == 1
+
+
+def test_metrics_serve_the_documented_series(tmp_path: Path) -> None:
+    provider = ScriptedProvider([instance("a"), instance("b", InstanceState.PENDING)])
+    metrics = Metrics(0)
+    try:
+        controller = controller_with(provider, metrics)
+        controller.refresh()
+        metrics.ring_formed(2, ["a", "b"])
+        metrics.ring_formed(1, ["a"])
+        controller.host_noticed("b", InterruptionNotice("preempt"))
+        controller._take_noticed_hosts()
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics") as answer:
+            text = answer.read().decode()
+    finally:
+        metrics.close()
+    samples = dict(re.findall(r"^(spotring_[^ ]+) ([0-9.e+-]+)$", text, re.MULTILINE))
+    assert samples["spotring_world_size"] == "1.0"
+    assert samples['spotring_hosts{state="ready"}'] == "1.0"
+    assert samples['spotring_hosts{state="pending"}'] == "1.0"
+    assert samples["spotring_resets_total"] == "1.0"
+    assert samples['spotring_notices_total{kind="preempt"}'] == "1.0"
+    assert 'spotring_refresh_duration_seconds_count{provider=""}' in samples
+    assert 'spotring_instance_seconds_total{lifecycle="spot"}' in samples
+    assert "spotring_target_hosts" in samples
+
+
+def test_a_taken_metrics_port_is_a_one_line_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    taken = Metrics(0)
+    try:
+        code = main(["run", "--provider", "local", "-np", "1", "--metrics-port",
+                     str(taken.port), "--", "true"])  # fmt: skip
+    finally:
+        taken.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--metrics-port" in err[0], err
+
+
+def test_report_renders_a_recorded_run(tmp_path: Path) -> None:
+    run = read_events(RECORDED)
+    assert [size for _, size in run.world] == [2, 3, 3, 0]
+    assert [what for _, what in run.notices] == ["host-2 preempt"]
+    assert len(run.stalls) == 3 and run.instance_hours["spot"] > 0
+
+    page = tmp_path / "report.html"
+    message = write_report(RECORDED, page, price_spot=0.3, price_on_demand=1.0)
+    assert message.startswith(f"wrote {page}")
+    text = page.read_text()
+    png = base64.b64decode(re.search(r'src="data:image/png;base64,([^"]+)"', text)[1])
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    table_rows = re.findall(r"<tr><td>", text)
+    quiet = sum(1 for e in lines(RECORDED) if e["event"] in ("refresh", "instance_state"))
+    assert len(table_rows) == len(lines(RECORDED)) - quiet
+    assert "notice" in text and "host=host-2" in text
+    assert re.search(r"spot and 0\.000 on-demand instance-hours: \$\d+\.\d\d at \$0\.3/h", text)
+    assert "saved $" in text
+
+    chart = tmp_path / "report.png"
+    write_report(RECORDED, chart)
+    assert chart.read_bytes().startswith(b"\x89PNG")
+
+
+def test_report_skips_a_truncated_last_line_and_refuses_what_it_cannot_read(
+    tmp_path: Path,
+) -> None:
+    crashed = tmp_path / "crashed.jsonl"
+    crashed.write_text(RECORDED.read_text() + '{"v":1,"t":17954126')
+    assert read_events(crashed).skipped_lines == 1
+    with pytest.raises(ReportError, match="cannot read"):
+        read_events(tmp_path / "missing.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("not json\n")
+    with pytest.raises(ReportError, match="holds no spotring events"):
+        read_events(empty)
+    newer = tmp_path / "newer.jsonl"
+    newer.write_text(json.dumps({"v": VERSION + 1, "t": 1.0, "event": "x"}) + "\n")
+    with pytest.raises(ReportError, match="version"):
+        read_events(newer)
