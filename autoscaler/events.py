@@ -12,6 +12,7 @@ the rings Horovod forms and the job's end from the run itself.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -24,6 +25,8 @@ from spotring.providers.base import Instance, InstanceState, InterruptionNotice
 
 VERSION = 1
 """Bumped when a field changes meaning or goes away; new fields do not bump it."""
+
+PROVIDER_LOGGER = "spotring.providers"
 
 
 def host_record(instance: Instance) -> dict[str, Any]:
@@ -47,6 +50,9 @@ class EventLog:
         self._lock = threading.Lock()
         self._states: dict[str, InstanceState] = {}  # instance id -> state last written
         self._last_change: float | None = None  # monotonic time of the last host change
+        # Providers warn through logging (capacity shortages, evictions, ...): keep those.
+        self._warnings = _ProviderWarnings(self)
+        logging.getLogger(PROVIDER_LOGGER).addHandler(self._warnings)
 
     def write(self, event: str, **fields: Any) -> None:
         """One line: ``{"v", "t", "event", **fields}``."""
@@ -57,6 +63,7 @@ class EventLog:
                 self._stream.write(line + "\n")
 
     def close(self) -> None:
+        logging.getLogger(PROVIDER_LOGGER).removeHandler(self._warnings)
         with self._lock:
             self._stream.close()
 
@@ -149,3 +156,17 @@ class EventLog:
             deadline=notice.deadline,
             draining=draining,
         )
+
+
+class _ProviderWarnings(logging.Handler):
+    """Writes the providers' warnings (capacity shortages, evictions) as events."""
+
+    def __init__(self, log: EventLog) -> None:
+        super().__init__(logging.WARNING)
+        self._log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._log.write("provider_warning", source=record.name, message=record.getMessage())
+        except Exception:  # a log handler must never raise into the code that logs
+            self.handleError(record)

@@ -151,3 +151,18 @@ def test_report_skips_a_truncated_last_line_and_refuses_what_it_cannot_read(
     newer.write_text(json.dumps({"v": VERSION + 1, "t": 1.0, "event": "x"}) + "\n")
     with pytest.raises(ReportError, match="version"):
         read_events(newer)
+
+
+def test_provider_warnings_become_events_while_the_log_is_open(tmp_path: Path) -> None:
+    import logging
+
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    capacity = "azure: scale set w cannot create VMs in zone 1: AllocationFailed: ..."
+    logging.getLogger("spotring.providers.azure").warning("%s", capacity)
+    logging.getLogger("spotring.providers.azure").info("not a warning")
+    log.close()
+    logging.getLogger("spotring.providers.azure").warning("after the run")
+    assert [(e["event"], e["source"], e["message"]) for e in lines(path)] == [
+        ("provider_warning", "spotring.providers.azure", capacity)
+    ]
