@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from spotring.autoscaler.hookspecs import hookimpl
@@ -42,7 +42,6 @@ from spotring.providers.base import (
 from spotring.providers.cloud import (
     CloudGroupProvider,
     EpisodeWarnings,
-    call_with_retries,
     lookup_state,
     one_line,
     worst_state,
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
     from spotring.autoscaler.plugins import ProviderRegistry
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # ------------------------------------------------------------------ IAM and limits
 
@@ -385,7 +383,7 @@ class AzureProvider(CloudGroupProvider):
         )
 
     def _get_set(self) -> Any:
-        self._set = self._call(
+        self._set = self.call_api(
             "virtualMachineScaleSets.get",
             lambda: self._compute.virtual_machine_scale_sets.get(self.resource_group, self.group),
         )
@@ -503,14 +501,14 @@ class AzureProvider(CloudGroupProvider):
 
     def _delete(self, member: _Member) -> None:
         if self.flexible:
-            self._call(
+            self.call_api(
                 "virtualMachines.delete",
                 lambda: self._compute.virtual_machines.begin_delete(
                     self.resource_group, member.name, polling=False
                 ),
             )
         else:
-            self._call(
+            self.call_api(
                 "virtualMachineScaleSets.deleteInstances",
                 lambda: self._compute.virtual_machine_scale_sets.begin_delete_instances(
                     self.resource_group,
@@ -576,7 +574,7 @@ class AzureProvider(CloudGroupProvider):
         self._update_capacity(self._wanted)
 
     def _update_capacity(self, size: int) -> None:
-        self._call(
+        self.call_api(
             "virtualMachineScaleSets.update",
             lambda: self._compute.virtual_machine_scale_sets.begin_update(
                 self.resource_group, self.group, {"sku": {"capacity": size}}, polling=False
@@ -646,7 +644,7 @@ class AzureProvider(CloudGroupProvider):
             return page, pages.continuation_token
 
         while True:
-            page, token = self._call(call_name, fetch_page)
+            page, token = self.call_api(call_name, fetch_page)
             items.extend(page)
             if not token:
                 return items
@@ -675,37 +673,17 @@ class AzureProvider(CloudGroupProvider):
                     raise ValueError(f"{call_name} answered {type(page).__name__}, not a page")
                 return page
 
-            page = self._call(call_name, fetch)
+            page = self.call_api(call_name, fetch)
             items.extend(item for item in page.get("value") or () if isinstance(item, dict))
             next_link = page.get("nextLink")
             if not next_link:
                 return items
             request = HttpRequest("GET", str(next_link))
 
-    def _call(self, call_name: str, call: Callable[[], T]) -> T:
-        """One API call with retries, every failure turned into ProviderError."""
+    def retry_delay(self, error: Exception) -> float | None:
+        return _retry_after(error)
 
-        def attempt() -> T:
-            self.api_calls += 1
-            return call()
-
-        def retried(error: Exception, delay: float) -> None:
-            self.api_retries += 1
-            log.debug("azure: %s failed (%s); retrying in %.1f s", call_name, error, delay)
-
-        try:
-            return call_with_retries(
-                attempt,
-                attempts=self.max_api_attempts,
-                retry_after=_retry_after,
-                on_retry=retried,
-            )
-        except ProviderError:
-            raise
-        except Exception as error:
-            raise self._translate(call_name, error) from None
-
-    def _translate(self, call_name: str, error: Exception) -> ProviderError:
+    def translate_error(self, call_name: str, error: Exception) -> ProviderError:
         from azure.core import exceptions as core
 
         action = _ACTION_BY_CALL[call_name]
@@ -804,7 +782,7 @@ def _default_credential() -> Any:
             "the azure provider needs azure-identity: pip install 'spotring[azure]'"
         ) from None
     # On failure it logs every credential it tried, over many lines; spotring says
-    # it in one (see _translate).
+    # it in one (see translate_error).
     logging.getLogger("azure.identity").setLevel(logging.ERROR)
     # No browser prompt: spotring runs unattended.
     return DefaultAzureCredential(exclude_interactive_browser_credential=True)

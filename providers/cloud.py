@@ -359,6 +359,45 @@ class CloudGroupProvider(Provider):
     def list_members(self) -> Sequence[Instance]:
         """Every member of the group, spot or not; raises :class:`ProviderError`."""
 
+    # ------------------------------------------------------------- API calls
+
+    def call_api(self, call_name: str, call: Callable[[], T]) -> T:
+        """One API call with :func:`call_with_retries` (``--max-api-attempts``), counted
+        in :attr:`api_calls` / :attr:`api_retries`; any failure it ends with becomes a
+        :class:`ProviderError` through :meth:`translate_error`."""
+        logger = logging.getLogger(type(self).__module__)
+
+        def attempt() -> T:
+            self.api_calls += 1
+            return call()
+
+        def retried(error: Exception, delay: float) -> None:
+            self.api_retries += 1
+            logger.debug("%s: %s failed (%s); retrying in %.1f s", self.name, call_name, error,
+                         delay)  # fmt: skip
+
+        try:
+            return call_with_retries(
+                attempt,
+                attempts=self.max_api_attempts,
+                retry_after=self.retry_delay,
+                on_retry=retried,
+            )
+        except ProviderError:
+            raise
+        except Exception as error:
+            raise self.translate_error(call_name, error) from None
+
+    def retry_delay(self, error: Exception) -> float | None:
+        """Seconds to wait before retrying ``error`` (0: the backoff decides), or None
+        when retrying cannot help. By default nothing is retried."""
+        return None
+
+    def translate_error(self, call_name: str, error: Exception) -> ProviderError:
+        """The one-line :class:`ProviderError` (:class:`ConfigurationError` for what the
+        user must fix) a failed call ends with."""
+        return ProviderError(f"{call_name} failed: {type(error).__name__}: {one_line(error)}")
+
     # ------------------------------------------------------------------ ending
 
     @abc.abstractmethod

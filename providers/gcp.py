@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.providers.base import (
@@ -34,7 +34,6 @@ from spotring.providers.cloud import (
     DescribeOnce,
     EpisodeWarnings,
     batches,
-    call_with_retries,
     lookup_state,
     one_line,
     worst_state,
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
     from spotring.autoscaler.plugins import ProviderRegistry
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # ------------------------------------------------------------------ IAM and limits
 
@@ -383,7 +381,7 @@ class GcpProvider(CloudGroupProvider):
         token = ""
         while True:
             request.page_token = token
-            page = self._call(
+            page = self.call_api(
                 "instanceGroupManagers.listManagedInstances",
                 lambda: self._groups.list_managed_instances(request=request, **_CALL_OPTIONS),
             )
@@ -433,7 +431,7 @@ class GcpProvider(CloudGroupProvider):
         token = ""
         while True:
             request.page_token = token
-            page = self._call(
+            page = self.call_api(
                 "instances.list",
                 lambda: self._instances.list(request=request, **_CALL_OPTIONS),
             )
@@ -461,7 +459,7 @@ class GcpProvider(CloudGroupProvider):
     def _get_group(self) -> Any:
         """Get the group's record: target size and any autoscaler attached to it."""
         where = {"zone": self.zone} if self.zone else {"region": self.region}
-        record = self._call(
+        record = self.call_api(
             "instanceGroupManagers.get",
             lambda: self._groups.get(
                 project=self.project,
@@ -512,7 +510,7 @@ class GcpProvider(CloudGroupProvider):
         if current == size:
             return
         where = {"zone": self.zone} if self.zone else {"region": self.region}
-        self._call(
+        self.call_api(
             "instanceGroupManagers.resize",
             lambda: self._groups.resize(
                 project=self.project,
@@ -564,7 +562,7 @@ class GcpProvider(CloudGroupProvider):
                 ),
                 **_CALL_OPTIONS,
             )
-        self._call("instanceGroupManagers.recreateInstances", call)
+        self.call_api("instanceGroupManagers.recreateInstances", call)
         # Remember it until the next listing, so a second ask is no second recreate.
         self._members[instance_id] = _replace_action(member, "RECREATING")
         log.info("gcp: recreating %s in group %s", instance_id, self.group)
@@ -614,30 +612,10 @@ class GcpProvider(CloudGroupProvider):
         ]
         return made[0], made[1]
 
-    def _call(self, call_name: str, call: Callable[[], T]) -> T:
-        """One API call with retries, every failure turned into ProviderError."""
+    def retry_delay(self, error: Exception) -> float | None:
+        return _retry_after(error)
 
-        def attempt() -> T:
-            self.api_calls += 1
-            return call()
-
-        def retried(error: Exception, delay: float) -> None:
-            self.api_retries += 1
-            log.debug("gcp: %s failed (%s); retrying in %.1f s", call_name, error, delay)
-
-        try:
-            return call_with_retries(
-                attempt,
-                attempts=self.max_api_attempts,
-                retry_after=_retry_after,
-                on_retry=retried,
-            )
-        except ProviderError:
-            raise
-        except Exception as error:
-            raise self._translate(call_name, error) from None
-
-    def _translate(self, call_name: str, error: Exception) -> ProviderError:
+    def translate_error(self, call_name: str, error: Exception) -> ProviderError:
         """A one-line ProviderError for a failed call: ConfigurationError (exit 2)
         for what the user must fix, a retryable ProviderError for the rest."""
         from google.api_core import exceptions as api

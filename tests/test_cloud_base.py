@@ -6,8 +6,9 @@ import logging
 
 import pytest
 
-from spotring.providers.base import InstanceState
+from spotring.providers.base import ConfigurationError, InstanceState, ProviderError
 from spotring.providers.cloud import (
+    CloudGroupProvider,
     DescribeOnce,
     EpisodeWarnings,
     SlotResolver,
@@ -117,3 +118,46 @@ def test_episode_warnings_start_once_and_clear(caplog: pytest.LogCaptureFixture)
         warnings.update({"zone-a": "no capacity in zone-a"})
     assert caplog.text.count("no capacity in zone-a") == 2
     assert caplog.text.count("zone-a: resolved") == 1
+
+
+class _Group(CloudGroupProvider):
+    """A cloud group whose API the test scripts: Throttled is retried at once."""
+
+    name = "scripted-cloud"
+
+    @classmethod
+    def from_options(cls, options: object) -> _Group:  # type: ignore[override]
+        return cls()
+
+    def list_members(self) -> list:  # type: ignore[type-arg]
+        return []
+
+    def set_target_size(self, size: int) -> None: ...
+
+    def replace_instance(self, instance_id: str) -> None: ...
+
+    def scale_down_size(self) -> int:
+        return 0
+
+    def retry_delay(self, error: Exception) -> float | None:
+        return 0.0 if isinstance(error, Throttled) else None
+
+    def translate_error(self, call_name: str, error: Exception) -> ProviderError:
+        return ConfigurationError(f"{call_name}: {error}")
+
+
+def test_call_api_counts_retries_and_words_the_last_failure() -> None:
+    group = _Group(max_api_attempts=3)
+    outcomes: list[object] = [Throttled(), "ok"]
+
+    def call() -> object:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    assert group.call_api("groups.get", call) == "ok"
+    assert (group.api_calls, group.api_retries) == (2, 1)
+    with pytest.raises(ConfigurationError, match=r"groups\.get: denied"):
+        group.call_api("groups.get", lambda: (_ for _ in ()).throw(PermissionError("denied")))
+    assert (group.api_calls, group.api_retries) == (3, 1)  # a permanent error: one attempt
