@@ -53,9 +53,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(
-    pm: pluggy.PluginManager | None = None, provider: type[Provider] | None = None
+    pm: pluggy.PluginManager | None = None,
+    provider: type[Provider] | None = None,
+    command_after_dashes: bool = False,
 ) -> argparse.ArgumentParser:
-    """The full parser, with ``provider``'s options when one is given."""
+    """The full parser, with ``provider``'s options when one is given.
+
+    ``command_after_dashes``: the training command was split off at ``--``, so ``run``
+    takes no positional command; otherwise argparse's catch-all positional would
+    swallow a mistyped option and everything after it (``--hostz 2 -np 1`` read as a
+    command, then "-np is required").
+    """
     parser = _Parser(prog=PROG, description="Elastic Horovod training on spot capacity.")
     parser.add_argument(
         "--log-level",
@@ -96,7 +104,10 @@ def build_parser(
         help="address the metrics listen on (default: 127.0.0.1; 0.0.0.0 for every interface)",
     )
     run.add_argument(
-        "job", nargs=argparse.REMAINDER, metavar="COMMAND", help="the training command"
+        "job",
+        nargs="*" if command_after_dashes else argparse.REMAINDER,
+        metavar="COMMAND",
+        help="the training command",
     )
 
     discover = commands.add_parser(
@@ -323,7 +334,7 @@ def parse(
             provider_cls = provider_registry(pm).get(known.provider)
         except KeyError as error:
             raise UsageError(f"{PROG}: error: {error.args[0]}") from None
-    options = build_parser(pm, provider_cls).parse_args(command_args)
+    options = build_parser(pm, provider_cls, job is not None).parse_args(command_args)
     if options.command == "run":
         options.job = _job_command(options.job, job)
         _check_elastic(options)

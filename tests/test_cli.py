@@ -32,6 +32,11 @@ def spotring(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
         (["run", "--provider", "nope", "-np", "2", "--", "true"], "unknown provider 'nope'"),
         (["run", "-np", "2", "--", "true"], "--provider"),
         (["run", "--provider", "local", "-np", "2", "--bogus", "--", "true"], "unrecognized"),
+        # A mistyped option before -np is named, not read as the start of a command.
+        (
+            ["run", "--provider", "local", "--hostz", "2", "-np", "2", "--", "true"],
+            "unrecognized arguments: --hostz",
+        ),
         (
             [
                 "run",
