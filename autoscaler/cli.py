@@ -44,6 +44,13 @@ class UsageError(Exception):
     """Bad command-line input: reported as one line, exit status 2."""
 
 
+def _error(message: object) -> None:
+    """Print ``message`` to stderr as one line: control characters from the user's
+    input (a newline in an argument or a group name) are shown escaped."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
+    print(text, file=sys.stderr)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: error: {message}")
@@ -383,10 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         pm = get_plugin_manager()
         options, provider_cls = parse(argv, pm)
     except UsageError as error:
-        print(error, file=sys.stderr)
+        _error(error)
         return EXIT_USAGE
     except Exception as error:  # a broken plugin: say which, without a traceback
-        print(f"{PROG}: error: could not load plugins: {error}", file=sys.stderr)
+        _error(f"{PROG}: error: could not load plugins: {error}")
         return EXIT_FAILURE
     logging.basicConfig(
         level=options.log_level.upper(), format="spotring: %(levelname)s %(name)s: %(message)s"
@@ -407,30 +414,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(write_report(options.events, options.output, options.price_spot,
                                options.price_on_demand))  # fmt: skip
         except ReportError as error:
-            print(f"{PROG} report: error: {error}", file=sys.stderr)
+            _error(f"{PROG} report: error: {error}")
             return EXIT_USAGE
         return 0
     assert provider_cls is not None
     try:
         provider = provider_cls.from_options(options)
     except ConfigurationError as error:
-        print(f"{PROG} {options.command}: error: {error}", file=sys.stderr)
+        _error(f"{PROG} {options.command}: error: {error}")
         return EXIT_USAGE
     try:
         if options.command == "discover":
             return _discover(provider)
         return _run(options, provider, pm)
     except ConfigurationError as error:
-        print(f"{PROG} {options.command}: error: {error}", file=sys.stderr)
+        _error(f"{PROG} {options.command}: error: {error}")
         return EXIT_USAGE
     except ProviderError as error:
-        print(f"{PROG} {options.command}: error: {error}", file=sys.stderr)
+        _error(f"{PROG} {options.command}: error: {error}")
         return EXIT_FAILURE
     except HorovodSetupError as error:
-        print(f"{PROG} {options.command}: error: {error}", file=sys.stderr)
+        _error(f"{PROG} {options.command}: error: {error}")
         return EXIT_FAILURE
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        _error(f"{PROG}: interrupted")
         return 130
     finally:
         provider.close()
@@ -504,7 +511,7 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
     signal.signal(signal.SIGTERM, _interrupt)
     outcome = run_job(config, provider, pm, ProgressReporter(), options)
     if outcome.exit_code:
-        print(f"{PROG} run: job failed: {outcome.message}", file=sys.stderr)
+        _error(f"{PROG} run: job failed: {outcome.message}")
     return outcome.exit_code
 
 

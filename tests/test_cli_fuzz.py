@@ -10,7 +10,7 @@ import contextlib
 import io
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from spotring.autoscaler import cli
@@ -34,6 +34,7 @@ def carry_nothing_out(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(st.sampled_from(TOKENS), st.text(max_size=8)), max_size=12))
+@example(["providers", "\n"])  # a newline in an argument, echoed in the error
 def test_any_argv_is_a_clean_exit(argv: list[str]) -> None:
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
