@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -60,7 +62,12 @@ def worker_pids(driver_pid: int, **environ: str) -> list[tuple[int, dict[str, st
 def running_job(
     argv: Sequence[str], cwd: Path, env: dict[str, str]
 ) -> Iterator[subprocess.Popen[str]]:
-    """A ``spotring run`` process (output on its stdout), killed if still running at exit."""
+    """A ``spotring run`` process (output on its stdout), killed if still running at exit.
+
+    Every process of the job runs with Python's fault handler on, so that
+    :func:`job_output` can have a hung job print where each of its threads stood.
+    """
+    env = dict(env, PYTHONFAULTHANDLER="1")
     process = subprocess.Popen(
         list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env
     )
@@ -70,6 +77,32 @@ def running_job(
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def job_output(process: subprocess.Popen[str], timeout: float) -> str:
+    """The job's whole output once it ends; if it is still running after ``timeout``,
+    fail with the end of its output and the Python stacks of all its processes."""
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        return output
+    except subprocess.TimeoutExpired:
+        pass
+    # SIGABRT makes the fault handler print every thread's stack, workers first (their
+    # output reaches us through the driver), then the driver's.
+    for child in psutil.Process(process.pid).children(recursive=True):
+        try:
+            if "spotring.worker_image.supervisor" not in child.cmdline():
+                os.kill(child.pid, signal.SIGABRT)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    time.sleep(2)
+    os.kill(process.pid, signal.SIGABRT)
+    try:
+        output, _ = process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+    raise AssertionError(f"the job was still running after {timeout:.0f} s:\n{output[-20000:]}")
 
 
 def wait_for_events(

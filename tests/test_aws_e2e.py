@@ -22,7 +22,14 @@ import psutil
 import pytest
 
 from tests.aws_helpers import REGION, boto_session, create_group, moto_members
-from tests.e2e_support import commits, read_events, running_job, wait_for_events, worker_pids
+from tests.e2e_support import (
+    commits,
+    job_output,
+    read_events,
+    running_job,
+    wait_for_events,
+    worker_pids,
+)
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 JOB_TIMEOUT = 300
@@ -221,7 +228,7 @@ def test_run_follows_the_group(
         autoscaling.terminate_instance_in_auto_scaling_group(
             InstanceId=victim, ShouldDecrementDesiredCapacity=True
         )
-        output, _ = process.communicate(timeout=JOB_TIMEOUT)
+        output = job_output(process, JOB_TIMEOUT)
 
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)
@@ -252,7 +259,7 @@ def test_a_group_deleted_mid_run_stops_the_job_with_one_line(
         client("autoscaling", moto_url).delete_auto_scaling_group(
             AutoScalingGroupName="doomed", ForceDelete=True
         )
-        output, _ = process.communicate(timeout=60)
+        output = job_output(process, 60)
 
     assert process.returncode == 2, output[-4000:]
     failures = [line for line in output.splitlines() if line.startswith("spotring run:")]

@@ -20,7 +20,14 @@ import pytest
 pytest.importorskip("azure.mgmt.compute", reason="the azure extra is not installed")
 
 from tests.azure_fake import FakeArm
-from tests.e2e_support import commits, read_events, running_job, wait_for_events, worker_pids
+from tests.e2e_support import (
+    commits,
+    job_output,
+    read_events,
+    running_job,
+    wait_for_events,
+    worker_pids,
+)
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 RG = "rg"
@@ -132,7 +139,7 @@ def test_run_follows_the_scale_set(
         ((pid, _),) = worker_pids(process.pid, HOROVOD_HOSTNAME=victim_ip)
         os.kill(pid, signal.SIGKILL)
         vmss.evict(victim.key)
-        output, _ = process.communicate(timeout=JOB_TIMEOUT)
+        output = job_output(process, JOB_TIMEOUT)
 
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)

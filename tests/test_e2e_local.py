@@ -22,6 +22,7 @@ import pytest
 from tests.e2e_support import (
     assert_no_committed_step_lost,
     commits,
+    job_output,
     read_events,
     running_job,
     wait_for_events,
@@ -65,7 +66,7 @@ def test_preemption_and_scale_up(repo: Path, tmp_path: Path) -> None:
             scraped = answer.read().decode()
         with control.open("a") as stream:
             stream.write("preempt host-2\n")
-        log, _ = process.communicate(timeout=JOB_TIMEOUT)
+        log = job_output(process, JOB_TIMEOUT)
     assert process.returncode == 0, log[-4000:]
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
@@ -137,7 +138,7 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
         victim, host = wait_for_worker(process.pid, 1, events, min_step=10)
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
-        output, _ = process.communicate(timeout=JOB_TIMEOUT)
+        output = job_output(process, JOB_TIMEOUT)
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
@@ -189,7 +190,7 @@ def test_noticed_preemption_leaves_at_a_commit_with_nothing_rolled_back(
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
         wait_for_events(process, events, commits(size=3, steps=10), "10 commits at size 3")
         control.write_text("notice host-2\n")
-        log, _ = process.communicate(timeout=JOB_TIMEOUT)
+        log = job_output(process, JOB_TIMEOUT)
     assert process.returncode == 0, log[-4000:]
     recorded = read_events(events)
     assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 2
@@ -219,7 +220,7 @@ def test_notice_too_short_to_drain_falls_back_to_the_hard_kill_path(
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
         wait_for_events(process, events, commits(size=3, steps=10), "10 commits at size 3")
         control.write_text("notice host-2\n")
-        log, _ = process.communicate(timeout=JOB_TIMEOUT)
+        log = job_output(process, JOB_TIMEOUT)
     assert process.returncode == 0, log[-4000:]
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)

@@ -23,6 +23,7 @@ pytest.importorskip("google.cloud.compute_v1", reason="the gcp extra is not inst
 
 from tests.e2e_support import (
     commits,
+    job_output,
     read_events,
     running_job,
     wait_for_events,
@@ -164,7 +165,7 @@ def test_run_follows_the_group(
         ((pid, _),) = worker_pids(process.pid, HOROVOD_HOSTNAME=victim_ip)
         os.kill(pid, signal.SIGKILL)
         group.remove_member(victim)
-        output, _ = process.communicate(timeout=JOB_TIMEOUT)
+        output = job_output(process, JOB_TIMEOUT)
 
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)

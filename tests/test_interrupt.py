@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e_support import commits, running_job, wait_for_events, worker_pids
+from tests.e2e_support import commits, job_output, running_job, wait_for_events, worker_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +45,7 @@ def test_a_signal_to_the_driver_stops_every_worker(
             assert not set(secrets) & set(worker_env)
         process.send_signal(sig)
         began = time.monotonic()
-        output, _ = process.communicate(timeout=30)
+        output = job_output(process, 30)
         took = time.monotonic() - began
     assert took < 10, f"took {took:.1f}s to stop"
     assert process.returncode == 130, output[-2000:]

@@ -13,6 +13,7 @@ import pytest
 from tests.e2e_support import (
     assert_no_committed_step_lost,
     commits,
+    job_output,
     read_events,
     running_job,
     wait_for_events,
@@ -64,7 +65,7 @@ def test_a_job_follows_the_host_file(repo: Path, tmp_path: Path) -> None:
         wait_for_events(process, events, commits(min_step=5), "step 5")
         with hosts.open("a") as stream:
             stream.write("10.7.0.3\n")  # a host joins
-        output, _ = process.communicate(timeout=300)
+        output = job_output(process, 300)
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)

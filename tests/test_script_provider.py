@@ -20,6 +20,7 @@ from spotring.providers.script import ScriptProvider, parse_members
 from tests.e2e_support import (
     assert_no_committed_step_lost,
     commits,
+    job_output,
     read_events,
     running_job,
     wait_for_events,
@@ -125,7 +126,7 @@ def test_a_horovodrun_discovery_script_runs_unchanged(repo: Path, tmp_path: Path
         wait_for_events(process, events, commits(min_step=10), "step 10")
         pid, _ = worker_pids(process.pid, HOROVOD_HOSTNAME="10.8.0.3")[0]
         os.kill(pid, signal.SIGKILL)
-        output, _ = process.communicate(timeout=300)
+        output = job_output(process, 300)
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
