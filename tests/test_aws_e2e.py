@@ -268,3 +268,31 @@ def test_a_group_deleted_mid_run_stops_the_job_with_one_line(
     ]
     assert "Traceback" not in output
     assert workers and not [pid for pid in workers if psutil.pid_exists(pid)]
+
+
+@pytest.mark.e2e
+def test_a_signal_stops_the_job_and_still_scales_the_group_down(
+    repo: Path, tmp_path: Path, moto_url: str, aws_env: dict[str, str]
+) -> None:
+    """SIGTERM (a scheduler's stop): every worker stopped, exit 130, and
+    --scale-down-on-exit still shrinks the group to its MinSize."""
+    create_group("stopped", size=2, min_size=1, max_size=4, endpoint_url=moto_url)
+    events = tmp_path / "events.jsonl"
+    with running_job(
+        run_argv("stopped", moto_url, repo, events, 50, "--scale-down-on-exit", "-np", "2"),
+        cwd=tmp_path,
+        env=aws_env,
+    ) as process:
+        wait_for_events(process, events, commits(size=2, steps=3), "training at size 2")
+        workers = [psutil.Process(pid) for pid, _ in worker_pids(process.pid)]
+        process.send_signal(signal.SIGTERM)
+        output = job_output(process, 30)
+
+    assert process.returncode == 130, output[-4000:]
+    assert output.rstrip().endswith("spotring: interrupted") and "Traceback" not in output
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert workers and not [w for w in alive if w.status() != psutil.STATUS_ZOMBIE]
+    group = client("autoscaling", moto_url).describe_auto_scaling_groups(
+        AutoScalingGroupNames=["stopped"]
+    )
+    assert group["AutoScalingGroups"][0]["DesiredCapacity"] == 1

@@ -55,6 +55,33 @@ def test_a_signal_to_the_driver_stops_every_worker(
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
 
 
+def test_a_second_interrupt_forces_the_stop(repo: Path, tmp_path: Path) -> None:
+    """Ctrl-C twice: the second ends spotring at once, with no traceback, and the
+    workers still go (their supervisors stop them when the driver's pipe closes)."""
+    events = tmp_path / "events.jsonl"
+    argv = [
+        *(SPOTRING, "run", "--provider", "local", "-np", "2", "--"),
+        *(sys.executable, str(repo / "examples" / "train_digits.py")),
+        *("--events", str(events), "--epochs", "100", "--step-seconds", "0.1"),
+    ]
+    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+        wait_for_events(process, events, commits(), "a first commit")
+        workers = [psutil.Process(pid) for pid, _ in worker_pids(process.pid)]
+        assert len(workers) == 2
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        began = time.monotonic()
+        output = job_output(process, 30)
+        took = time.monotonic() - began
+    assert took < 10, f"took {took:.1f}s to stop"
+    assert process.returncode == 130, output[-2000:]
+    assert output.rstrip().endswith("spotring: interrupted")
+    assert "Traceback" not in output
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    assert not [w for w in alive if w.status() != psutil.STATUS_ZOMBIE], "workers outlived it"
+
+
 def test_workers_of_a_killed_driver_exit_at_once(repo: Path, tmp_path: Path) -> None:
     """kill -9 of the driver: each worker's supervisor sees its stdin close and stops it,
     instead of leaving it training (or hanging) on capacity that costs money."""
