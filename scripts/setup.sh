@@ -7,7 +7,9 @@
 # seconds. Horovod 0.28.1 ships only as an sdist that does not compile against
 # torch >= 2.1 (it asks for C++14; torch's headers need C++17). We build it once with
 # CMAKE_CXX_STANDARD 17 (the fix upstream merged after the release) for CPU with Gloo
-# and PyTorch, and cache the wheel under $SPOTRING_CACHE (default ~/.cache/spotring).
+# and PyTorch, with worker_image/horovod-gloo-init.patch (a peer that dies while a ring
+# forms fails hvd.init, which spotring retries, instead of killing every member with
+# std::terminate), and cache the wheel under $SPOTRING_CACHE (default ~/.cache/spotring).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,6 +40,11 @@ if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
   "${pip[@]}" "torch==$torch_version" numpy cloudpickle psutil pyyaml packaging
 fi
 
+horovod_patch="$root/worker_image/horovod-gloo-init.patch"
+# Wheels are cached per patch: changing the patch builds (and installs) a new one.
+horovod_build=$(sha1sum <"$horovod_patch" | cut -c1-12)
+wheels="$cache/wheels/horovod-$horovod_version-$horovod_build"
+
 HOROVOD_CXX_INCLUDES="-include cstdint -include string -include stdexcept -include memory \
 -include limits -include functional -include algorithm"
 
@@ -54,6 +61,7 @@ build_horovod_wheel() {
     "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
   grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" \
     || { log "C++17 patch did not apply"; return 1; }
+  patch -s -p1 -d "$src" <"$horovod_patch" || { log "$horovod_patch did not apply"; return 1; }
   # Newer toolchains: CMake >= 4 refuses the bundled gloo's cmake_minimum_required,
   # and GCC >= 13 no longer pulls <string>, <stdexcept>, ... in transitively.
   CMAKE_POLICY_VERSION_MINIMUM=3.5 CXXFLAGS="${CXXFLAGS:-} $HOROVOD_CXX_INCLUDES" \
@@ -61,18 +69,21 @@ build_horovod_wheel() {
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_PARALLEL="$(nproc)" \
     quiet_pip wheel -q --no-deps --no-build-isolation \
-    -w "$cache/wheels" "$src"
+    -w "$wheels" "$src"
 }
 
-if ! "$venv/bin/python" -c "import horovod.torch" 2>/dev/null; then
-  mkdir -p "$cache/wheels"
-  wheel=$(ls "$cache"/wheels/horovod-"$horovod_version"-*.whl 2>/dev/null | head -n 1 || true)
+horovod_stamp="$venv/.horovod-build"
+if [ "$(cat "$horovod_stamp" 2>/dev/null || true)" != "$horovod_build" ] \
+  || ! "$venv/bin/python" -c "import horovod.torch" 2>/dev/null; then
+  mkdir -p "$wheels"
+  wheel=$(ls "$wheels"/horovod-"$horovod_version"-*.whl 2>/dev/null | head -n 1 || true)
   if [ -z "$wheel" ]; then
     build_horovod_wheel
-    wheel=$(ls "$cache"/wheels/horovod-"$horovod_version"-*.whl | head -n 1)
+    wheel=$(ls "$wheels"/horovod-"$horovod_version"-*.whl | head -n 1)
   fi
-  log "installing $(basename "$wheel")"
-  "${pip[@]}" --no-deps "$wheel"
+  log "installing $(basename "$wheel") (build $horovod_build)"
+  "${pip[@]}" --no-deps --force-reinstall "$wheel"
+  printf '%s' "$horovod_build" >"$horovod_stamp"
 fi
 
 # The project itself, editable; pip skips what is already satisfied.

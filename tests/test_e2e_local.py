@@ -226,3 +226,47 @@ def test_notice_too_short_to_drain_falls_back_to_the_hard_kill_path(
     assert_no_committed_step_lost(recorded)
     assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 2
     assert "chaos: preempted host-2" in log
+
+
+DIES_AT_START = """\
+import os, runpy, signal, sys
+from pathlib import Path
+
+marker, script = Path(sys.argv[1]), sys.argv[2]
+if os.environ.get("HOROVOD_HOSTNAME") == "host-2" and not marker.exists():
+    marker.touch()
+    os.kill(os.getpid(), signal.SIGKILL)  # before it ever reaches hvd.init
+sys.argv = sys.argv[2:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_a_worker_dying_while_the_ring_forms_costs_a_retry_not_the_job(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The group grows; the new host's worker dies before it joins, while the running
+    workers wait for it in the new ring's formation. They fail that ring (Gloo's
+    timeout, shortened here), join the next one without it, and carry on from their
+    last commit: with stock Horovod they died of std::terminate and took the job."""
+    events, control, marker = tmp_path / "events.jsonl", tmp_path / "control", tmp_path / "died"
+    wrapper = tmp_path / "dies_at_start.py"
+    wrapper.write_text(DIES_AT_START)
+    argv = [
+        *(SPOTRING, "run", "--provider", "local", "-np", "2", "--min-np", "2", "--max-np", "3"),
+        *("--hosts", "2", "--refresh-interval", "0.5", "--boot-seconds", "1"),
+        *("--control", str(control), "--"),
+        *(sys.executable, str(wrapper), str(marker), str(repo / "examples" / "train_digits.py")),
+        *("--events", str(events), "--epochs", "4", "--step-seconds", "0.05"),
+    ]
+    env = dict(os.environ, HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    with running_job(argv, cwd=tmp_path, env=env) as process:
+        wait_for_events(process, events, commits(size=2, steps=10), "10 commits at size 2")
+        control.write_text("scale 3\n")
+        log = job_output(process, JOB_TIMEOUT)
+    assert marker.exists(), "the new host's worker never started"
+    assert process.returncode == 0, log[-4000:]
+    assert "terminate called" not in log
+    assert "joining the next one" in log
+    recorded = read_events(events)
+    assert_no_committed_step_lost(recorded)
+    assert recorded[-1]["event"] == "done"

@@ -24,6 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "worker_image" / "bootstrap.sh.tftpl"
+HOROVOD_PATCH = REPO / "worker_image" / "horovod-gloo-init.patch"
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -96,6 +97,7 @@ def run_sourced(
         "SPOTRING_STATE_DIR": str(tmp_path / "state"),
         "SPOTRING_ENV_FILE": str(tmp_path / "environment"),
         "CALLS": str(tmp_path / "calls.log"),
+        "SPOTRING_HOROVOD_PATCH": str(HOROVOD_PATCH),
         **(env or {}),
     }
     return subprocess.run(
@@ -207,7 +209,21 @@ def _fake_horovod_tree(root: Path, standard: int = 14) -> Path:
     (src / "horovod" / "torch" / "CMakeLists.txt").write_text(
         f"if(NOT DEFINED CMAKE_CXX_STANDARD)\n  set(CMAKE_CXX_STANDARD {standard})\nendif()\n"
     )
+    (src / "horovod" / "common").mkdir()
+    (src / "horovod" / "common" / "operations.cc").write_text(_patched_source_before())
     return src
+
+
+def _patched_source_before() -> str:
+    """The lines spotring's Horovod patch expects (its context and removed lines), with
+    filler between the hunks, as ``patch`` finds them in the real source."""
+    lines = []
+    for line in HOROVOD_PATCH.read_text().splitlines()[2:]:
+        if line.startswith("@@"):
+            lines.append("// other code\n")
+        elif line[:1] in (" ", "-"):
+            lines.append(line[1:] + "\n")
+    return "".join(lines)
 
 
 def test_patch_switches_both_cmake_files_to_cxx17(script: Path, tmp_path: Path) -> None:
@@ -219,6 +235,24 @@ def test_patch_switches_both_cmake_files_to_cxx17(script: Path, tmp_path: Path) 
     assert "set(CMAKE_CXX_STANDARD 17)" in top and "14" not in top
     assert "set(CMAKE_CXX_STANDARD 17)" in torch and "14" not in torch
     assert "cmake_minimum_required(VERSION 3.13)" in top
+    operations = (src / "horovod" / "common" / "operations.cc").read_text()
+    assert "Horovod could not form its Gloo context" in operations
+    assert "horovod_global.initialization_failed = false;" in operations
+
+
+def test_bootstrap_finds_the_horovod_patch_in_the_installed_package(
+    tmp_path: Path, python: str
+) -> None:
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(render(WORKER_VARS))
+    _executable(tmp_path / "venv" / "bin" / "python", f'exec {shlex.quote(python)} "$@"\n')
+    src = _fake_horovod_tree(tmp_path / "tree")
+    done = run_sourced(
+        path, f"patch_horovod_source {shlex.quote(str(src))}", tmp_path,
+        {"SPOTRING_HOROVOD_PATCH": ""},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "could not form its Gloo context" in (src / "horovod/common/operations.cc").read_text()
 
 
 def test_patch_fails_loudly_when_it_does_not_apply(script: Path, tmp_path: Path) -> None:
@@ -305,8 +339,8 @@ STEPS = [
     "install_system_packages",
     "create_venv",
     "install_torch",
+    "install_spotring",  # first: Horovod's source build applies a patch it ships
     "install_horovod",
-    "install_spotring",
     "expose_venv",
     "verify",
     "run_job_setup",
@@ -431,3 +465,40 @@ def test_failing_job_setup_fails_the_bootstrap(tmp_path: Path) -> None:
     done = run_sourced(path, 'sudo() { shift 3; "$@"; }\nrun_job_setup', tmp_path)
     assert done.returncode != 0
     assert not (tmp_path / "reached").exists()
+
+
+def test_a_ring_that_failed_to_form_is_joined_again() -> None:
+    from spotring.worker_image.ring_formation import retry_failed_formation
+
+    calls: list[str] = []
+    answers = iter([ValueError("Horovod initialization failed. Please check log messages"), 7])
+
+    def init() -> int:
+        calls.append("init")
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    init_until_formed = retry_failed_formation(init, lambda: calls.append("shutdown"))
+    assert init_until_formed() == 7
+    assert calls == ["init", "shutdown", "init"]
+
+
+def test_other_init_errors_and_repeated_failures_are_raised() -> None:
+    from spotring.worker_image.ring_formation import retry_failed_formation
+
+    def misconfigured() -> None:
+        raise ValueError("Horovod has not been built with Gloo support")
+
+    with pytest.raises(ValueError, match="Gloo support"):
+        retry_failed_formation(misconfigured, lambda: None)()
+
+    shutdowns: list[int] = []
+
+    def never_forms() -> None:
+        raise ValueError("Horovod initialization failed.")
+
+    with pytest.raises(ValueError, match="initialization failed"):
+        retry_failed_formation(never_forms, lambda: shutdowns.append(1), attempts=3)()
+    assert len(shutdowns) == 2

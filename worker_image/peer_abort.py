@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from spotring.worker_image.ring_formation import retry_failed_formation
+
 log = logging.getLogger(__name__)
 
 ENABLE_ENV = "SPOTRING_PEER_ABORT"
@@ -254,7 +256,7 @@ def install() -> CollectiveAbort:
         except ValueError:
             key = None
         guard = CollectiveAbort(key, _read_ring_generation)
-        tracked = guard.track_init(mpi_ops.init)
+        tracked = guard.track_init(retry_failed_formation(mpi_ops.init, mpi_ops.shutdown))
         for module in (mpi_ops, hvd_torch, hvd_elastic):
             module.init = tracked  # type: ignore[attr-defined]
 
