@@ -32,7 +32,8 @@ PATCHED_INTERNALS: tuple[tuple[str, str], ...] = (
     ("horovod.runner.elastic.driver:ElasticDriver", "get_worker_client"),
     ("horovod.runner.elastic.driver:ElasticDriver", "get_results"),
     ("horovod.runner.elastic.driver:ElasticDriver", "get_slot_info"),
-    ("horovod.runner.elastic.rendezvous", "create_rendezvous_handler"),
+    ("horovod.runner.elastic.driver:ElasticDriver", "_worker_clients"),
+    ("horovod.runner.elastic.driver:ElasticDriver", "_verbose"),
     ("horovod.runner.http.http_server:RendezvousServer", "init"),
     ("horovod.runner.http.http_server:RendezvousServer", "_httpd"),
     ("horovod.runner.http.http_server:RendezvousHTTPServer", "cache"),
@@ -41,7 +42,11 @@ PATCHED_INTERNALS: tuple[tuple[str, str], ...] = (
     ("horovod.runner.http.http_server", "RendezvousHandler"),
     ("horovod.runner.gloo_run", "create_slot_env_vars"),
     ("horovod.runner.util.network", "get_driver_ip"),
-    ("horovod.runner.common.util.codec", "dumps_base64"),
+    # driver/rendezvous.py: the hardened store and the driver's client for each worker
+    ("horovod.runner.http.http_server:RendezvousHTTPServer", "scope_size"),
+    ("horovod.runner.http.http_server:RendezvousHTTPServer", "finished_list"),
+    ("horovod.runner.common.util.network:BasicClient", "_wire"),
+    ("horovod.runner.common.util.network:Wire", "_key"),
     ("horovod.runner.elastic.worker", "HostUpdateResult"),
     # driver/peer_failure.py: our message goes through the worker's client
     ("horovod.runner.common.util.network:BasicClient", "_send"),
@@ -49,8 +54,8 @@ PATCHED_INTERNALS: tuple[tuple[str, str], ...] = (
     ("horovod.torch.mpi_ops", "init"),
     ("horovod.torch.elastic", "init"),
     ("horovod.runner.elastic.worker:WorkerNotificationService", "_handle"),
+    ("horovod.runner.elastic.worker:WorkerNotificationService", "_make_handler"),
     ("horovod.runner.common.util.network", "AckResponse"),
-    ("horovod.runner.http.http_client", "read_data_from_kvstore"),
 )
 """(``module`` or ``module:Class``, attribute) pairs spotring reaches into."""
 

@@ -14,6 +14,10 @@ blacklisting and resets. What we do instead of ``horovod.runner.gloo_run`` and w
   interface towards the driver.
 * Every ring gets a generation number, published on the rendezvous server, which the
   peer-failure messages are bound to.
+* The rendezvous server is Horovod's, hardened against hostile requests
+  (:mod:`spotring.driver.rendezvous`): it unpickles nothing a client sends it, hands
+  no worker's key to anyone, and stores only the current ring's Gloo keys; and the
+  driver takes nothing but Horovod's own answers from the workers it registered.
 * The job stops cleanly, with the controller's message, when the controller hits an
   error it cannot retry (a missing group, denied permissions, a plugin's bug).
 * A host that announced its interruption leaves discovery at once; Horovod re-forms
@@ -28,19 +32,12 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-from horovod.runner.common.util import codec
 from horovod.runner.elastic.driver import ElasticDriver
-from horovod.runner.elastic.rendezvous import create_rendezvous_handler
 from horovod.runner.elastic.worker import HostUpdateResult
 from horovod.runner.gloo_run import create_slot_env_vars
-from horovod.runner.http.http_server import (
-    RendezvousHandler,
-    RendezvousHTTPServer,
-    RendezvousServer,
-)
 from horovod.runner.util.network import get_driver_ip
 
 from spotring.autoscaler.inventory import Inventory
@@ -49,9 +46,10 @@ from spotring.driver.discovery import InventoryHostDiscovery
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.options import ElasticOptions
 from spotring.driver.peer_failure import PeerFailureNotifier
+from spotring.driver.rendezvous import RingTracker, rendezvous_handler, use_safe_worker_clients
 from spotring.providers.base import InterruptionNotice
 from spotring.worker_image.notices import Notice
-from spotring.worker_image.peer_abort import JOB_KEY_ENV, RING_KEY, RING_SCOPE
+from spotring.worker_image.peer_abort import JOB_KEY_ENV
 from spotring.worker_image.supervisor import local_address_towards
 
 log = logging.getLogger(__name__)
@@ -82,66 +80,6 @@ class JobAborted(RuntimeError):
     def __init__(self, message: str, cause: BaseException | None = None) -> None:
         super().__init__(message)
         self.cause = cause
-
-
-class RingTracker(RendezvousServer):
-    """Horovod's rendezvous server, recording every ring the driver forms.
-
-    Horovod calls ``init`` with the new slot plan at the start and after every reset,
-    which makes it the one place that sees each ring. Each ring's generation is
-    published in the server's store, where workers read it after their ``init``.
-    """
-
-    def __init__(self, verbose: int = 0, on_ring: Callable[[int, list[str]], None] | None = None):
-        super().__init__(verbose)
-        self.world_sizes: list[int] = []
-        self._ring_listeners = [on_ring] if on_ring is not None else []
-
-    def add_ring_listener(self, listener: Callable[[int, list[str]], None]) -> None:
-        """Call ``listener(size, hosts)`` for every ring formed from now on."""
-        self._ring_listeners.append(listener)
-
-    @property
-    def generation(self) -> int:
-        """The current ring's number: 1 for the first ring, +1 per reset."""
-        return len(self.world_sizes)
-
-    def start(self, handler_cls: Any = None, address: str = "") -> int:  # type: ignore[override]
-        """Listen on ``address`` (Horovod's own listens on every interface); the port."""
-        handler_cls = handler_cls or RendezvousHandler
-        if not address:
-            return int(super().start(handler_cls))
-        self._httpd = _RendezvousHTTPServer((address, 0), handler_cls, self._verbose)
-        self._listen_thread = threading.Thread(
-            target=self._httpd.serve_forever, name="spotring-rendezvous", daemon=True
-        )
-        self._listen_thread.start()
-        return int(self._httpd.server_address[1])
-
-    def init(self, host_alloc_plan):  # type: ignore[no-untyped-def]
-        result = super().init(host_alloc_plan)  # clears the store
-        self.world_sizes.append(len(host_alloc_plan))
-        httpd = self._httpd
-        with httpd.cache_lock:
-            value = codec.dumps_base64(self.generation, to_ascii=False)
-            httpd.cache.setdefault(RING_SCOPE, {})[RING_KEY] = value
-        hosts = sorted({slot.hostname for slot in host_alloc_plan})
-        for listener in self._ring_listeners:
-            listener(len(host_alloc_plan), hosts)
-        return result
-
-
-class _RendezvousHTTPServer(RendezvousHTTPServer):
-    """Horovod's rendezvous HTTP server, without a traceback for a worker that went
-    away while its request was answered (a stopped worker, a preempted host)."""
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
-
-        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-            log.debug("rendezvous: %s went away before its answer", client_address)
-            return
-        super().handle_error(request, client_address)
 
 
 def run_elastic(
@@ -179,7 +117,8 @@ def run_elastic(
         verbose=options.verbose,
     )
     notices.hold_rank_answers(driver)
-    port = rendezvous.start(create_rendezvous_handler(driver), address)
+    use_safe_worker_clients(driver)
+    port = rendezvous.start(rendezvous_handler(driver), address)
     notifier.attach(driver)
     _replay_host_changes_for_new_coordinator(driver)
     stopper = _Stopper(driver)

@@ -195,21 +195,22 @@ def test_notifier_counts_deliveries_through_horovods_service(
             services[host].shutdown()
 
 
-def test_ring_tracker_publishes_each_rings_generation() -> None:
+def test_ring_tracker_publishes_each_rings_generation(monkeypatch: pytest.MonkeyPatch) -> None:
     from horovod.runner.common.util.hosts import SlotInfo
-    from horovod.runner.http.http_client import read_data_from_kvstore
 
     from spotring.driver.elastic import RingTracker
-    from spotring.worker_image.peer_abort import RING_KEY, RING_SCOPE
+    from spotring.worker_image.peer_abort import _read_ring_generation
 
     tracker = RingTracker()
     port = tracker.start()
+    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
+    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", str(port))
     try:
         plan = [SlotInfo("host-0", 0, 0, 0, 1, 1, 1)]
         tracker.init(plan)
-        assert read_data_from_kvstore("127.0.0.1", port, RING_SCOPE, RING_KEY) == 1
+        assert _read_ring_generation() == 1
         tracker.init(plan)
-        assert read_data_from_kvstore("127.0.0.1", port, RING_SCOPE, RING_KEY) == 2
+        assert _read_ring_generation() == 2
         assert tracker.world_sizes == [1, 1]
     finally:
         tracker.stop()

@@ -12,8 +12,9 @@ This runs inside the user's worker process whatever state class the script uses:
 spotring's launcher puts ``spotring/worker_image/sitehook`` on ``PYTHONPATH``, whose
 ``sitecustomize`` calls :func:`install_when_imported`. Once ``horovod.torch`` is imported,
 :func:`install` wraps Horovod's ``init`` (to learn each context's sockets and its ring
-generation) and the notification service's request handler (to take our message before
-Horovod's own listeners, which only know host updates).
+generation, plain digits read over HTTP) and the notification service's request handler
+(to take our message before Horovod's own listeners, which only know host updates; and
+to refuse junk without a traceback, cutting off connections that never finish).
 
 Who can trigger an abort: a message is accepted only with a valid HMAC-SHA256 under the
 job key (a per-job secret the launcher hands the worker through its stdin, never argv or
@@ -24,6 +25,7 @@ rejected and logged.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import importlib.abc
@@ -50,7 +52,14 @@ JOB_KEY_ENV = "SPOTRING_JOB_KEY"
 
 RING_SCOPE = "spotring"
 RING_KEY = "ring"
-"""Where the driver's rendezvous server publishes the current ring generation."""
+"""Where the driver's rendezvous server publishes the current ring generation, as
+ASCII digits (read-only from outside)."""
+
+MAX_RING_BYTES = 18
+RING_READ_TIMEOUT_SECONDS = 10.0
+
+NOTIFICATION_DEADLINE_SECONDS = 10.0
+"""How long a connection to the worker's notification service may last."""
 
 
 # ------------------------------------------------------------------ the message
@@ -223,16 +232,39 @@ _guard_lock = threading.Lock()
 
 
 def _read_ring_generation() -> int | None:
-    """The ring generation the driver published on its rendezvous server."""
-    from horovod.runner.http.http_client import read_data_from_kvstore
+    """The ring generation the driver published on its rendezvous server.
+
+    A plain GET whose answer must be ASCII digits: nothing read over the network is
+    unpickled, so whoever can reach the server cannot run code in the worker.
+    """
+    import http.client
 
     try:
         addr = os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
         port = int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
-        return int(read_data_from_kvstore(addr, port, RING_SCOPE, RING_KEY))
+        connection = http.client.HTTPConnection(addr, port, timeout=RING_READ_TIMEOUT_SECONDS)
+        try:
+            connection.request("GET", f"/{RING_SCOPE}/{RING_KEY}")
+            answer = connection.getresponse()
+            body = answer.read(MAX_RING_BYTES + 1)
+        finally:
+            connection.close()
+        if answer.status != 200:
+            raise RuntimeError(f"the rendezvous server answered {answer.status}")
     except Exception as error:  # no driver of ours, or it is gone: no aborts
         log.warning("spotring: cannot learn the ring generation (%s); no fast abort", error)
         return None
+    generation = parse_ring_generation(body)
+    if generation is None:
+        log.warning("spotring: the ring generation is not a number; no fast abort")
+    return generation
+
+
+def parse_ring_generation(body: bytes) -> int | None:
+    """The generation in ``body`` (ASCII digits only), or None."""
+    if not 0 < len(body) <= MAX_RING_BYTES or not body.isdigit():  # bytes: ASCII only
+        return None
+    return int(body)
 
 
 def install() -> CollectiveAbort:
@@ -261,6 +293,7 @@ def install() -> CollectiveAbort:
             module.init = tracked  # type: ignore[attr-defined]
 
         patch_notification_service(lambda service: guard)
+        harden_notification_service()
         _guard = guard
         return guard
 
@@ -280,6 +313,51 @@ def patch_notification_service(guard_for: Callable[[Any], CollectiveAbort]) -> N
         return handle_request(service, request, client_address)
 
     WorkerNotificationService._handle = _handle  # type: ignore[method-assign]
+
+
+def harden_notification_service() -> None:
+    """Make Horovod's worker notification service (anyone can connect to it) refuse a
+    connection with one warning line on the worker's stderr instead of a traceback (a
+    bad digest, a short or malformed frame), and cut every connection off after
+    :data:`NOTIFICATION_DEADLINE_SECONDS`: its threads are not daemons, so a client
+    that never finishes its message would keep the worker from exiting. Once; before
+    the service is created."""
+    from horovod.runner.elastic.worker import WorkerNotificationService
+
+    make_handler = WorkerNotificationService._make_handler
+    if getattr(make_handler, "spotring_hardened", False):
+        return
+
+    def _make_handler(service: Any) -> Any:
+        class HardenedHandler(make_handler(service)):  # type: ignore[misc]
+            def setup(self) -> None:
+                super().setup()
+                self.deadline = threading.Timer(NOTIFICATION_DEADLINE_SECONDS, self.cut_off)
+                self.deadline.daemon = True
+                self.deadline.start()
+
+            def cut_off(self) -> None:
+                with contextlib.suppress(OSError):  # wakes a blocked read
+                    self.connection.shutdown(socket.SHUT_RDWR)
+
+            def handle(self) -> None:
+                try:
+                    super().handle()
+                except Exception as error:
+                    log.warning(
+                        "spotring: the notification service refused a message from %s: %s",
+                        self.client_address[0],
+                        " ".join(str(error).split())[:200] or type(error).__name__,
+                    )
+
+            def finish(self) -> None:
+                self.deadline.cancel()
+                super().finish()
+
+        return HardenedHandler
+
+    _make_handler.spotring_hardened = True  # type: ignore[attr-defined]
+    WorkerNotificationService._make_handler = _make_handler  # type: ignore[method-assign]
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -1,0 +1,594 @@
+"""The driver's rendezvous server: Horovod's, hardened against hostile requests.
+
+Horovod's elastic driver runs an HTTP key-value store (``RendezvousServer``) that every
+worker reaches: Gloo's rendezvous keeps each ring's addresses there, a worker asks it
+for its rank (``GET /rank_and_size/<host>:<slot>``) and registers its notification
+service (``PUT /worker_addresses/<host>:<slot>``). As shipped, that server unpickles
+the registration's body in the driver, keeps it (with the worker's secret key) where
+any ``GET`` hands it out, stores any ``PUT`` to any scope, and reads whatever length a
+request announces. spotring runs the same server (same store, same answers to Horovod's
+clients) with a request handler that:
+
+* decodes a registration with :func:`decode_worker_addresses`: no class or function is
+  ever looked up, and only the shape Horovod's worker sends is accepted; it is handed
+  to the driver and never stored;
+* answers ``rank_and_size`` and takes registrations only for slots of a ring this
+  driver planned;
+* stores ``PUT`` s only in the current ring's Gloo scopes, keeps the ``spotring``
+  scope (the ring generation, plain ASCII digits) read-only from outside, and refuses
+  bodies over :data:`MAX_BODY_BYTES` before reading them;
+* gives a client :data:`REQUEST_DEADLINE_SECONDS` to send its whole request, and
+  answers anything malformed with a 4xx and one warning line naming the client, never
+  a traceback and never a change to the store.
+
+A registration names an address and a key, and the driver then talks to that address:
+:func:`use_safe_worker_clients` makes the driver's client for it unpickle nothing but
+Horovod's three answer classes, whatever key the service signs with.
+
+What it cannot do: tell a worker from anyone else who can reach the port. Horovod's
+clients (the C++ Gloo store, the Python worker) send no credential, so a well-formed
+request for a real slot or a current Gloo key is taken as the worker's own.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import ipaddress
+import logging
+import pickle
+import pickletools
+import re
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from horovod.runner.common.util import secret
+from horovod.runner.common.util.network import Wire
+from horovod.runner.elastic.worker import WorkerNotificationClient
+from horovod.runner.http.http_server import (
+    RendezvousHandler,
+    RendezvousHTTPServer,
+    RendezvousServer,
+)
+
+from spotring.worker_image.peer_abort import RING_KEY, RING_SCOPE
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1 << 20
+"""The largest ``PUT`` body taken. Gloo's largest value is one rank's addresses towards
+every other rank, 136 bytes each (about 136 KiB for a 1,000-worker ring)."""
+
+MAX_WORKER_ADDRESSES_BYTES = 128 << 10
+"""The largest registration taken (Horovod's worker sends about 40 bytes per address)."""
+
+REQUEST_DEADLINE_SECONDS = 10.0
+"""How long a client has to send its whole request (line, headers and body)."""
+
+MAX_ADDRESSES = 256
+"""Most addresses a registration may list (the driver probes each in a thread)."""
+
+MAX_ANSWER_BYTES = 64 << 10
+ANSWER_TIMEOUT_SECONDS = 20.0
+"""The largest answer, and the longest wait for one, the driver takes from a worker's
+notification service (Horovod's are about 150 bytes)."""
+
+GET_RANK_AND_SIZE = "rank_and_size"  # horovod.runner.elastic.rendezvous
+PUT_WORKER_ADDRESSES = "worker_addresses"
+READ_ONLY_SCOPES = frozenset({RING_SCOPE, GET_RANK_AND_SIZE, PUT_WORKER_ADDRESSES})
+
+_PROCESS_SET_SUFFIX = re.compile(r"_process_set_hash_[0-9a-f]{1,64}\Z")
+_GLOO_KEY = re.compile(r"(rank_)?[0-9]{1,9}\Z")
+_SLOT = re.compile(r"[0-9]{1,6}\Z")
+
+# Every opcode the pickle of plain tuples, lists, dicts, str, bytes and ints may use.
+# Nothing that looks up a global (GLOBAL, STACK_GLOBAL, EXT*, INST), calls (REDUCE,
+# NEWOBJ*, OBJ, BUILD) or reaches outside the data (PERSID, NEXT_BUFFER); and no memo
+# index chosen by the sender (PUT, LONG_BINPUT): the unpickler would size its memo to it.
+_PLAIN_DATA_OPCODES = frozenset(
+    {
+        *("PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP", "MEMOIZE"),
+        *("BINPUT", "BINGET", "LONG_BINGET"),
+        *("EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3"),
+        *("EMPTY_LIST", "LIST", "APPEND", "APPENDS", "EMPTY_DICT", "DICT"),
+        *("SETITEM", "SETITEMS", "BININT", "BININT1", "BININT2", "LONG1"),
+        *("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8"),
+        *("SHORT_BINBYTES", "BINBYTES", "BINBYTES8"),
+    }
+)
+
+
+# Horovod's answers to the driver's messages, and what their pickles use beyond plain data.
+_ANSWER_CLASSES = frozenset(
+    ("horovod.runner.common.util.network", name)
+    for name in ("PingResponse", "AckResponse", "AckStreamResponse")
+)
+_ANSWER_OPCODES = _PLAIN_DATA_OPCODES | {"STACK_GLOBAL", "NEWOBJ", "BUILD"}
+
+
+class HostileInput(ValueError):
+    """A request the server refuses; the message says why, for the log."""
+
+
+class ElasticDriverCalls(Protocol):
+    """What the handler calls on Horovod's ``ElasticDriver``."""
+
+    def record_ready(self, host: str, slot: int) -> object: ...
+
+    def get_slot_info(self, host: str, slot: int) -> Any: ...
+
+    def register_worker_server(
+        self, host: str, slot: int, addresses: dict[str, list[tuple[str, int]]], secret_key: bytes
+    ) -> object: ...
+
+
+# ------------------------------------------------------------- registrations
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Looks up only the ``classes`` given (none: plain data only)."""
+
+    def __init__(self, data: bytes, classes: frozenset[tuple[str, str]]) -> None:
+        self.stream = io.BytesIO(data)
+        super().__init__(self.stream)
+        self._classes = classes
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._classes:
+            raise HostileInput(f"the pickle names {_printable(module)}.{_printable(name)}")
+        return super().find_class(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise HostileInput("the pickle has a persistent id")
+
+
+def _load_restricted(
+    data: bytes, opcodes: frozenset[str], classes: frozenset[tuple[str, str]] = frozenset()
+) -> Any:
+    """Unpickle ``data`` if it uses only ``opcodes`` and ``classes``, and nothing follows
+    it; raises :class:`HostileInput` otherwise. The opcodes are checked before anything
+    is loaded."""
+    try:
+        for opcode, _arg, _pos in pickletools.genops(data):
+            if opcode.name not in opcodes:
+                raise HostileInput(f"pickle opcode {opcode.name}")
+        unpickler = _RestrictedUnpickler(data, classes)
+        value = unpickler.load()
+    except HostileInput:
+        raise
+    except Exception as error:  # any malformed pickle
+        raise HostileInput(f"not a pickle of the expected kind: {type(error).__name__}") from None
+    if unpickler.stream.read(1):
+        raise HostileInput("bytes after the pickle")
+    return value
+
+
+def decode_worker_addresses(body: bytes) -> tuple[dict[str, list[tuple[str, int]]], bytes]:
+    """``(addresses, secret_key)`` from the body of Horovod's ``PUT worker_addresses``.
+
+    Horovod's worker sends ``base64(cloudpickle((addresses, key)))``: ``addresses`` maps
+    an interface name to a list of ``(ip, port)``, ``key`` is its notification
+    service's secret. The pickle is checked opcode by opcode before it is loaded (plain
+    data only), loaded without any global lookups, and must have exactly that shape.
+    Raises :class:`HostileInput` for anything else.
+    """
+    if len(body) > MAX_WORKER_ADDRESSES_BYTES:
+        raise HostileInput(f"registration of {len(body)} bytes")
+    try:
+        raw = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise HostileInput(f"not base64: {error}") from None
+    return _worker_addresses(_load_restricted(raw, _PLAIN_DATA_OPCODES))
+
+
+def _worker_addresses(value: object) -> tuple[dict[str, list[tuple[str, int]]], bytes]:
+    if type(value) is not tuple or len(value) != 2:
+        raise HostileInput("not a pair (addresses, key)")
+    addresses, key = value
+    if type(key) is not bytes or len(key) != secret.SECRET_LENGTH:
+        raise HostileInput(f"the key is not {secret.SECRET_LENGTH} bytes")
+    if type(addresses) is not dict or not addresses:
+        raise HostileInput("the addresses are not a dict of interfaces")
+    result: dict[str, list[tuple[str, int]]] = {}
+    count = 0
+    for interface, endpoints in addresses.items():
+        if type(interface) is not str or not 0 < len(interface) <= 64:
+            raise HostileInput("an interface name is not a short string")
+        if not interface.isprintable():
+            raise HostileInput("an interface name has control characters")
+        if type(endpoints) is not list or not endpoints:
+            raise HostileInput("an interface has no address list")
+        count += len(endpoints)
+        if count > MAX_ADDRESSES:
+            raise HostileInput(f"more than {MAX_ADDRESSES} addresses")
+        checked = []
+        for endpoint in endpoints:
+            if type(endpoint) is not tuple or len(endpoint) != 2:
+                raise HostileInput("an address is not a pair (ip, port)")
+            ip, port = endpoint
+            if type(ip) is not str or len(ip) > 64 or type(port) is not int:
+                raise HostileInput("an address is not (str, int)")
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                raise HostileInput("an address is not an IP address") from None
+            if not 0 < port < 65536:
+                raise HostileInput(f"port {port} out of range")
+            checked.append((ip, port))
+        result[interface] = checked
+    return result, key
+
+
+# ------------------------------------------------------------- the driver's clients
+
+
+class _AnswerWire(Wire):
+    """Horovod's wire format, taking only Horovod's answers.
+
+    The driver talks to whatever address and key a registration named, and anyone who
+    can reach the rendezvous server can register a planned slot: Horovod's own client
+    would unpickle whatever that service answers, under the key it chose itself.
+    """
+
+    def read(self, rfile: Any) -> Any:
+        sock = getattr(getattr(rfile, "raw", None), "_sock", None)
+        if isinstance(sock, socket.socket):  # a service that never answers
+            sock.settimeout(ANSWER_TIMEOUT_SECONDS)
+        digest = rfile.read(secret.DIGEST_LENGTH)
+        header = rfile.read(4)
+        if len(digest) != secret.DIGEST_LENGTH or len(header) != 4:
+            raise EOFError("the answer ended early")
+        (length,) = struct.unpack("i", header)
+        if not 0 <= length <= MAX_ANSWER_BYTES:
+            raise HostileInput(f"an answer of {length} bytes")
+        message = rfile.read(length)
+        if len(message) != length or not secret.check_digest(self._key, message, digest):
+            raise HostileInput("Security error: digest did not match the message.")
+        return _load_restricted(message, _ANSWER_OPCODES, _ANSWER_CLASSES)
+
+
+class SafeWorkerNotificationClient(WorkerNotificationClient):
+    """Horovod's client for a worker's notification service, unpickling nothing but
+    Horovod's answers (see :class:`_AnswerWire`)."""
+
+    @property  # type: ignore[override]
+    def _wire(self) -> Wire:
+        return self._answer_wire
+
+    @_wire.setter
+    def _wire(self, wire: Wire) -> None:  # BasicClient.__init__ sets Horovod's
+        self._answer_wire = _AnswerWire(wire._key)
+
+
+def use_safe_worker_clients(driver: Any) -> None:
+    """Make Horovod's elastic ``driver`` reach registered workers through
+    :class:`SafeWorkerNotificationClient` (Horovod's ``register_worker_server``, with
+    that client). Call it before the rendezvous server starts."""
+
+    def register_worker_server(
+        host: str, slot: int, addresses: dict[str, list[tuple[str, int]]], secret_key: bytes
+    ) -> None:
+        client = SafeWorkerNotificationClient(addresses, secret_key, driver._verbose)
+        driver._worker_clients[(host, slot)] = client
+
+    driver.register_worker_server = register_worker_server
+
+
+# ------------------------------------------------------------- the request handler
+
+
+def _printable(text: str, limit: int = 120) -> str:
+    """``text`` for one log line: no control characters, at most ``limit`` characters."""
+    clean = "".join(c if c.isprintable() else "?" for c in text[:limit])
+    return clean + ("..." if len(text) > limit else "")
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes, until a deadline: a slow sender cannot hold a thread longer."""
+
+    def __init__(self, sock: socket.socket, deadline: float, idle: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._deadline = deadline
+        self._idle = idle
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request was not complete in time")
+        self._sock.settimeout(min(remaining, self._idle))
+        try:
+            return self._sock.recv_into(buffer)
+        finally:
+            self._sock.settimeout(self._idle)  # for the answer
+
+
+class HardenedRendezvousHandler(RendezvousHandler):
+    """Horovod's rendezvous request handler, refusing what its clients never send.
+
+    Without a ``driver`` (see :func:`rendezvous_handler`) it is a plain store: rank
+    requests and registrations are refused.
+    """
+
+    driver: ElasticDriverCalls | None = None
+    deadline_seconds = REQUEST_DEADLINE_SECONDS
+    server: _RendezvousHTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()
+        deadline = time.monotonic() + self.deadline_seconds
+        reader = _DeadlineReader(self.connection, deadline, float(self.timeout or 3))
+        self.rfile = io.BufferedReader(reader)
+
+    # -- answers
+
+    def _refuse(self, code: int, reason: str) -> None:
+        self.server.warn(
+            f"refused {_printable(self.command or '?')} {_printable(self.path or '?')} "
+            f"from {self.client_address[0]}: {reason}"
+        )
+        self.close_connection = True
+        self.send_status_code(code)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's refusals, as 4xx: an unknown method (its 501) is a 405."""
+        if code >= 500:
+            code = 405 if code == 501 else 400
+        self.close_connection = True
+        super().send_error(code, message, explain)
+
+    def log_error(self, format: str, *args: Any) -> None:
+        """http.server's own refusals (bad request line, unknown method, time-outs)."""
+        self.server.warn(f"bad request from {self.client_address[0]}: {_printable(format % args)}")
+
+    def _scope_and_key(self) -> tuple[str, str] | None:
+        parts = self.path.split("/")
+        if len(parts) != 3 or parts[0] or not parts[1] or not parts[2]:
+            self._refuse(400, "not a /scope/key path")
+            return None
+        return parts[1], parts[2]
+
+    def _planned_slot(self, key: str) -> tuple[str, int] | None:
+        host, _, slot = key.rpartition(":")
+        if not _SLOT.match(slot) or (host, int(slot)) not in self.server.planned_slots:
+            return None
+        return host, int(slot)
+
+    def _is_gloo_scope(self, scope: str) -> bool:
+        """A scope of the current ring's Gloo contexts (global, local_<host>, cross_<n>,
+        each also with a process set's suffix)."""
+        base = _PROCESS_SET_SUFFIX.sub("", scope)
+        return base in self.server.scope_size
+
+    # -- methods
+
+    def do_GET(self) -> None:
+        parsed = self._scope_and_key()
+        if parsed is None:
+            return
+        scope, key = parsed
+        if scope == GET_RANK_AND_SIZE:
+            slot = self._planned_slot(key) if self.driver is not None else None
+            if slot is None:
+                self._refuse(404, "not a slot of any ring of this job")
+                return
+            value: bytes | None = self._rank_and_size(*slot)
+        elif scope == PUT_WORKER_ADDRESSES:
+            value = None  # never stored: it holds each worker's secret key
+        else:
+            value = self._get_value(scope, key)
+        if value is None:
+            self.send_status_code(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(value)))
+        self.end_headers()
+        self.wfile.write(value)
+
+    def _rank_and_size(self, host: str, slot: int) -> bytes:
+        driver = self.driver
+        assert driver is not None
+        driver.record_ready(host, slot)
+        return str(driver.get_slot_info(host, slot).to_response_string()).encode("ascii")
+
+    def do_PUT(self) -> None:
+        parsed = self._scope_and_key()
+        if parsed is None:
+            return
+        scope, key = parsed
+        if scope == PUT_WORKER_ADDRESSES:
+            limit = MAX_WORKER_ADDRESSES_BYTES
+            slot = self._planned_slot(key) if self.driver is not None else None
+            if slot is None:
+                self._refuse(403, "not a slot of any ring of this job")
+                return
+        elif scope in READ_ONLY_SCOPES:
+            self._refuse(403, "read-only scope")
+            return
+        elif not self._is_gloo_scope(scope) or not _GLOO_KEY.match(key):
+            self._refuse(403, "not a key of the current ring's rendezvous")
+            return
+        else:
+            limit = MAX_BODY_BYTES
+        body = self._read_body(limit)
+        if body is None:
+            return
+        if scope == PUT_WORKER_ADDRESSES:
+            try:
+                addresses, secret_key = decode_worker_addresses(body)
+            except HostileInput as error:
+                self._refuse(400, str(error))
+                return
+            driver = self.driver
+            assert driver is not None and slot is not None
+            driver.register_worker_server(slot[0], slot[1], addresses, secret_key)
+        else:
+            self._put_value(scope, key, body)
+        self.send_status_code(200)
+
+    def _read_body(self, limit: int) -> bytes | None:
+        """The request's body, or None once the request was refused."""
+        if "Transfer-Encoding" in self.headers:
+            self._refuse(411, "a body without Content-Length")
+            return None
+        length = self.headers.get("Content-Length", "")
+        if not (length.isascii() and length.isdigit()):
+            self._refuse(411, "no valid Content-Length")
+            return None
+        if int(length) > limit:
+            self._refuse(413, f"a body of {length} bytes (at most {limit})")
+            return None
+        try:
+            body = self.rfile.read(int(length))
+        except TimeoutError:
+            self._refuse(408, "the body did not arrive in time")
+            return None
+        if len(body) != int(length):
+            self._refuse(400, "the body ended early")
+            return None
+        return body
+
+    def do_DELETE(self) -> None:
+        parsed = self._scope_and_key()
+        if parsed is None:
+            return
+        scope, key = parsed
+        if scope in READ_ONLY_SCOPES or not self._is_gloo_scope(scope):
+            self._refuse(403, "not a scope of the current ring's rendezvous")
+        elif not key.isascii() or not key.isdigit() or len(key) > 9:
+            self._refuse(403, "not a rank")
+        else:
+            super().do_DELETE()
+
+    def do_HEAD(self) -> None:  # SimpleHTTPRequestHandler's would describe local files
+        self._refuse(405, "method not allowed")
+
+
+def rendezvous_handler(driver: ElasticDriverCalls) -> type[HardenedRendezvousHandler]:
+    """The request handler for Horovod's elastic ``driver``: what Horovod's
+    ``create_rendezvous_handler(driver)`` answers, hardened (see the module)."""
+    return type("ElasticRendezvousHandler", (HardenedRendezvousHandler,), {"driver": driver})
+
+
+# ------------------------------------------------------------- the server
+
+
+class _WarningBudget:
+    """At most ``per_minute`` warning lines a minute; the rest are counted, and the
+    count is reported with the next line that is logged."""
+
+    def __init__(self, per_minute: int = 30) -> None:
+        self._per_minute = per_minute
+        self._lock = threading.Lock()
+        self._window = 0.0
+        self._logged = 0
+        self._dropped = 0
+
+    def warn(self, message: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._window >= 60:
+                self._window, self._logged = now, 0
+            if self._logged >= self._per_minute:
+                self._dropped += 1
+                return
+            self._logged += 1
+            dropped, self._dropped = self._dropped, 0
+        suffix = f" ({dropped} more refused requests not logged)" if dropped else ""
+        log.warning("rendezvous: %s%s", message, suffix)
+
+
+class _RendezvousHTTPServer(RendezvousHTTPServer):
+    """Horovod's rendezvous HTTP server: one warning line instead of a traceback for a
+    request that failed, and no thread of a hostile client holds up the driver's exit."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, addr: Any, handler: Any, verbose: int) -> None:
+        super().__init__(addr, handler, verbose)
+        self.planned_slots: frozenset[tuple[str, int]] = frozenset()
+        self._warnings = _WarningBudget()
+
+    def warn(self, message: str) -> None:
+        self._warnings.warn(message)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        error = sys.exc_info()[1]
+        if isinstance(error, (BrokenPipeError, ConnectionResetError)):
+            log.debug("rendezvous: %s went away before its answer", client_address)
+            return
+        log.debug("rendezvous: request from %s failed", client_address, exc_info=True)
+        self.warn(
+            f"a request from {client_address[0]} failed: "
+            f"{type(error).__name__}: {_printable(str(error))}"
+        )
+
+
+class RingTracker(RendezvousServer):
+    """Horovod's rendezvous server, hardened, recording every ring the driver forms.
+
+    Horovod calls ``init`` with the new slot plan at the start and after every reset,
+    which makes it the one place that sees each ring. Each ring's generation is
+    published in the server's store as ASCII digits, where workers read it after
+    their ``init``; every slot of every plan is remembered, and only those may ask
+    for a rank or register.
+    """
+
+    def __init__(self, verbose: int = 0, on_ring: Callable[[int, list[str]], None] | None = None):
+        super().__init__(verbose)
+        self.world_sizes: list[int] = []
+        self._ring_listeners = [on_ring] if on_ring is not None else []
+
+    def add_ring_listener(self, listener: Callable[[int, list[str]], None]) -> None:
+        """Call ``listener(size, hosts)`` for every ring formed from now on."""
+        self._ring_listeners.append(listener)
+
+    @property
+    def generation(self) -> int:
+        """The current ring's number: 1 for the first ring, +1 per reset."""
+        return len(self.world_sizes)
+
+    def start(self, handler_cls: Any = None, address: str = "") -> int:  # type: ignore[override]
+        """Listen on ``address`` (every interface if empty, as Horovod's); the port.
+
+        ``handler_cls`` defaults to a plain hardened store; the elastic driver's comes
+        from :func:`rendezvous_handler`.
+        """
+        handler_cls = handler_cls or HardenedRendezvousHandler
+        self._httpd = _RendezvousHTTPServer((address, 0), handler_cls, self._verbose)
+        self._listen_thread = threading.Thread(
+            target=self._httpd.serve_forever, name="spotring-rendezvous", daemon=True
+        )
+        self._listen_thread.start()
+        return int(self._httpd.server_address[1])
+
+    def stop(self) -> None:
+        super().stop()
+        self._httpd.server_close()
+
+    def init(self, host_alloc_plan):  # type: ignore[no-untyped-def]
+        httpd = self._httpd
+        httpd.planned_slots = httpd.planned_slots | {
+            (slot.hostname, slot.local_rank) for slot in host_alloc_plan
+        }
+        result = super().init(host_alloc_plan)  # clears the store
+        self.world_sizes.append(len(host_alloc_plan))
+        with httpd.cache_lock:
+            value = str(self.generation).encode("ascii")
+            httpd.cache.setdefault(RING_SCOPE, {})[RING_KEY] = value
+        hosts = sorted({slot.hostname for slot in host_alloc_plan})
+        for listener in self._ring_listeners:
+            listener(len(host_alloc_plan), hosts)
+        return result
