@@ -29,6 +29,7 @@ from spotring.providers.cloud import (
     DEFAULT_MAX_API_ATTEMPTS,
     CloudGroupProvider,
     DescribeOnce,
+    MalformedAnswer,
     batches,
     lookup_state,
     one_line,
@@ -350,15 +351,25 @@ class AwsProvider(CloudGroupProvider):
             if token:
                 kwargs["NextToken"] = token
             page = self._call(self.autoscaling, "DescribeAutoScalingGroups", **kwargs)
-            records.extend(page.get("AutoScalingGroups", []))
+            # An unknown group is an empty list; no list at all is a broken answer.
+            _require(page, ("AutoScalingGroups",), "DescribeAutoScalingGroups", "the answer")
+            records.extend(page["AutoScalingGroups"])
             token = page.get("NextToken")
             if not token:
                 break
-        record = next((r for r in records if r.get("AutoScalingGroupName") == self.group), None)
+        for found in records:
+            _require(found, ("AutoScalingGroupName",), "DescribeAutoScalingGroups", "a group")
+        record = next((r for r in records if r["AutoScalingGroupName"] == self.group), None)
         if record is None:
             raise ConfigurationError(
                 f"auto scaling group '{self.group}' not found in region {self.region}"
             )
+        # AWS always sends these (an empty group: an empty Instances list).
+        wanted = ("Instances", "MinSize", "MaxSize")
+        _require(record, wanted, "DescribeAutoScalingGroups", f"group {self.group}")
+        for member in record["Instances"]:
+            wanted = ("InstanceId", "LifecycleState", "HealthStatus")
+            _require(member, wanted, "DescribeAutoScalingGroups", "a member")
         self._group_record = record
         return record
 
@@ -374,8 +385,11 @@ class AwsProvider(CloudGroupProvider):
                 if token:
                     kwargs["NextToken"] = token
                 page = self._call(self.ec2, "DescribeInstances", **kwargs)
-                for reservation in page.get("Reservations", []):
-                    for detail in reservation.get("Instances", []):
+                _require(page, ("Reservations",), "DescribeInstances", "the answer")
+                for reservation in page["Reservations"]:
+                    _require(reservation, ("Instances",), "DescribeInstances", "a reservation")
+                    for detail in reservation["Instances"]:
+                        _check_detail(detail)
                         details[detail["InstanceId"]] = detail
                 token = page.get("NextToken")
                 if not token:
@@ -410,6 +424,9 @@ class AwsProvider(CloudGroupProvider):
 
     def _describe_instance_types(self, instance_types: list[str]) -> dict[str, int]:
         page = self._call(self.ec2, "DescribeInstanceTypes", InstanceTypes=instance_types)
+        _require(page, ("InstanceTypes",), "DescribeInstanceTypes", "the answer")
+        for item in page["InstanceTypes"]:
+            _require(item, ("InstanceType",), "DescribeInstanceTypes", "an instance type")
         return {
             item["InstanceType"]: sum(
                 gpu.get("Count", 0) for gpu in item.get("GpuInfo", {}).get("Gpus", [])
@@ -587,6 +604,9 @@ class AwsProvider(CloudGroupProvider):
             raise translated from None
         except botocore.exceptions.BotoCoreError as error:
             raise self._botocore_error(operation, error, client) from None
+        except Exception as error:  # botocore could not read the answer (not XML, cut short)
+            action = _IAM_ACTION_BY_OPERATION.get(operation, operation)
+            raise self.translate_error(action, error) from None
         self.api_retries += response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
         return response
 
@@ -659,6 +679,30 @@ class AwsProvider(CloudGroupProvider):
                 f" {type(error).__name__}"
             )
         return ProviderError(f"{action} failed: {type(error).__name__}: {one_line(error)}")
+
+
+def _require(record: Any, keys: Sequence[str], operation: str, what: str) -> None:
+    """Raise :class:`MalformedAnswer` unless ``record`` has every one of ``keys``."""
+    missing = [k for k in keys if not isinstance(record, Mapping) or record.get(k) in (None, "")]
+    if missing:
+        name = record.get("InstanceId") if isinstance(record, Mapping) else None
+        raise MalformedAnswer(
+            _IAM_ACTION_BY_OPERATION.get(operation, operation),
+            f"{what}{f' {name}' if name else ''} without {', '.join(missing)}",
+        )
+
+
+def _check_detail(detail: Any) -> None:
+    """An EC2 instance record must say what it is, its state and, running, its address."""
+    _require(detail, ("InstanceId", "State"), "DescribeInstances", "an instance")
+    _require(
+        detail["State"], ("Name",), "DescribeInstances", f"the state of {detail['InstanceId']}"
+    )
+    if detail["State"]["Name"] == "running":
+        _require(detail, ("PrivateIpAddress",), "DescribeInstances", "running instance")
+    for tag in detail.get("Tags") or ():
+        if not isinstance(tag, Mapping) or not tag.get("Key") or tag.get("Value") is None:
+            raise MalformedAnswer("ec2:DescribeInstances", f"a tag of {detail['InstanceId']}")
 
 
 def _aws_code(error: ProviderError) -> str:

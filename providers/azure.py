@@ -42,6 +42,7 @@ from spotring.providers.base import (
 from spotring.providers.cloud import (
     CloudGroupProvider,
     EpisodeWarnings,
+    MalformedAnswer,
     lookup_state,
     one_line,
     worst_state,
@@ -194,12 +195,32 @@ def _status(statuses: Iterable[Any], prefix: str) -> tuple[str, str]:
 
 
 def _member_of(
-    vm: Mapping[str, Any], set_spot: bool, set_size: str, set_tags: Mapping[str, str]
+    vm: Mapping[str, Any],
+    set_spot: bool,
+    set_size: str,
+    set_tags: Mapping[str, str],
+    call_name: str = "virtualMachineScaleSetVMs.list",
 ) -> _Member:
-    """A VM of the set as ARM's JSON lists it (Uniform or Flexible shape)."""
+    """A VM of the set as ARM's JSON lists it (Uniform or Flexible shape).
+
+    Raises :class:`MalformedAnswer` for a VM without its name, id or provisioning state,
+    a status without a code, or one that was provisioned without a power state: ARM
+    always sends these, and without them a running VM would look like a pending one.
+    """
     props = vm.get("properties") or {}
     view = props.get("instanceView") or {}
     statuses = view.get("statuses") or ()
+    provisioned = props.get("provisioningState") in ("Succeeded", "Updating")
+    if (
+        not vm.get("name")
+        or not vm.get("id")
+        or not props.get("provisioningState")
+        or not all(isinstance(s, dict) and s.get("code") for s in statuses)
+        or (provisioned and not _status(statuses, "PowerState/")[0])
+    ):
+        raise MalformedAnswer(
+            call_name, f"VM {vm.get('name') or '?'} without its id, state or instance view"
+        )
     health = ((view.get("vmHealth") or {}).get("status") or {}).get("code") or ""
     size = (
         (vm.get("sku") or {}).get("name")
@@ -383,10 +404,15 @@ class AzureProvider(CloudGroupProvider):
         )
 
     def _get_set(self) -> Any:
-        self._set = self.call_api(
-            "virtualMachineScaleSets.get",
-            lambda: self._compute.virtual_machine_scale_sets.get(self.resource_group, self.group),
-        )
+        def get() -> Any:
+            found = self._compute.virtual_machine_scale_sets.get(self.resource_group, self.group)
+            if not all(getattr(found, name, None) for name in ("id", "location", "properties")):
+                raise MalformedAnswer(
+                    "virtualMachineScaleSets.get", "the scale set without its id or properties"
+                )
+            return found
+
+        self._set = self.call_api("virtualMachineScaleSets.get", get)
         return self._set
 
     @property
@@ -417,7 +443,8 @@ class AzureProvider(CloudGroupProvider):
                 f"{quote(self.group, safe='')}/virtualMachines",
                 {"$expand": "instanceView"},
             )
-        return [_member_of(vm, set_spot, set_size, set_tags) for vm in vms]
+        call_name = "virtualMachines.list" if self.flexible else "virtualMachineScaleSetVMs.list"
+        return [_member_of(vm, set_spot, set_size, set_tags, call_name) for vm in vms]
 
     def _learn_addresses(self, members: Sequence[_Member]) -> None:
         """Private IPs from the network interfaces, for members without one yet."""
@@ -426,13 +453,14 @@ class AzureProvider(CloudGroupProvider):
         if all(m.resource_id.lower() in self._addresses or not m.power for m in members):
             return
         if self.flexible:
+            call_name = "networkInterfaces.list"
             nics = self._pages(
-                "networkInterfaces.list",
-                lambda: self._network.network_interfaces.list(self.resource_group),
+                call_name, lambda: self._network.network_interfaces.list(self.resource_group)
             )
         else:
+            call_name = "networkInterfaces.listVirtualMachineScaleSetNetworkInterfaces"
             nics = self._pages(
-                "networkInterfaces.listVirtualMachineScaleSetNetworkInterfaces",
+                call_name,
                 lambda: (
                     self._network.network_interfaces.list_virtual_machine_scale_set_network_interfaces(
                         self.resource_group, self.group
@@ -449,6 +477,15 @@ class AzureProvider(CloudGroupProvider):
                 if address:
                     self._addresses[vm.id.lower()] = address
                     break
+        # Every running VM has a NIC with a private address: a NIC list without it is
+        # broken or cut short, and the VM would look running but unreachable.
+        lost = [
+            m.name
+            for m in members
+            if m.power == "running" and m.resource_id.lower() not in self._addresses
+        ]
+        if lost:
+            raise MalformedAnswer(call_name, f"no private address for running VM {lost[0]}")
 
     def _learn_gpu_counts(self, members: Sequence[_Member]) -> None:
         """The GPU count of every VM size in the set's location, asked once."""
@@ -669,12 +706,13 @@ class AzureProvider(CloudGroupProvider):
                 if response.status_code != 200:
                     raise HttpResponseError(response=response, error_format=ARMErrorFormat)
                 page = response.json()
-                if not isinstance(page, dict):
-                    raise ValueError(f"{call_name} answered {type(page).__name__}, not a page")
+                if not isinstance(page, dict) or not isinstance(page.get("value"), list):
+                    # ARM always sends "value", if only [] for an empty set.
+                    raise MalformedAnswer(call_name, "a page without its value list")
                 return page
 
             page = self.call_api(call_name, fetch)
-            items.extend(item for item in page.get("value") or () if isinstance(item, dict))
+            items.extend(item for item in page["value"] if isinstance(item, dict))
             next_link = page.get("nextLink")
             if not next_link:
                 return items
@@ -693,7 +731,12 @@ class AzureProvider(CloudGroupProvider):
                 " AZURE_TENANT_ID / AZURE_CLIENT_SECRET, or use a managed identity"
                 f" ({type(error).__name__})"
             )
-        if isinstance(error, core.DecodeError) or not isinstance(error, core.HttpResponseError):
+        # An answer that broke off has no status: not the server's refusal.
+        if (
+            isinstance(error, core.DecodeError)
+            or not isinstance(error, core.HttpResponseError)
+            or error.status_code is None
+        ):
             if isinstance(error, (core.ServiceRequestError, core.ServiceResponseError, OSError)):
                 shown = self.endpoint or "https://management.azure.com"
                 return ProviderError(
@@ -805,7 +848,9 @@ def _retry_after(error: Exception) -> float | None:
     if isinstance(error, core.HttpResponseError) and not isinstance(
         error, core.ClientAuthenticationError
     ):
-        status = error.status_code or 0
+        if error.status_code is None:  # the answer broke off (a stream cut short)
+            return 0.0
+        status = error.status_code
         code = error.error.code if error.error is not None else ""
         # 409: another operation on the set is still running; but not a quota refusal.
         if status == 409 and code == "OperationNotAllowed":

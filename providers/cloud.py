@@ -15,7 +15,8 @@ counters, the ``--spot-only`` filter and the scale-down at the end of a job. Bes
   accelerators into a member's slot count, warning once per bad label;
 * :class:`EpisodeWarnings` reports a condition (no capacity in a zone) once when it
   starts and once when it clears, not on every refresh;
-* :func:`one_line` shapes an API message for a one-line error.
+* :func:`one_line` shapes an API message for a one-line error;
+* :class:`MalformedAnswer` is the retryable error of an answer spotring cannot use.
 
 Nothing here imports a cloud SDK.
 """
@@ -242,6 +243,21 @@ def one_line(text: object, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+class MalformedAnswer(ProviderError):
+    """The cloud answered ``call_name``, but not with what the call always returns: a
+    field spotring needs is missing (an id, a state, a running VM's address, the list of
+    members), or a value has the wrong type.
+
+    A refresh built on such an answer would show members in the wrong state, or none,
+    so the whole listing fails instead, and the controller keeps the last good inventory.
+    Retryable: the next answer may be whole. Raised inside a call given to
+    :meth:`CloudGroupProvider.call_api` it is retried there like a network failure.
+    """
+
+    def __init__(self, call_name: str, problem: str) -> None:
+        super().__init__(f"malformed answer to {call_name}: {one_line(problem, 160)}")
+
+
 # ----------------------------------------------------------------------- provider
 
 
@@ -364,12 +380,20 @@ class CloudGroupProvider(Provider):
     def call_api(self, call_name: str, call: Callable[[], T]) -> T:
         """One API call with :func:`call_with_retries` (``--max-api-attempts``), counted
         in :attr:`api_calls` / :attr:`api_retries`; any failure it ends with becomes a
-        :class:`ProviderError` through :meth:`translate_error`."""
+        :class:`ProviderError` through :meth:`translate_error`.
+
+        ``call`` should also read the answer into what the provider keeps, so that an
+        answer it cannot read (any exception, or a :class:`MalformedAnswer` it raises)
+        is a failure of this call, retried and named in the error like a network one.
+        """
         logger = logging.getLogger(type(self).__module__)
 
         def attempt() -> T:
             self.api_calls += 1
             return call()
+
+        def retry_after(error: Exception) -> float | None:
+            return 0.0 if isinstance(error, MalformedAnswer) else self.retry_delay(error)
 
         def retried(error: Exception, delay: float) -> None:
             self.api_retries += 1
@@ -380,7 +404,7 @@ class CloudGroupProvider(Provider):
             return call_with_retries(
                 attempt,
                 attempts=self.max_api_attempts,
-                retry_after=self.retry_delay,
+                retry_after=retry_after,
                 on_retry=retried,
             )
         except ProviderError:
@@ -421,6 +445,7 @@ __all__ = [
     "ConfigurationError",
     "DescribeOnce",
     "EpisodeWarnings",
+    "MalformedAnswer",
     "ProviderError",
     "SlotResolver",
     "backoff_delay",

@@ -33,6 +33,7 @@ from spotring.providers.cloud import (
     CloudGroupProvider,
     DescribeOnce,
     EpisodeWarnings,
+    MalformedAnswer,
     batches,
     lookup_state,
     one_line,
@@ -191,13 +192,22 @@ class _Vm:
 
     @classmethod
     def of(cls, vm: Any) -> _Vm:
+        """The VM as instances.list answers it; raises :class:`MalformedAnswer` for one
+        without a name, id or status, or running without an address."""
         raw = type(vm).pb(vm)
         scheduling = raw.scheduling
+        address = raw.network_interfaces[0].network_i_p if raw.network_interfaces else ""
+        if not (raw.name and raw.HasField("id") and raw.status) or (
+            raw.status == "RUNNING" and not address
+        ):
+            raise MalformedAnswer(
+                "instances.list", f"VM {raw.name or '?'} without its name, id, status or address"
+            )
         return cls(
             name=raw.name,
             vm_id=raw.id,
             status=raw.status,
-            address=raw.network_interfaces[0].network_i_p if raw.network_interfaces else "",
+            address=address,
             spot=scheduling.provisioning_model == "SPOT" or scheduling.preemptible,
             accelerators=sum(a.accelerator_count for a in raw.guest_accelerators),
             machine_type=_last_segment(raw.machine_type),
@@ -330,6 +340,13 @@ class GcpProvider(CloudGroupProvider):
         if self._record is None:
             self._get_group()
         members = self._list_managed()
+        # An empty page looks just like an empty group; a group that wants members lists
+        # them (CREATING) at once, so no members and a target size is a broken answer.
+        if not members and self._record.target_size and self._get_group().target_size:
+            raise MalformedAnswer(
+                "instanceGroupManagers.listManagedInstances",
+                f"no members, but the group's target size is {self._record.target_size}",
+            )
         self._members = {m.name: m for m in members}
         self._warn_about_capacity(members)
         vms = self._vms.get([m.key for m in members if m.vm_id is not None])
@@ -381,14 +398,18 @@ class GcpProvider(CloudGroupProvider):
         token = ""
         while True:
             request.page_token = token
-            page = self.call_api(
+            page, token = self.call_api(
                 "instanceGroupManagers.listManagedInstances",
-                lambda: self._groups.list_managed_instances(request=request, **_CALL_OPTIONS),
+                lambda: self._read_members(
+                    self._groups.list_managed_instances(request=request, **_CALL_OPTIONS)
+                ),
             )
-            members.extend(self._member(m) for m in page.managed_instances)
-            token = page.next_page_token
+            members.extend(page)
             if not token:
                 return members
+
+    def _read_members(self, page: Any) -> tuple[list[_Member], str]:
+        return [self._member(m) for m in page.managed_instances], page.next_page_token
 
     def _member(self, managed: Any) -> _Member:
         # The raw protobuf: proto-plus attribute access costs ~10x more, and a
@@ -396,6 +417,18 @@ class GcpProvider(CloudGroupProvider):
         raw = type(managed).pb(managed)
         found = _ZONE_IN_URL.search(raw.instance)
         zone, name = found.groups() if found else (self.zone or "", raw.name)
+        # The group always says what it does with a member; its VM has an id and a
+        # status, or (not created yet, so the group is doing something) neither.
+        if (
+            not (zone and name)
+            or not raw.HasField("current_action")
+            or raw.HasField("id") != bool(raw.instance_status)
+            or (raw.current_action == "NONE" and not raw.HasField("id"))
+        ):
+            raise MalformedAnswer(
+                "instanceGroupManagers.listManagedInstances",
+                f"member {name or '?'} without its instance, current action, id or status",
+            )
         return _Member(
             name=name or raw.name,
             zone=zone,
@@ -416,7 +449,14 @@ class GcpProvider(CloudGroupProvider):
         found: dict[tuple[str, str, int | None], _Vm] = {}
         for zone, names in sorted(by_zone.items()):
             for batch in batches(sorted(names), NAMES_PER_LIST):
-                for vm in self._list_vms(zone, batch):
+                vms = self._list_vms(zone, batch)
+                # One VM may have gone since the group was listed (it is GONE); all of
+                # them at once is an answer without its items.
+                if not vms:
+                    raise MalformedAnswer(
+                        "instances.list", f"none of the {len(batch)} VMs the group lists"
+                    )
+                for vm in vms:
                     found[(zone, vm.name, vm.vm_id)] = vm
         return found
 
@@ -431,12 +471,11 @@ class GcpProvider(CloudGroupProvider):
         token = ""
         while True:
             request.page_token = token
-            page = self.call_api(
+            page, token = self.call_api(
                 "instances.list",
-                lambda: self._instances.list(request=request, **_CALL_OPTIONS),
+                lambda: _read_vms(self._instances.list(request=request, **_CALL_OPTIONS)),
             )
-            vms.extend(_Vm.of(vm) for vm in page.items)
-            token = page.next_page_token
+            vms.extend(page)
             if not token:
                 return vms
 
@@ -459,15 +498,20 @@ class GcpProvider(CloudGroupProvider):
     def _get_group(self) -> Any:
         """Get the group's record: target size and any autoscaler attached to it."""
         where = {"zone": self.zone} if self.zone else {"region": self.region}
-        record = self.call_api(
-            "instanceGroupManagers.get",
-            lambda: self._groups.get(
-                project=self.project,
-                instance_group_manager=self.group,
-                **_CALL_OPTIONS,
-                **where,
-            ),
-        )
+
+        def get() -> Any:
+            found = self._groups.get(
+                project=self.project, instance_group_manager=self.group, **_CALL_OPTIONS, **where
+            )
+            # Its target size decides whether an empty listing can be true (see
+            # list_members): not from a record without it, or not the group's.
+            if found.name != self.group or "target_size" not in found:
+                raise MalformedAnswer(
+                    "instanceGroupManagers.get", "the group's record without its name or size"
+                )
+            return found
+
+        record = self.call_api("instanceGroupManagers.get", get)
         autoscaler = record.status.autoscaler if "status" in record else ""
         if autoscaler and not self._autoscaler:
             self.can_resize = False
@@ -672,6 +716,10 @@ class GcpProvider(CloudGroupProvider):
 
     def _endpoint_shown(self) -> str:
         return self.endpoint or "https://compute.googleapis.com"
+
+
+def _read_vms(page: Any) -> tuple[list[_Vm], str]:
+    return [_Vm.of(vm) for vm in page.items], page.next_page_token
 
 
 def _replace_action(member: _Member, action: str) -> _Member:
