@@ -11,15 +11,21 @@ reset repartitions only the samples not yet processed this epoch, and a commit e
 ``--commit-every`` steps. A failure costs at most the steps since the last commit.
 
 With ``--events FILE`` rank 0 appends one JSON object per line for every commit,
-resume and the end of training (tests and the summary read them).
+resume and the end of training (tests and the summary read them). ``--audit-samples``
+adds an ``epoch_audit`` line per epoch: how many training samples the ring processed
+once, twice or never, counted in the committed state so that a rollback uncounts what
+it undoes (``bench/soak`` checks it under chaos). ``--stop-file FILE`` ends training
+at the next epoch end once FILE exists.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
 
 import horovod.torch as hvd
 import torch
@@ -50,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="spotring",
         help="spotring's TorchState (buffer commits) or horovod's hvd.elastic.TorchState",
     )
+    parser.add_argument(
+        "--audit-samples",
+        action="store_true",
+        help="count how often each training sample is processed per epoch (epoch_audit events)",
+    )
+    parser.add_argument("--stop-file", help="finish at the next epoch end once this file exists")
     return parser.parse_args(argv)
 
 
@@ -73,6 +85,32 @@ def load_data() -> tuple[TensorDataset, TensorDataset]:
     return TensorDataset(x[:split], y[:split]), TensorDataset(x[split:], y[split:])
 
 
+class SampleIds(torch.utils.data.Dataset):
+    """A dataset's items with their index appended; a negative index ``-1 - i`` stands
+    for sample ``i`` repeated as padding (see :class:`MarkedPaddingSampler`)."""
+
+    def __init__(self, dataset: TensorDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        sample = -1 - index if index < 0 else index
+        return (*self.dataset[sample], torch.tensor(index))
+
+
+class MarkedPaddingSampler(hvd.elastic.ElasticSampler):
+    """Horovod's ``ElasticSampler``, with the samples it repeats to give every rank as
+    many (the padding) marked as ``-1 - index``, so they can be left out of the loss
+    and of the count."""
+
+    def __iter__(self) -> Iterator[int]:
+        remaining = self.remaining_indices
+        padding = [-1 - i for i in remaining[: self.total_size - len(remaining)]]
+        return iter((remaining + padding)[self.rank : self.total_size : self.num_replicas])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     hvd.init()
@@ -83,8 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=0)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    if args.audit_samples:
+        sampler = MarkedPaddingSampler(train_set, shuffle=True, seed=0)
+        loader = DataLoader(SampleIds(train_set), batch_size=args.batch_size, sampler=sampler)
+    else:
+        sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=0)
+        loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
     def emit(event: str, **fields: object) -> None:
         if hvd.rank() != 0:
@@ -97,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
                 stream.write(json.dumps(record) + "\n")
 
     state_class = TorchState if args.state == "spotring" else hvd.elastic.TorchState
-    state = state_class(model, optimizer, sampler=sampler, epoch=0, batch=0, step=0)
+    # `seen` counts each sample's passes this epoch; replaced, never changed in place, as
+    # the state objects keep extra attributes by reference.
+    seen = torch.zeros(len(train_set), dtype=torch.int32)
+    state = state_class(model, optimizer, sampler=sampler, epoch=0, batch=0, step=0, seen=seen)
     resets = 0  # seen by this process: a counter in `state` would roll back with the rest
 
     def on_reset() -> None:
@@ -119,9 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         emit("resume", step=state.step, epoch=state.epoch, resets=resets)
         while state.epoch < args.epochs:
             model.train()
-            for inputs, targets in loader:
+            for inputs, targets, *ids in loader:
                 optimizer.zero_grad()
-                loss = F.cross_entropy(model(inputs), targets)
+                if ids:  # padding counts for nothing: each sample weighs once per epoch
+                    real = (ids[0] >= 0).float()
+                    losses = F.cross_entropy(model(inputs), targets, reduction="none")
+                    loss = (losses * real).sum() / real.sum().clamp(min=1)
+                    state.seen = state.seen + count_samples(ids[0], len(train_set))
+                else:
+                    loss = F.cross_entropy(model(inputs), targets)
                 loss.backward()
                 optimizer.step()
                 state.sampler.record_batch(state.batch, len(inputs))
@@ -131,10 +182,15 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(args.step_seconds)
                 if state.step % args.commit_every == 0:
                     commit(loss=round(loss.item(), 4))
+            if args.audit_samples:
+                emit("epoch_audit", epoch=state.epoch, **audit(state.seen))
+                state.seen = torch.zeros_like(state.seen)
             state.batch = 0
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             commit(end_of_epoch=True)
+            if args.stop_file and stop_requested(args.stop_file):
+                break
 
     train(state)
 
@@ -157,6 +213,27 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     return 0
+
+
+def count_samples(ids: torch.Tensor, total: int) -> torch.Tensor:
+    """How often each of ``total`` samples appears in this step's batches, all ranks."""
+    everyone = hvd.allgather(ids, name="audit.sample_ids")
+    return torch.bincount(everyone[everyone >= 0], minlength=total).to(torch.int32)
+
+
+def audit(seen: torch.Tensor) -> dict[str, int]:
+    """An epoch's sample counts summed up."""
+    return {
+        "samples": len(seen),
+        "once": int((seen == 1).sum()),
+        "missing": int((seen == 0).sum()),
+        "repeated": int((seen > 1).sum()),
+    }
+
+
+def stop_requested(path: str) -> bool:
+    """Whether rank 0 sees ``path``; every rank gets the same answer."""
+    return bool(hvd.broadcast_object(os.path.exists(path), root_rank=0, name="stop_file"))
 
 
 if __name__ == "__main__":
