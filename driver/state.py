@@ -35,6 +35,8 @@ from horovod.torch.functions import (
 )
 from horovod.torch.mpi_ops import rank
 
+from spotring.worker_image.sampler_reset import reset_samplers
+
 __all__ = ["Offload", "TorchState"]
 
 Offload = Literal["auto", "device", "host"]
@@ -482,6 +484,12 @@ class TorchState(ObjectState):
             handler.sync()
         super().sync()
         self.save()
+
+    def reset(self) -> None:
+        """After every reset (before any sync): re-partition each ``ElasticSampler``
+        for the new ring, which a reset without a sync would not (see
+        :mod:`spotring.worker_image.sampler_reset`)."""
+        reset_samplers(self._handlers.values())
 
     def __setattr__(self, name: str, value: Any) -> None:
         # As horovod's TorchState: assigning a tracked attribute re-targets its handler.

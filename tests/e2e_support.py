@@ -40,6 +40,16 @@ def assert_no_committed_step_lost(events: list[dict[str, Any]]) -> None:
             last_commit = event["step"]
 
 
+def assert_every_sample_once(events: list[dict[str, Any]]) -> None:
+    """Every epoch rank 0 audited (``train_digits.py --audit-samples``; an epoch rolled
+    back past its end is audited again, the last audit counts) processed each training
+    sample exactly once."""
+    audits = {e["epoch"]: e for e in events if e["event"] == "epoch_audit"}
+    assert audits, "no epoch was audited"
+    wrong = {epoch: a for epoch, a in audits.items() if a["once"] != a["samples"]}
+    assert not wrong, f"epochs with samples missed or repeated: {wrong}"
+
+
 def worker_pids(driver_pid: int, **environ: str) -> list[tuple[int, dict[str, str]]]:
     """(pid, environment) of the driver's Python workers whose environment matches."""
     found = []

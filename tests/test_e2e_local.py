@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e_support import (
+    assert_every_sample_once,
     assert_no_committed_step_lost,
     commits,
     job_output,
@@ -130,6 +131,7 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
             "--boot-seconds",
             "3600",  # and no replacement arrives during the test
             *job(repo, events, "--epochs", "6", "--step-seconds", "0.05", "--state", state),
+            "--audit-samples",
         ],
         cwd=tmp_path,
         env=env,
@@ -142,6 +144,7 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
+    assert_every_sample_once(recorded)
     assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 3
     assert f"host {host} failed" in output
     # The driver told every survivor before Horovod recorded the failure. (Which of
@@ -186,6 +189,7 @@ def test_noticed_preemption_leaves_at_a_commit_with_nothing_rolled_back(
         *("--refresh-interval", "0.5", "--boot-seconds", "3600", "--control", str(control)),
         *("--notice-lead", "600"),  # the deadline never comes: the host must leave by itself
         *job(repo, events, "--epochs", "5", "--step-seconds", "0.05", "--state", state),
+        "--audit-samples",
     ]
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
         wait_for_events(process, events, commits(size=3, steps=10), "10 commits at size 3")
@@ -194,6 +198,8 @@ def test_noticed_preemption_leaves_at_a_commit_with_nothing_rolled_back(
     assert process.returncode == 0, log[-4000:]
     recorded = read_events(events)
     assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 2
+    # The ring shrank without a sync: each sampler must still split the epoch anew.
+    assert_every_sample_once(recorded)
     resumes = [i for i, e in enumerate(recorded) if e["event"] == "resume" and e["size"] == 2]
     assert len(resumes) == 1, recorded
     last_commit = max(e["step"] for e in recorded[: resumes[0]] if e["event"] == "commit")

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from spotring.worker_image import sampler_reset
 from spotring.worker_image.ring_formation import retry_failed_formation
 
 log = logging.getLogger(__name__)
@@ -386,13 +387,20 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def install_when_imported() -> None:
-    """Install the abort as soon as the user's script imports ``horovod.torch``."""
+    """Install the abort (and the samplers' re-partitioning on every reset, see
+    :mod:`spotring.worker_image.sampler_reset`) as soon as the user's script imports
+    ``horovod.torch``."""
 
     def on_import(_module: ModuleType) -> None:
+        # Never break the user's import over these.
         try:
             install()
-        except Exception as error:  # never break the user's import over this
+        except Exception as error:
             print(f"spotring: fast peer-failure abort not installed: {error}", file=sys.stderr)
+        try:
+            sampler_reset.install()
+        except Exception as error:
+            print(f"spotring: sampler re-partitioning not installed: {error}", file=sys.stderr)
 
     if "horovod.torch" in sys.modules:
         on_import(sys.modules["horovod.torch"])
