@@ -100,7 +100,7 @@ def run_elastic(
     # Listen only where the workers reach the driver, not on every interface.
     address = _driver_address(options.nics, controller, options.elastic_timeout)
     job_key = secrets.token_bytes(32)
-    notifier = PeerFailureNotifier(job_key, lambda: rendezvous.generation)
+    notifier = PeerFailureNotifier(job_key, lambda: rendezvous.generation, rendezvous.abandon)
     launcher.add_listener(_FailureRouter(controller, notifier))
     notices = _NoticeRouter(controller, launcher)
     launcher.add_listener(notices)

@@ -8,7 +8,9 @@ worker of the ring a signed :class:`~spotring.worker_image.peer_abort.PeerFailed
 through Horovod's worker notification service. The worker side
 (``spotring.worker_image.peer_abort``) shuts down its Gloo context's sockets, the hung
 collective fails, and Horovod's normal path follows: restore the last commit,
-re-rendezvous, sync.
+re-rendezvous, sync. Members still *forming* the ring (in ``hvd.init``, waiting for the
+dead member's address) are freed by the rendezvous server instead
+(``RingTracker.abandon``).
 
 Why this is safe: the message is sent only when a worker of the ring has *exited* with
 an error, never on a timeout, so a slow but healthy step is never aborted. Every
@@ -39,11 +41,19 @@ class PeerFailureNotifier:
 
     :param key: the job key the workers verify messages with.
     :param generation: the current ring generation (the rendezvous round).
+    :param abandon_ring: called with the generation of a ring a member of which died,
+        for members still forming it (``RingTracker.abandon``).
     """
 
-    def __init__(self, key: bytes, generation: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        key: bytes,
+        generation: Callable[[], int],
+        abandon_ring: Callable[[int], None] = lambda generation: None,
+    ) -> None:
         self._key = key
         self._generation = generation
+        self._abandon_ring = abandon_ring
         self._driver: Any = None
         self._sequence = itertools.count(1)
         self._sequence_lock = threading.Lock()
@@ -57,6 +67,8 @@ class PeerFailureNotifier:
         driver = self._driver
         if driver is None or not driver.has_rank_assignment(host, local_rank):
             return 0
+        generation = self._generation()
+        self._abandon_ring(generation)  # for members still forming it
         peers = [
             slot
             for slots in list(driver.host_assignments.values())
@@ -65,9 +77,7 @@ class PeerFailureNotifier:
         ]
         with self._sequence_lock:
             sequence = next(self._sequence)
-        request = PeerFailedRequest.sign(
-            self._key, self._generation(), sequence, f"{host}[{local_rank}]"
-        )
+        request = PeerFailedRequest.sign(self._key, generation, sequence, f"{host}[{local_rank}]")
         delivered: list[str] = []
         failed: list[str] = []
         threads = []

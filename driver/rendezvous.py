@@ -363,6 +363,11 @@ class HardenedRendezvousHandler(RendezvousHandler):
             return None
         return host, int(slot)
 
+    def _is_member_address(self, scope: str, key: str) -> bool:
+        """Whether ``key`` is where a member of the current ring puts its addresses (a
+        rank, in one of the ring's Gloo scopes)."""
+        return key.isascii() and key.isdigit() and self._is_gloo_scope(scope)
+
     def _is_gloo_scope(self, scope: str) -> bool:
         """A scope of the current ring's Gloo contexts (global, local_<host>, cross_<n>,
         each also with a process set's suffix)."""
@@ -386,6 +391,10 @@ class HardenedRendezvousHandler(RendezvousHandler):
             value = None  # never stored: it holds each worker's secret key
         else:
             value = self._get_value(scope, key)
+            if value is None and self.server.abandoned and self._is_member_address(scope, key):
+                # An empty address list: Gloo rejects it, and the member leaves the ring
+                # at once instead of waiting out its timeout for a dead member.
+                value = b""
         if value is None:
             self.send_status_code(404)
             return
@@ -517,6 +526,8 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
     def __init__(self, addr: Any, handler: Any, verbose: int) -> None:
         super().__init__(addr, handler, verbose)
         self.planned_slots: frozenset[tuple[str, int]] = frozenset()
+        self.abandoned = False
+        """The current ring lost a member while forming (see ``RingTracker.abandon``)."""
         self._warnings = _WarningBudget()
 
     def warn(self, message: str) -> None:
@@ -578,6 +589,16 @@ class RingTracker(RendezvousServer):
         super().stop()
         self._httpd.server_close()
 
+    def abandon(self, generation: int) -> None:
+        """A member of ring ``generation`` died: if that ring is still the current one,
+        members still forming it are told at once, where they would otherwise wait for
+        the dead member's address until Gloo's timeout (30 s). A member asking for an
+        address that is not there gets an empty one, which Gloo rejects; spotring's
+        Horovod build turns that into a failed ``hvd.init``, which the worker retries
+        in the next ring. A ring already formed makes no such requests."""
+        if generation == self.generation:
+            self._httpd.abandoned = True
+
     def init(self, host_alloc_plan):  # type: ignore[no-untyped-def]
         httpd = self._httpd
         httpd.planned_slots = httpd.planned_slots | {
@@ -585,6 +606,7 @@ class RingTracker(RendezvousServer):
         }
         result = super().init(host_alloc_plan)  # clears the store
         self.world_sizes.append(len(host_alloc_plan))
+        httpd.abandoned = False
         with httpd.cache_lock:
             value = str(self.generation).encode("ascii")
             httpd.cache.setdefault(RING_SCOPE, {})[RING_KEY] = value

@@ -270,3 +270,43 @@ def test_random_bytes_to_a_workers_service_are_rejected_without_effect(
         assert recorder.updates == [] and guard._last_sequence == -1
     finally:
         service.shutdown()
+
+
+def test_an_abandoned_ring_answers_missing_member_addresses_with_nothing() -> None:
+    """Members waiting in Gloo's rendezvous for a dead member's address get an empty
+    one at once (Gloo rejects it: the init fails and is retried), not a 30 s wait."""
+    import urllib.error
+    import urllib.request
+
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    from spotring.driver.elastic import RingTracker
+
+    tracker = RingTracker()
+    port = tracker.start(address="127.0.0.1")
+
+    def get(path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                return answer.status, answer.read()
+        except urllib.error.HTTPError as error:
+            return error.code, b""
+
+    def put(path: str, body: bytes) -> None:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", body, method="PUT")
+        urllib.request.urlopen(request, timeout=5).close()
+
+    try:
+        plan = [SlotInfo(f"host-{i}", i, 0, i, 2, 1, 2) for i in range(2)]
+        tracker.init(plan)
+        put("/global/0", b"addresses of rank 0")
+        tracker.abandon(tracker.generation - 1)  # an earlier ring: nothing changes
+        assert get("/global/1") == (404, b"")
+        tracker.abandon(tracker.generation)
+        assert get("/global/1") == (200, b"")  # the dead member's: nothing
+        assert get("/global/0") == (200, b"addresses of rank 0")  # what is there stays
+        assert get("/global/rank_1")[0] == 404  # not an address key
+        tracker.init(plan)  # the next ring forms normally
+        assert get("/global/1") == (404, b"")
+    finally:
+        tracker.stop()
