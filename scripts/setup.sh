@@ -7,9 +7,9 @@
 # seconds. Horovod 0.28.1 ships only as an sdist that does not compile against
 # torch >= 2.1 (it asks for C++14; torch's headers need C++17). We build it once with
 # CMAKE_CXX_STANDARD 17 (the fix upstream merged after the release) for CPU with Gloo
-# and PyTorch, with worker_image/horovod-gloo-init.patch (a peer that dies while a ring
-# forms fails hvd.init, which spotring retries, instead of killing every member with
-# std::terminate), and cache the wheel under $SPOTRING_CACHE (default ~/.cache/spotring).
+# and PyTorch, with worker_image/horovod-failure-paths.patch (where a dying peer made
+# every other worker std::terminate, Horovod now raises an error it recovers from), and
+# cache the wheel under $SPOTRING_CACHE (default ~/.cache/spotring).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,7 +40,7 @@ if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
   "${pip[@]}" "torch==$torch_version" numpy cloudpickle psutil pyyaml packaging
 fi
 
-horovod_patch="$root/worker_image/horovod-gloo-init.patch"
+horovod_patch="$root/worker_image/horovod-failure-paths.patch"
 # Wheels are cached per patch: changing the patch builds (and installs) a new one.
 horovod_build=$(sha1sum <"$horovod_patch" | cut -c1-12)
 wheels="$cache/wheels/horovod-$horovod_version-$horovod_build"

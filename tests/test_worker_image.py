@@ -24,7 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "worker_image" / "bootstrap.sh.tftpl"
-HOROVOD_PATCH = REPO / "worker_image" / "horovod-gloo-init.patch"
+HOROVOD_PATCH = REPO / "worker_image" / "horovod-failure-paths.patch"
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -209,21 +209,28 @@ def _fake_horovod_tree(root: Path, standard: int = 14) -> Path:
     (src / "horovod" / "torch" / "CMakeLists.txt").write_text(
         f"if(NOT DEFINED CMAKE_CXX_STANDARD)\n  set(CMAKE_CXX_STANDARD {standard})\nendif()\n"
     )
-    (src / "horovod" / "common").mkdir()
-    (src / "horovod" / "common" / "operations.cc").write_text(_patched_source_before())
+    for path, text in _patched_sources_before().items():
+        (src / path).parent.mkdir(parents=True, exist_ok=True)
+        (src / path).write_text(text)
     return src
 
 
-def _patched_source_before() -> str:
-    """The lines spotring's Horovod patch expects (its context and removed lines), with
-    filler between the hunks, as ``patch`` finds them in the real source."""
-    lines = []
-    for line in HOROVOD_PATCH.read_text().splitlines()[2:]:
-        if line.startswith("@@"):
+def _patched_sources_before() -> dict[str, str]:
+    """For each file spotring's Horovod patch changes, the lines it expects (its
+    context and removed lines), with filler between the hunks, as ``patch`` finds them
+    in the real source."""
+    files: dict[str, list[str]] = {}
+    lines: list[str] = []
+    for line in HOROVOD_PATCH.read_text().splitlines():
+        if line.startswith("--- a/"):
+            lines = files.setdefault(line[len("--- a/") :], [])
+        elif line.startswith("+++ "):
+            continue
+        elif line.startswith("@@"):
             lines.append("// other code\n")
         elif line[:1] in (" ", "-"):
             lines.append(line[1:] + "\n")
-    return "".join(lines)
+    return {path: "".join(text) for path, text in files.items()}
 
 
 def test_patch_switches_both_cmake_files_to_cxx17(script: Path, tmp_path: Path) -> None:
@@ -238,6 +245,8 @@ def test_patch_switches_both_cmake_files_to_cxx17(script: Path, tmp_path: Path) 
     operations = (src / "horovod" / "common" / "operations.cc").read_text()
     assert "Horovod could not form its Gloo context" in operations
     assert "horovod_global.initialization_failed = false;" in operations
+    pair = (src / "third_party" / "gloo" / "gloo" / "transport" / "tcp" / "pair.cc").read_text()
+    assert "catch (const ::gloo::EnforceNotMet& ex)" in pair
 
 
 def test_bootstrap_finds_the_horovod_patch_in_the_installed_package(

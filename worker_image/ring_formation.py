@@ -5,7 +5,7 @@ other. When a member dies during that (a spot reclaim, a kill), the others' conn
 fail. Stock Horovod 0.28.1 lets that exception escape its background thread, so every
 other member dies of ``std::terminate`` and the committed state in their memory dies
 with them; when they were all the hosts of the previous ring, the job is over.
-spotring's Horovod build (``worker_image/horovod-gloo-init.patch``, applied by
+spotring's Horovod build (``worker_image/horovod-failure-paths.patch``, applied by
 ``scripts/setup.sh`` and by the hosts' bootstrap) makes ``hvd.init`` fail
 with Horovod's "initialization failed" error instead. This wrapper then shuts Horovod
 down and calls ``init`` again: the driver records the dead worker, the round ends
