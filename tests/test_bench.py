@@ -94,3 +94,54 @@ def test_bench_modules_import(name: str) -> None:
 def test_runner_knows_every_benchmark() -> None:
     assert set(common.BENCHMARKS) >= {"discovery", "driver_overhead", "commit", "recovery"}
     assert (common.REPO / "bench" / "run").stat().st_mode & 0o111
+
+
+# ------------------------------------------------------------------ the soak's figures
+
+
+def _event(event: str, time: float, **fields: object) -> dict[str, object]:
+    return {"event": event, "time": time, **fields}
+
+
+def test_soak_counts_committed_steps_lost_and_the_stall_of_each_reset() -> None:
+    from bench import soak
+
+    recorded = [
+        _event("resume", 0.0, step=0),
+        _event("commit", 1.0, step=1),
+        _event("commit", 2.0, step=2),
+        _event("resume", 9.0, step=3),  # one past the last commit: no loss
+        _event("commit", 10.0, step=4),
+        _event("resume", 20.0, step=2),  # two committed steps lost
+        _event("commit", 25.0, step=3),
+    ]
+    assert soak.steps_lost(recorded) == (2, 3)
+    assert soak.stall_seconds(recorded) == [8.0, 15.0]
+
+
+def test_soak_keeps_the_last_audit_of_each_epoch_and_judges_its_bounds() -> None:
+    from bench import soak
+
+    audits = soak.epoch_audits(
+        [
+            _event("epoch_audit", 1.0, epoch=0, samples=10, once=9, missing=1, repeated=0),
+            _event("epoch_audit", 2.0, epoch=0, samples=10, once=10, missing=0, repeated=0),
+            _event("epoch_audit", 3.0, epoch=1, samples=10, once=8, missing=1, repeated=1),
+        ]
+    )
+    assert [a["once"] for a in audits.values()] == [10, 8]
+    result = {
+        "job finished": True,
+        "committed steps lost": 0,
+        "epochs completed": 2,
+        "epochs with every sample exactly once": 1,
+        "processes left": [],
+        "driver RSS MiB (after 1 min -> end)": [200.0, 210.0],
+        "driver open fds (after 1 min -> end)": [15, 80],
+        "resets": 3,
+        "longest stall s": 2.0,
+        "median reset stall s": 1.0,
+    }
+    failed = {name for name, _, _, met in soak.verdict(result) if not met}
+    assert failed == {"epochs with every sample exactly once", "driver fd growth"}
+    assert "NO" in soak.format_verdict(result)
