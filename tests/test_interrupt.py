@@ -18,16 +18,21 @@ pytestmark = pytest.mark.e2e
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 
 
+def two_workers_training(repo: Path, events: Path, *options: str) -> list[str]:
+    """``spotring run`` of 2 local workers training long enough to be stopped."""
+    return [
+        *(SPOTRING, "run", "--provider", "local", "-np", "2", *options, "--"),
+        *(sys.executable, str(repo / "examples" / "train_digits.py")),
+        *("--events", str(events), "--epochs", "100", "--step-seconds", "0.1"),
+    ]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_driver_stops_every_worker(
     repo: Path, tmp_path: Path, sig: signal.Signals
 ) -> None:
     events = tmp_path / "events.jsonl"
-    argv = [
-        *(SPOTRING, "run", "--provider", "local", "-np", "2", "-x", "FORWARD_ME", "--"),
-        *(sys.executable, str(repo / "examples" / "train_digits.py")),
-        *("--events", str(events), "--epochs", "100", "--step-seconds", "0.1"),
-    ]
+    argv = two_workers_training(repo, events, "-x", "FORWARD_ME")
     secrets = {"MY_SECRET_TOKEN": "tok-3f9a1c", "AWS_SECRET_ACCESS_KEY": "aws-77d2e0"}
     env = {**os.environ, **secrets, "FORWARD_ME": "forwarded-5b1e"}
     with running_job(argv, cwd=tmp_path, env=env) as process:
@@ -59,11 +64,7 @@ def test_a_second_interrupt_forces_the_stop(repo: Path, tmp_path: Path) -> None:
     """Ctrl-C twice: the second ends spotring at once, with no traceback, and the
     workers still go (their supervisors stop them when the driver's pipe closes)."""
     events = tmp_path / "events.jsonl"
-    argv = [
-        *(SPOTRING, "run", "--provider", "local", "-np", "2", "--"),
-        *(sys.executable, str(repo / "examples" / "train_digits.py")),
-        *("--events", str(events), "--epochs", "100", "--step-seconds", "0.1"),
-    ]
+    argv = two_workers_training(repo, events)
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
         wait_for_events(process, events, commits(), "a first commit")
         workers = [psutil.Process(pid) for pid, _ in worker_pids(process.pid)]
@@ -86,11 +87,7 @@ def test_workers_of_a_killed_driver_exit_at_once(repo: Path, tmp_path: Path) -> 
     """kill -9 of the driver: each worker's supervisor sees its stdin close and stops it,
     instead of leaving it training (or hanging) on capacity that costs money."""
     events = tmp_path / "events.jsonl"
-    argv = [
-        *(SPOTRING, "run", "--provider", "local", "-np", "2", "--"),
-        *(sys.executable, str(repo / "examples" / "train_digits.py")),
-        *("--events", str(events), "--epochs", "100", "--step-seconds", "0.1"),
-    ]
+    argv = two_workers_training(repo, events)
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
         wait_for_events(process, events, commits(), "a first commit")
         workers = [psutil.Process(pid) for pid, _ in worker_pids(process.pid)]
