@@ -272,8 +272,10 @@ def install() -> CollectiveAbort:
     """Install the abort in this worker process, once; returns it.
 
     Wraps every name under which Horovod's torch ``init`` is reached (``hvd.init``, the
-    elastic reset's ``init``, ``mpi_ops.init``) and the notification service's request
-    handler. Call it after ``horovod.torch`` is imported and before ``hvd.init()``.
+    elastic reset's ``init``, ``mpi_ops.init``): to learn each context's sockets, and
+    to join the next ring when one fails to form (:mod:`.ring_formation`). Patches
+    the notification service's request handler, and hardens the service against junk
+    connections. Call it after ``horovod.torch`` is imported and before ``hvd.init()``.
     """
     global _guard
     with _guard_lock:
