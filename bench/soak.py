@@ -349,7 +349,9 @@ class Soak:
         stalls = stall_seconds(recorded)
         warm = [s for s in self.samples if s.at >= began + WARM_UP_SECONDS] or self.samples
         first, last = (warm[0], warm[-1]) if warm else (Sample(0, 0, 0), Sample(0, 0, 0))
-        kinds = [did.split()[0] for _, did in self.actions]
+        # "kill: no worker running": skipped, only the spared worker was left.
+        kinds = [did.split()[0].replace("kill:", "skipped").replace("preempt:", "skipped")
+                 for _, did in self.actions]  # fmt: skip
         return {
             "cloud": self.chaos.name,
             "minutes": self.minutes,
