@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,14 @@ from tests.e2e_support import commits, job_output, running_job, wait_for_events,
 pytestmark = pytest.mark.e2e
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
+
+
+def assert_interrupted(process: subprocess.Popen[str], output: str, took: float) -> None:
+    """Stopped by a signal within 10 s: exit 130, one last line, no traceback."""
+    assert took < 10, f"took {took:.1f}s to stop"
+    assert process.returncode == 130, output[-2000:]
+    assert output.rstrip().endswith("spotring: interrupted")
+    assert "Traceback" not in output
 
 
 def two_workers_training(repo: Path, events: Path, *options: str) -> list[str]:
@@ -52,10 +61,7 @@ def test_a_signal_to_the_driver_stops_every_worker(
         began = time.monotonic()
         output = job_output(process, 30)
         took = time.monotonic() - began
-    assert took < 10, f"took {took:.1f}s to stop"
-    assert process.returncode == 130, output[-2000:]
-    assert output.rstrip().endswith("spotring: interrupted")
-    assert "Traceback" not in output
+    assert_interrupted(process, output, took)
     psutil.wait_procs(workers, timeout=5)
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
 
@@ -75,10 +81,7 @@ def test_a_second_interrupt_forces_the_stop(repo: Path, tmp_path: Path) -> None:
         began = time.monotonic()
         output = job_output(process, 30)
         took = time.monotonic() - began
-    assert took < 10, f"took {took:.1f}s to stop"
-    assert process.returncode == 130, output[-2000:]
-    assert output.rstrip().endswith("spotring: interrupted")
-    assert "Traceback" not in output
+    assert_interrupted(process, output, took)
     _, alive = psutil.wait_procs(workers, timeout=15)
     assert not [w for w in alive if w.status() != psutil.STATUS_ZOMBIE], "workers outlived it"
 
