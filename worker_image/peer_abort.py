@@ -28,8 +28,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import importlib.abc
-import importlib.machinery
 import logging
 import os
 import socket
@@ -41,6 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from spotring.worker_image import sampler_reset
+from spotring.worker_image.after_import import call_after_import
 from spotring.worker_image.ring_formation import retry_failed_formation
 
 log = logging.getLogger(__name__)
@@ -363,31 +362,6 @@ def harden_notification_service() -> None:
     WorkerNotificationService._make_handler = _make_handler  # type: ignore[method-assign]
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` right after the module ``name`` is first executed."""
-
-    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
-        self._name = name
-        self._callback = callback
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self._name:
-            return None
-        sys.meta_path.remove(self)  # once
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, callback = spec.loader, self._callback
-        exec_module = loader.exec_module  # type: ignore[union-attr]
-
-        def exec_then_call(module: ModuleType) -> None:
-            exec_module(module)
-            callback(module)
-
-        loader.exec_module = exec_then_call  # type: ignore[union-attr, method-assign]
-        return spec
-
-
 def install_when_imported() -> None:
     """Install the abort (and the samplers' re-partitioning on every reset, see
     :mod:`spotring.worker_image.sampler_reset`) as soon as the user's script imports
@@ -404,7 +378,4 @@ def install_when_imported() -> None:
         except Exception as error:
             print(f"spotring: sampler re-partitioning not installed: {error}", file=sys.stderr)
 
-    if "horovod.torch" in sys.modules:
-        on_import(sys.modules["horovod.torch"])
-    else:
-        sys.meta_path.insert(0, _AfterImport("horovod.torch", on_import))
+    call_after_import("horovod.torch", on_import)
