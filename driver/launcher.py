@@ -13,6 +13,12 @@ exit to listeners the moment it happens, so a dead worker's host leaves discover
 its peers are told at once instead of after Gloo's 30 s timeout; and any failure to
 start or watch a worker becomes that worker's failed exit, never a silent hang.
 
+A worker can also be started ahead of its join (:meth:`ProcessLauncher.prestart`): it
+runs the script up to ``hvd.init`` and waits there until the launcher hands it its
+slot's environment as a second stdin line (see ``spotring.worker_image.warm_start``).
+Listeners hear ``worker_started`` only then; ``process_started`` and
+``process_exited`` cover every process group the launcher runs on a host.
+
 With a notice watcher in the spec, the supervisor also reports interruption notices
 for its host as signed lines among the worker's output (see
 ``spotring.worker_image.notices``). The launcher takes those lines out of the output,
@@ -42,6 +48,7 @@ from typing import IO, Any, Literal, Protocol
 from spotring.providers.base import is_valid_address
 from spotring.worker_image.notices import MESSAGE_MARKER, Notice, NoticeMessage
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
+from spotring.worker_image.warm_start import READY_MARKER
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +97,10 @@ class WorkerExit:
 
 
 class WorkerListener(Protocol):
-    """Told of workers' starts and exits; optionally of notices (``worker_noticed``)."""
+    """Told of Horovod workers' starts and exits; optionally of notices
+    (``worker_noticed``) and of every process group the launcher starts on a host,
+    including workers started ahead of their join (``process_started(host, pid)``,
+    ``process_exited(host, pid)``)."""
 
     def worker_started(self, host: str, process_group: int) -> None: ...
 
@@ -177,20 +187,36 @@ class ProcessLauncher:
                 shutil.rmtree(self._job_dir, ignore_errors=True)
                 self._job_dir = None
 
-    def __call__(self, spec: WorkerSpec, events: Sequence[threading.Event]) -> tuple[int, float]:
+    def prestart(self, spec: WorkerSpec) -> WarmWorker:
+        """Start ``spec``'s worker ahead of its join: it runs the script up to
+        ``hvd.init`` and waits there (:mod:`spotring.worker_image.warm_start`) until
+        :meth:`__call__` hands it a slot. ``spec.env`` lacks the slot's variables.
+        Raises ``OSError`` or ``ValueError`` when it cannot be started."""
+        return WarmWorker(self._start(spec, warm=True))
+
+    def __call__(
+        self,
+        spec: WorkerSpec,
+        events: Sequence[threading.Event],
+        warm: WarmWorker | None = None,
+    ) -> tuple[int, float]:
         """Run ``spec`` until it ends or an event is set; never raises.
 
-        A worker that cannot be started or watched (a bad address, no ssh binary, a
-        listener raising) is reported as failed with :data:`LAUNCH_FAILED_EXIT`, so
-        Horovod records its exit instead of waiting for it forever.
+        With ``warm`` (a worker :meth:`prestart`-ed for this slot), that process gets
+        the slot's environment and goes on; one that has exited or been stopped is
+        replaced by a fresh start. A worker that cannot be started or watched (a bad
+        address, no ssh binary, a listener raising) is reported as failed with
+        :data:`LAUNCH_FAILED_EXIT`, so Horovod records its exit instead of waiting
+        for it forever.
         """
-        process: subprocess.Popen[str] | None = None
-        launch = secrets.token_hex(8)
+        launch: _Launch | None = None
         host_stop = self._stop_event(spec.host)
         try:
-            process = self._start(spec, launch)
-            self._tell("worker_started", spec.host, process.pid)
-            exit_code, stopped = self._watch(process, spec, launch, events, host_stop)
+            launch = warm.hand_over(spec) if warm is not None else None
+            if launch is None:
+                launch = self._start(spec, warm=False)
+            self._tell("worker_started", spec.host, launch.process.pid)
+            exit_code, stopped = self._watch(launch, events, host_stop)
         except Exception as error:
             log.error(
                 "could not run worker rank %d on %s: %s: %s",
@@ -199,16 +225,19 @@ class ProcessLauncher:
                 type(error).__name__,
                 error,
             )
-            if process is not None and process.poll() is None:
-                _kill_group(process)
+            if launch is not None and launch.process.poll() is None:
+                _kill_group(launch.process)
             exit_code, stopped = LAUNCH_FAILED_EXIT, False
         result = WorkerExit(spec.host, spec.local_rank, spec.rank, exit_code, stopped)
-        self._tell("worker_exited", result, process.pid if process is not None else -1)
+        pid = launch.process.pid if launch is not None else -1
+        self._tell("worker_exited", result, pid)
+        if launch is not None:
+            launch.exited()
         return exit_code, time.time()
 
     # ---------------------------------------------------------------- starting
 
-    def _start(self, spec: WorkerSpec, launch: str) -> subprocess.Popen[str]:
+    def _start(self, spec: WorkerSpec, warm: bool) -> _Launch:
         if not is_valid_address(spec.host):
             raise ValueError(f"{spec.host!r} is not a host name or IP address")
         process = subprocess.Popen(
@@ -221,14 +250,29 @@ class ProcessLauncher:
             text=True,
             errors="replace",
         )
+        launch = _Launch(spec, process, secrets.token_hex(8), self._tell)
+        launch.prefix = f"[warm]<{spec.host}:{spec.local_rank}>" if warm else _prefix(spec)
+        self._tell("process_started", spec.host, process.pid)
         assert process.stdin is not None
         line: dict[str, Any] = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": spec.cwd}
         line["grace"] = STOP_GRACE_SECONDS
         if spec.notices is not None:
-            line.update(launch=launch, notices=dict(spec.notices))
-        process.stdin.write(json.dumps(line) + "\n")
-        process.stdin.flush()  # stays open: closing it stops the worker
-        return process
+            line.update(launch=launch.id, notices=dict(spec.notices))
+        if warm:
+            line.update(launch=launch.id, warm=True)
+        notices = _NoticeReader(spec, launch.id, self._tell) if spec.notices is not None else None
+        launch.pump = threading.Thread(
+            target=self._pump, args=(launch, notices), name="spotring-output", daemon=True
+        )
+        launch.pump.start()
+        try:
+            process.stdin.write(json.dumps(line) + "\n")
+            process.stdin.flush()  # stays open: closing it stops the worker
+        except OSError:  # it died at once (ssh could not connect): the caller reports it
+            _kill_group(process)
+            launch.exited()
+            raise
+        return launch
 
     def argv(self, host: str) -> list[str]:
         """The command line that starts the supervisor for ``host``: no secrets in it."""
@@ -277,21 +321,12 @@ class ProcessLauncher:
     # ---------------------------------------------------------------- watching
 
     def _watch(
-        self,
-        process: subprocess.Popen[str],
-        spec: WorkerSpec,
-        launch: str,
-        events: Sequence[threading.Event],
-        host_stop: threading.Event,
+        self, launch: _Launch, events: Sequence[threading.Event], host_stop: threading.Event
     ) -> tuple[int, bool]:
         """Wait for the worker; stop it if any event is set (Horovod's, or
         :meth:`stop_workers_on` for its host). Returns (code, stopped)."""
+        process = launch.process
         events = [*events, host_stop]
-        notices = _NoticeReader(spec, launch, self._tell) if spec.notices is not None else None
-        pump = threading.Thread(
-            target=self._pump, args=(process.stdout, spec, notices), daemon=True
-        )
-        pump.start()
         stopped = False
         while process.poll() is None:
             if any(event.is_set() for event in events):
@@ -300,7 +335,8 @@ class ProcessLauncher:
                 break
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=0.05)
-        pump.join(timeout=2.0)
+        if launch.pump is not None:
+            launch.pump.join(timeout=2.0)
         # Its host had left the ring and it exited just before the stop reached it:
         # still a stop, not a failure.
         stopped = stopped or host_stop.is_set()
@@ -308,18 +344,22 @@ class ProcessLauncher:
             return STOPPED_EXIT, True
         return process.returncode, stopped
 
-    def _pump(
-        self, stream: IO[str] | None, spec: WorkerSpec, notices: _NoticeReader | None
-    ) -> None:
+    def _pump(self, launch: _Launch, notices: _NoticeReader | None) -> None:
+        stream = launch.process.stdout
         if stream is None:
             return
-        prefix = f"[{spec.rank}]<{spec.host}:{spec.local_rank}>"
         for line in stream:
             if notices is not None and line.startswith(MESSAGE_MARKER):
                 notices.read(line)
                 continue
+            if line.startswith(READY_MARKER):
+                if line[len(READY_MARKER) :].strip() == launch.id:
+                    launch.held.set()
+                else:
+                    log.warning("dropped a forged ready line from %s", launch.spec.host)
+                continue
             with self._output_lock:
-                self._output.write(f"{prefix}: {line}")
+                self._output.write(f"{launch.prefix}: {line}")
                 self._output.flush()
 
     def _tell(self, method: str, *args: Any) -> None:
@@ -333,6 +373,117 @@ class ProcessLauncher:
                 call(*args)
             except Exception:
                 log.exception("worker listener %r failed in %s", listener, method)
+
+
+class _Launch:
+    """One supervisor the launcher started, and how its output is relayed."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        process: subprocess.Popen[str],
+        launch_id: str,
+        tell: Callable[..., None],
+    ) -> None:
+        self.spec = spec
+        self.process = process
+        self.id = launch_id
+        self.prefix = ""
+        """Put before each line of its output: the worker's rank, host and slot."""
+        self.held = threading.Event()
+        """Set when a warm worker reports that it holds in ``hvd.init``."""
+        self.pump: threading.Thread | None = None
+        self._tell = tell
+        self._exit_told = threading.Event()
+
+    def exited(self) -> None:
+        """Tell listeners that the process group is gone (once; it has ended)."""
+        if not self._exit_told.is_set():
+            self._exit_told.set()
+            self._tell("process_exited", self.spec.host, self.process.pid)
+
+
+class WarmWorker:
+    """A worker started ahead of its join (:meth:`ProcessLauncher.prestart`), held in
+    ``hvd.init`` until the launcher hands it a slot or it is stopped."""
+
+    def __init__(self, launch: _Launch) -> None:
+        self._launch = launch
+        self._lock = threading.Lock()
+        self._state: Literal["warm", "joined", "stopped"] = "warm"
+
+    @property
+    def host(self) -> str:
+        return self._launch.spec.host
+
+    @property
+    def local_rank(self) -> int:
+        return self._launch.spec.local_rank
+
+    @property
+    def held(self) -> bool:
+        """Whether it has reached ``hvd.init`` and waits there for its slot."""
+        return self._launch.held.is_set()
+
+    def wait_held(self, timeout: float) -> bool:
+        return self._launch.held.wait(timeout)
+
+    @property
+    def exited(self) -> bool:
+        """Whether the process has ended (it never will by itself while held)."""
+        return self._launch.process.poll() is not None
+
+    def hand_over(self, spec: WorkerSpec) -> _Launch | None:
+        """Send ``spec``'s slot environment to the waiting process. The launch to
+        watch from now on, or None when this worker cannot take the slot: it ended,
+        was stopped, or runs another command (it is stopped; start the slot cold)."""
+        with self._lock:
+            if self._state != "warm":
+                return None
+            self._state = "joined"
+        launch = self._launch
+        slot_env = {k: v for k, v in spec.env.items() if launch.spec.env.get(k) != v}
+        same_command = (spec.argv, spec.cwd, spec.host) == (
+            launch.spec.argv,
+            launch.spec.cwd,
+            launch.spec.host,
+        )
+        try:
+            if not same_command or launch.process.poll() is not None:
+                raise OSError("the warm worker cannot take this slot")
+            assert launch.process.stdin is not None
+            launch.process.stdin.write(json.dumps(slot_env) + "\n")
+            launch.process.stdin.flush()
+        except OSError:
+            self._end()
+            return None
+        launch.spec, launch.prefix = spec, _prefix(spec)
+        log.info(
+            "the worker started ahead on %s[%d] joins as rank %d%s",
+            spec.host,
+            spec.local_rank,
+            spec.rank,
+            "" if launch.held.is_set() else " (before it reached hvd.init)",
+        )
+        return launch
+
+    def stop(self) -> None:
+        """Stop it unless it was handed a slot; in the background, never blocking."""
+        with self._lock:
+            if self._state != "warm":
+                return
+            self._state = "stopped"
+        threading.Thread(target=self._end, name="spotring-warm-stop", daemon=True).start()
+
+    def _end(self) -> None:
+        _stop(self._launch.process)
+        if self._launch.pump is not None:
+            self._launch.pump.join(timeout=2.0)
+        self._launch.exited()
+
+
+def _prefix(spec: WorkerSpec) -> str:
+    return f"[{spec.rank}]<{spec.host}:{spec.local_rank}>"
 
 
 class _NoticeReader:

@@ -135,10 +135,13 @@ def test_failures_to_start_or_watch_become_failed_exits() -> None:
     assert listener.exits[-1].failed
 
 
-def test_supervisor_rejects_a_bad_spec_in_one_line() -> None:
+@pytest.mark.parametrize(
+    "line", ["not json", '{"argv": ["true"], "warm": true}'], ids=["not json", "warm, no launch"]
+)
+def test_supervisor_rejects_a_bad_spec_in_one_line(line: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "spotring.worker_image.supervisor"],
-        input="not json\n",
+        input=line + "\n",
         capture_output=True,
         text=True,
         timeout=30,

@@ -4,7 +4,7 @@ The launcher starts ``python -m spotring.worker_image.supervisor`` (locally, or 
 worker host over ssh) and writes one JSON line to its stdin::
 
     {"argv": [...], "env": {...}, "cwd": "/dir", "grace": 5.0,
-     "launch": "<id>", "notices": {"watcher": "aws", ...}}
+     "launch": "<id>", "notices": {"watcher": "aws", ...}, "warm": true}
 
 Why a supervisor instead of ``env K=V ... command`` on a command line:
 
@@ -22,6 +22,12 @@ Why a supervisor instead of ``env K=V ... command`` on a command line:
   interruption notice about this host (``spotring.worker_image.notices``) and reports
   it to the driver as a signed line on its stdout. It then relays the worker's output
   itself, so a report always starts a line of its own.
+
+* With ``warm``, the worker is started ahead of its join and holds in ``hvd.init``
+  (``spotring.worker_image.warm_start``) on a socket pair shared with the supervisor.
+  When it is held, the supervisor prints a ready line with the launch id; the launcher's
+  second stdin line, ``{"HOROVOD_RANK": ..., ...}``, is the slot's environment, which
+  the supervisor passes on to the worker. Closing stdin before that stops it as usual.
 
 The supervisor exits as its worker did: with its exit code, or killed by the same signal.
 """
@@ -42,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
+from spotring.worker_image.warm_start import READY, READY_MARKER, WARM_FD_ENV
 
 if TYPE_CHECKING:
     from spotring.worker_image.notices import NoticeReporter
@@ -130,6 +137,8 @@ def _read_spec(fd: int) -> dict[str, Any]:
         isinstance(spec["notices"], dict) and isinstance(spec.get("launch"), str)
     ):
         raise ValueError("'notices' must be an object, with a 'launch' id")
+    if spec.get("warm") and not isinstance(spec.get("launch"), str):
+        raise ValueError("'warm' needs a 'launch' id")
     return spec
 
 
@@ -180,7 +189,35 @@ def _notice_reporter(spec: dict[str, Any], output: _Output) -> NoticeReporter | 
         return None
 
 
-def _stop_group_when_stdin_closes(grace: float, reporter: NoticeReporter | None) -> None:
+def _report_held(channel: socket.socket, output: _Output, launch: str) -> None:
+    """Tell the launcher, by a ready line, once the warm worker holds in ``hvd.init``."""
+    with contextlib.suppress(OSError):
+        if channel.recv(len(READY), socket.MSG_WAITALL) == READY:
+            output.line(f"{READY_MARKER}{launch}\n")
+
+
+def _hand_over_slot(channel: socket.socket) -> None:
+    """Pass the slot's environment (the next stdin line) to the held worker. A stop
+    instead (EOF), or anything but a map of strings, closes the channel: the worker
+    exits rather than join without its slot."""
+    line = _read_line(0)
+    try:
+        env = json.loads(line)
+        if isinstance(env, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            channel.sendall(json.dumps(env).encode() + b"\n")
+    except (ValueError, OSError):
+        pass
+    with contextlib.suppress(OSError):
+        channel.shutdown(socket.SHUT_WR)
+
+
+def _stop_group_when_stdin_closes(
+    grace: float, reporter: NoticeReporter | None, warm: socket.socket | None
+) -> None:
+    if warm is not None:
+        _hand_over_slot(warm)
     # The raw descriptor, not sys.stdin: a daemon thread blocked in a buffered read
     # holds its lock, which would abort the interpreter's shutdown.
     while os.read(0, 65536):
@@ -216,7 +253,12 @@ def main() -> int:
     env = worker_environment(os.environ, spec.get("env", {}))
     output = _Output()
     reporter = _notice_reporter(spec, output)
-    relay_fd, worker_out = os.pipe() if reporter is not None else (None, None)
+    warm, worker_channel = socket.socketpair() if spec.get("warm") else (None, None)
+    if worker_channel is not None:
+        env[WARM_FD_ENV] = str(worker_channel.fileno())
+    # Our own lines (notices, ready) must start lines of their own: relay the output.
+    relayed = reporter is not None or warm is not None
+    relay_fd, worker_out = os.pipe() if relayed else (None, None)
     try:
         worker = subprocess.Popen(
             spec["argv"],
@@ -225,20 +267,27 @@ def main() -> int:
             stdin=subprocess.DEVNULL,
             stdout=worker_out,
             stderr=worker_out,
+            pass_fds=() if worker_channel is None else (worker_channel.fileno(),),
             preexec_fn=_die_with_parent,  # one libc call before exec: no locks taken
         )
     except OSError as error:
         print(f"spotring: cannot start {spec['argv'][0]!r}: {error}", file=sys.stderr)
         return CANNOT_START_EXIT
     relay = None
-    if reporter is not None and relay_fd is not None and worker_out is not None:
+    if relay_fd is not None and worker_out is not None:
         os.close(worker_out)  # the worker holds it; EOF when the worker (group) is done
         relay = threading.Thread(target=output.relay, args=(relay_fd,), daemon=True)
         relay.start()
+    if reporter is not None:
         reporter.start()
+    if warm is not None and worker_channel is not None:
+        worker_channel.close()  # the worker's end
+        threading.Thread(
+            target=_report_held, args=(warm, output, spec["launch"]), daemon=True
+        ).start()
     grace = float(spec.get("grace", DEFAULT_GRACE_SECONDS))
     threading.Thread(
-        target=_stop_group_when_stdin_closes, args=(grace, reporter), daemon=True
+        target=_stop_group_when_stdin_closes, args=(grace, reporter, warm), daemon=True
     ).start()
     while True:
         try:

@@ -4,6 +4,8 @@ The launcher puts this directory first on ``PYTHONPATH`` and sets
 ``SPOTRING_PEER_ABORT=1``; here the peer-failure abort is installed for whenever the
 script imports ``horovod.torch``, whatever state class it uses. Then the next
 ``sitecustomize`` on the path (the environment's own, if any) runs as it would have.
+In a worker started ahead of its join (``SPOTRING_WARM_FD`` set), Horovod's ``init``
+is held until the driver sends the worker its slot (``spotring.worker_image.warm_start``).
 """
 
 import os
@@ -11,6 +13,15 @@ import sys
 
 
 def _prepare_worker() -> None:
+    if os.environ.get("SPOTRING_WARM_FD"):
+        try:
+            from spotring.worker_image import warm_start
+
+            warm_start.install_when_imported()
+        except Exception as error:  # no init may run without its slot: end here
+            print(f"spotring: a warm worker cannot wait for its slot: {error}", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(3)  # warm_start.CANNOT_HOLD_EXIT
     if os.environ.get("SPOTRING_PEER_ABORT") != "1":
         return
     try:
