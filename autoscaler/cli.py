@@ -269,6 +269,13 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
     )
     control.add_argument("--no-resize", action="store_true", help="never change the group's size")
     control.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="start a host's workers when Horovod places it in a ring, as horovodrun "
+        "does (default: start them as soon as the host is READY and offer the host "
+        "once they wait in hvd.init, so a join stalls the ring for the join only)",
+    )
+    control.add_argument(
         "--no-replace",
         action="store_true",
         help="do not ask the provider to replace hosts whose workers failed",
@@ -492,6 +499,7 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
             start_timeout=options.start_timeout,
             nics=options.nics,
             verbose=options.verbose,
+            warm_start=not options.cold_start,
         ),
         refresh_interval=options.refresh_interval,
         launcher=options.launcher,

@@ -204,8 +204,8 @@ class _ProviderProcesses:
     def __init__(self, provider: Provider) -> None:
         self._provider = provider
 
-    def worker_started(self, host: str, process_group: int) -> None:
+    def process_started(self, host: str, process_group: int) -> None:
         self._provider.worker_started(host, process_group)  # type: ignore[attr-defined]
 
-    def worker_exited(self, exit, process_group: int) -> None:  # type: ignore[no-untyped-def]
-        self._provider.worker_exited(exit.host, process_group)  # type: ignore[attr-defined]
+    def process_exited(self, host: str, process_group: int) -> None:
+        self._provider.worker_exited(host, process_group)  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from horovod.runner.elastic.discovery import HostDiscovery
 
 from spotring.autoscaler.controller import Controller
+from spotring.driver.warm_pool import WarmPool
 
 
 class InventoryHostDiscovery(HostDiscovery):
@@ -15,13 +16,18 @@ class InventoryHostDiscovery(HostDiscovery):
     successful refresh it raises, which Horovod treats as a misconfiguration on its
     first call; ``spotring run`` waits for the first inventory before starting the
     driver, so that never happens in practice.
+
+    With a :class:`~spotring.driver.warm_pool.WarmPool`, a READY host is offered only
+    once the workers started ahead for it wait in ``hvd.init``.
     """
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, warm_pool: WarmPool | None = None) -> None:
         self._controller = controller
+        self._warm_pool = warm_pool
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         inventory = self._controller.inventory
         if inventory is None:
             raise RuntimeError("spotring has no inventory yet")
-        return inventory.hosts_and_slots()
+        available = inventory.hosts_and_slots()
+        return available if self._warm_pool is None else self._warm_pool.offer(available)

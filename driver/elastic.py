@@ -20,6 +20,9 @@ blacklisting and resets. What we do instead of ``horovod.runner.gloo_run`` and w
   driver takes nothing but Horovod's own answers from the workers it registered.
 * The job stops cleanly, with the controller's message, when the controller hits an
   error it cannot retry (a missing group, denied permissions, a plugin's bug).
+* A READY host's workers are started ahead and wait in ``hvd.init``; the host is
+  offered to Horovod once they do, and ``create_worker`` hands them their slots
+  (:mod:`spotring.driver.warm_pool`): a join stalls the ring for the join only.
 * A host that announced its interruption leaves discovery at once; Horovod re-forms
   the ring without it at the next commit (nothing restored), and only then are its
   workers stopped: a worker stopped mid-collective would force a rollback.
@@ -47,6 +50,7 @@ from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.options import ElasticOptions
 from spotring.driver.peer_failure import PeerFailureNotifier
 from spotring.driver.rendezvous import RingTracker, rendezvous_handler, use_safe_worker_clients
+from spotring.driver.warm_pool import WarmPool
 from spotring.providers.base import InterruptionNotice
 from spotring.worker_image.notices import Notice
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
@@ -55,6 +59,8 @@ from spotring.worker_image.supervisor import local_address_towards
 log = logging.getLogger(__name__)
 
 COORDINATOR_REPLAY_DELAY_SECONDS = 1.0
+WARM_RANK = -1
+"""The rank logged for a worker started ahead, before it joins a ring."""
 
 
 class JobController(Protocol):
@@ -105,10 +111,11 @@ def run_elastic(
     notices = _NoticeRouter(controller, launcher)
     launcher.add_listener(notices)
     rendezvous.add_ring_listener(notices.ring_formed)
+    warm_pool = WarmPool(launcher) if options.warm_start else None
 
     driver = ElasticDriver(
         rendezvous,
-        InventoryHostDiscovery(controller),
+        InventoryHostDiscovery(controller, warm_pool),
         job.min_num_proc,
         job.max_num_proc,
         timeout=options.elastic_timeout,
@@ -125,24 +132,39 @@ def run_elastic(
     threading.Thread(
         target=_stop_on_fatal_error, args=(controller, stopper), name="spotring-stop", daemon=True
     ).start()
+    run_env = _rendezvous_env(options.nics, address, port)
+    run_env[JOB_KEY_ENV] = job_key.hex()
+    base = {**options.worker_env, **run_env, "PYTHONUNBUFFERED": "1"}
+
+    def worker_spec(host: str, local_rank: int, rank: int, env: dict[str, str]) -> WorkerSpec:
+        return WorkerSpec(
+            host=host,
+            local_rank=local_rank,
+            rank=rank,
+            argv=tuple(command),
+            env={**base, **env},
+            cwd=os.getcwd(),
+            notices=controller.notice_watcher(host),
+        )
+
+    def create_worker(slot_info: Any, events: Sequence[threading.Event]) -> tuple[int, float]:
+        host, local_rank = slot_info.hostname, slot_info.local_rank
+        spec = worker_spec(host, local_rank, slot_info.rank, create_slot_env_vars(slot_info))
+        warm = warm_pool.take(host, local_rank) if warm_pool is not None else None
+        return launcher(spec, events, warm)
+
+    if warm_pool is not None:
+        # Started ahead, a worker knows its host and slot; its rank comes when it joins.
+        warm_pool.start(
+            lambda host, local_rank: worker_spec(
+                host,
+                local_rank,
+                WARM_RANK,
+                {"HOROVOD_HOSTNAME": host, "HOROVOD_LOCAL_RANK": str(local_rank)},
+            )
+        )
     try:
         driver.wait_for_available_slots(job.num_proc)
-        run_env = _rendezvous_env(options.nics, address, port)
-        run_env[JOB_KEY_ENV] = job_key.hex()
-        base = {**options.worker_env, **run_env, "PYTHONUNBUFFERED": "1"}
-
-        def create_worker(slot_info: Any, events: Sequence[threading.Event]) -> tuple[int, float]:
-            spec = WorkerSpec(
-                host=slot_info.hostname,
-                local_rank=slot_info.local_rank,
-                rank=slot_info.rank,
-                argv=tuple(command),
-                env={**base, **create_slot_env_vars(slot_info)},
-                cwd=os.getcwd(),
-                notices=controller.notice_watcher(slot_info.hostname),
-            )
-            return launcher(spec, events)
-
         driver.start(job.num_proc, create_worker)
         results = _wait_for_results(driver, stopper)
     except RuntimeError:
@@ -150,6 +172,8 @@ def run_elastic(
             raise
     finally:
         stopper.stop()
+        if warm_pool is not None:
+            warm_pool.close()
     if stopper.reason is not None:
         raise JobAborted(stopper.reason, stopper.cause)
     if results.error_message is not None:

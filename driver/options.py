@@ -20,5 +20,7 @@ class ElasticOptions:
     start_timeout: int = 120
     nics: tuple[str, ...] = ()
     verbose: int = 0
+    warm_start: bool = True
+    """Start a READY host's workers before it joins (:mod:`spotring.driver.warm_pool`)."""
     worker_env: Mapping[str, str] = field(default_factory=dict)
     """The allow-listed and user-forwarded environment every worker starts from."""
