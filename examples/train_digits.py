@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
     @hvd.elastic.run
     def train(state: TorchState) -> None:
-        emit("resume", step=state.step, epoch=state.epoch, resets=resets)
+        host = os.environ.get("HOROVOD_HOSTNAME", "")
+        emit("resume", step=state.step, epoch=state.epoch, resets=resets, host=host)
         while state.epoch < args.epochs:
             model.train()
             for inputs, targets, *ids in loader:

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.e2e_support import (
@@ -137,7 +138,7 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
         env=env,
     ) as process:
         # Not rank 0: it writes the step log this test reads.
-        victim, host = wait_for_worker(process.pid, 1, events, min_step=10)
+        victim, host = wait_for_worker(process.pid, events, min_step=10)
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         output = job_output(process, JOB_TIMEOUT)
@@ -150,16 +151,14 @@ def test_hard_kill_with_host_still_listed_recovers_without_gloo_timeout(
     # The driver told every survivor before Horovod recorded the failure. (Which of
     # them was still blocked, if either, is a race; the timeout check below is not.)
     assert f"told 3 peers of {host}[0] that it died" in output
-    assert "Timed out waiting" not in output
+    assert "Timed out waiting" not in output, output[-30000:]
     resumed = [e for e in recorded if e["time"] > killed_at and e["event"] == "resume"]
     assert resumed and resumed[0]["size"] == 3
 
 
-def wait_for_worker(driver_pid: int, rank: int, events: Path, min_step: int) -> tuple[int, str]:
-    """(pid, host) of the worker of ``rank`` once rank 0 committed ``min_step`` at size 4.
-
-    Ranks are read from the workers' launch environment, valid while no reset happened.
-    """
+def wait_for_worker(driver_pid: int, events: Path, min_step: int) -> tuple[int, str]:
+    """(pid, host) of a worker not on rank 0's host (rank 0 writes the events) once
+    rank 0 committed ``min_step`` at size 4, with no reset since the first ring."""
     deadline = time.monotonic() + JOB_TIMEOUT
     while time.monotonic() < deadline:
         recorded = read_events(events)
@@ -168,10 +167,12 @@ def wait_for_worker(driver_pid: int, rank: int, events: Path, min_step: int) -> 
         if any(
             e["event"] == "commit" and e["size"] == 4 and e["step"] >= min_step for e in recorded
         ):
-            for pid, environ in worker_pids(driver_pid, HOROVOD_RANK=str(rank)):
-                return pid, environ["HOROVOD_HOSTNAME"]
+            rank0_host = next(e["host"] for e in recorded if e["event"] == "resume")
+            for pid, environ in worker_pids(driver_pid):
+                if environ["HOROVOD_HOSTNAME"] != rank0_host:
+                    return pid, environ["HOROVOD_HOSTNAME"]
         time.sleep(0.2)
-    raise AssertionError(f"rank {rank} did not reach step {min_step} at size 4")
+    raise AssertionError(f"no commit of step {min_step} at size 4")
 
 
 @pytest.mark.parametrize("state", ["spotring", "horovod"])
@@ -247,21 +248,25 @@ runpy.run_path(script, run_name="__main__")
 """
 
 
-def test_a_worker_dying_while_the_ring_forms_costs_a_retry_not_the_job(
-    repo: Path, tmp_path: Path
+@pytest.mark.parametrize("start", ["cold", "warm"])
+def test_a_worker_dying_before_it_joins_costs_a_retry_not_the_job(
+    repo: Path, tmp_path: Path, start: str
 ) -> None:
-    """The group grows; the new host's worker dies before it joins, while the running
-    workers wait for its address in the new ring's formation. The rendezvous server
-    answers them with an empty one at once (not after Gloo's 30 s timeout), they fail
-    that ring, join the next one without it, and carry on from their last commit: with
-    stock Horovod they died of std::terminate and took the job."""
+    """The group grows; the new host's worker dies before it reaches hvd.init.
+
+    Cold (``--cold-start``): the running workers already wait for its address in the
+    new ring's formation. The rendezvous server answers them with an empty one at once
+    (not after Gloo's 30 s timeout), they fail that ring, join the next one without
+    it, and carry on from their last commit: with stock Horovod they died of
+    std::terminate and took the job. Warm (the default): it died while started ahead,
+    so the ring never waited for it; the host joins with a worker started cold."""
     events, control, marker = tmp_path / "events.jsonl", tmp_path / "control", tmp_path / "died"
     wrapper = tmp_path / "dies_at_start.py"
     wrapper.write_text(DIES_AT_START)
     argv = [
         *(SPOTRING, "run", "--provider", "local", "-np", "2", "--min-np", "2", "--max-np", "3"),
         *("--hosts", "2", "--refresh-interval", "0.5", "--boot-seconds", "1"),
-        *("--control", str(control), "--"),
+        *("--control", str(control), *(["--cold-start"] if start == "cold" else []), "--"),
         *(sys.executable, str(wrapper), str(marker), str(repo / "examples" / "train_digits.py")),
         *("--events", str(events), "--epochs", "4", "--step-seconds", "0.05"),
     ]
@@ -272,8 +277,89 @@ def test_a_worker_dying_while_the_ring_forms_costs_a_retry_not_the_job(
     assert marker.exists(), "the new host's worker never started"
     assert process.returncode == 0, log[-4000:]
     assert "terminate called" not in log
-    assert "joining the next one" in log
-    assert "Wait timeout" not in log, "the survivors waited out Gloo's timeout"
+    if start == "cold":
+        assert "joining the next one" in log
+        assert "Wait timeout" not in log, "the survivors waited out Gloo's timeout"
+    else:
+        assert "a worker started ahead on host-2 ended before it reached hvd.init" in log
+        assert "joining the next one" not in log  # no ring waited for the dead worker
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
-    assert recorded[-1]["event"] == "done"
+    assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 3
+
+
+def test_a_joining_host_is_offered_once_its_worker_waits_in_init(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The new host's worker starts while the ring trains on; Horovod hears of the host
+    only once that worker waits in hvd.init, and hands it its rank at the reset."""
+    events, control = tmp_path / "events.jsonl", tmp_path / "control"
+    argv = [
+        *(SPOTRING, "--log-level", "info", "run", "--provider", "local"),
+        *("-np", "2", "--min-np", "2", "--max-np", "3", "--hosts", "2"),
+        *("--refresh-interval", "0.5", "--boot-seconds", "1", "--control", str(control)),
+        *job(repo, events, "--epochs", "4", "--step-seconds", "0.05"),
+        "--audit-samples",
+    ]
+    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+        wait_for_events(process, events, commits(size=2, steps=10), "10 commits at size 2")
+        control.write_text("scale 3\n")
+        log = job_output(process, JOB_TIMEOUT)
+    assert process.returncode == 0, log[-4000:]
+    started = log.index("host host-2: started 1 workers ahead of its join")
+    offered = log.index("host host-2: its workers wait in hvd.init; offered to Horovod")
+    grown = log.index("ring of 3 workers")
+    assert started < offered < grown
+    assert "the worker started ahead on host-2[0] joins as rank 2\n" in log
+    recorded = read_events(events)
+    assert_no_committed_step_lost(recorded)
+    assert_every_sample_once(recorded)
+    assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 3
+
+
+WAITS_FOR_TRAINING = """import os, runpy, sys, time
+from pathlib import Path
+
+events, script = Path(sys.argv[1]), sys.argv[2]
+if os.environ.get("HOROVOD_HOSTNAME") in ("host-2", "host-3"):
+    while "commit" not in (events.read_text() if events.exists() else ""):
+        time.sleep(0.1)  # the first ring forms on host-0 and host-1
+sys.argv = sys.argv[2:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_workers_started_ahead_on_spare_hosts_are_stopped_when_the_host_leaves(
+    repo: Path, tmp_path: Path
+) -> None:
+    """With more hosts than --max-np, the spares' workers wait in hvd.init. One spare
+    announces its interruption: its worker is stopped at once. The other's is
+    stopped when the job ends: no process is left behind."""
+    events, control = tmp_path / "events.jsonl", tmp_path / "control"
+    wrapper = tmp_path / "waits_for_training.py"
+    wrapper.write_text(WAITS_FOR_TRAINING)
+    argv = [
+        *(SPOTRING, "--log-level", "info", "run", "--provider", "local"),
+        *("-np", "2", "--min-np", "2", "--max-np", "2", "--hosts", "4", "--no-resize"),
+        *("--refresh-interval", "0.5", "--boot-seconds", "3600", "--control", str(control)),
+        *("--notice-lead", "600", "--"),  # host-2 leaves by itself, long before its deadline
+        *(sys.executable, str(wrapper), str(events), str(repo / "examples" / "train_digits.py")),
+        *("--events", str(events), "--epochs", "4", "--step-seconds", "0.05"),
+    ]
+    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+        wait_for_events(process, events, commits(size=2, steps=10), "10 commits at size 2")
+        assert worker_pids(process.pid, HOROVOD_HOSTNAME="host-2")
+        control.write_text("notice host-2\n")
+        deadline = time.monotonic() + 60
+        while worker_pids(process.pid, HOROVOD_HOSTNAME="host-2"):
+            assert time.monotonic() < deadline, "host-2's worker still runs"
+            time.sleep(0.2)
+        assert worker_pids(process.pid, HOROVOD_HOSTNAME="host-3"), "host-3's was stopped too"
+        log = job_output(process, JOB_TIMEOUT)
+    assert process.returncode == 0, log[-4000:]
+    assert "host host-2 left: stopped its 1 workers started ahead" in log
+    assert "ring of 3" not in log and "failed hosts: none" in log
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(events) in (p.info["cmdline"] or [])]
+    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE], "workers left behind"
+    recorded = read_events(events)
+    assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 2
