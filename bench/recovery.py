@@ -15,7 +15,9 @@ back, the ring returns to 4 workers, and the next kill follows.
   ``--blacklist-cooldown-range`` lets it back after a few seconds.
 
 Scale-up latency: from the moment spotring reports the replacement host READY to the
-first completed step at size 4.
+first completed step at size 4. Scale-up stall: when the host joins, the gap between
+the ring's last step at size 3 and its first at size 4 (the running ring's pause; for
+horovodrun, when the blacklisted host is let back).
 
     python bench/recovery.py [--quick]
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -92,6 +95,18 @@ class Job:
             time.sleep(0.1)
         raise TimeoutError(f"no steady state at size {size}")
 
+    def members(self) -> dict[int, int]:
+        """``{rank: pid}`` of the current ring: the workers that logged joining it at
+        rank 0's last (re)start (same step and size; workers started ahead and still
+        waiting for a slot run the script too, but are no members)."""
+        events = self.events()
+        resume = [e for e in events if e["event"] == "resume"][-1]
+        return {
+            e["rank"]: e["pid"]
+            for e in events
+            if e["event"] == "member" and (e["step"], e["size"]) == (resume["step"], resume["size"])
+        }
+
     def workers(self) -> dict[str, int]:
         """``{HOROVOD_HOSTNAME: pid}`` of the running worker Python processes."""
         found: dict[str, int] = {}
@@ -122,14 +137,14 @@ def _kill_cycles(job: Job, kills: int) -> list[dict]:
     results = []
     job.wait_steady(WORKERS, after=0.0)
     for _ in range(kills):
-        workers = job.workers()
+        members = job.members()
         events = job.events()
-        # The newest worker: rank 0 (which logs) is the oldest host's.
-        victim = max(workers, key=workers.__getitem__)
+        # The newest member, never rank 0 (which logs).
+        victim = max((pid for rank, pid in members.items() if rank != 0))
         committed = max(e["step"] for e in events if e["event"] == "commit")
         last_step = max(e["step"] for e in events if e["event"] == "step")
         killed_at = time.time()
-        os.kill(workers[victim], signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
         job.wait_steady(WORKERS - 1, after=killed_at, steps=1)
         after = [e for e in job.events() if e["t"] > killed_at]
         resumed = next(e for e in after if e["event"] == "resume")
@@ -144,7 +159,18 @@ def _kill_cycles(job: Job, kills: int) -> list[dict]:
             }
         )
         job.wait_steady(WORKERS, after=first["t"], steps=5)
+        results[-1]["join_stall_s"] = _join_stall(job.events(), first["t"])
     return results
+
+
+def _join_stall(events: list[dict], since: float) -> float:
+    """Wait for the ring to grow back to full size after ``since``; the gap between
+    rank 0's last step before that join and its first step after it."""
+    steps = [e for e in events if e["event"] == "step" and e["t"] >= since]
+    for before, after in itertools.pairwise(steps):
+        if after["size"] == WORKERS and before["size"] < WORKERS:
+            return after["t"] - before["t"]
+    raise RuntimeError("no join found in the step log")
 
 
 def _scale_up_latencies(job: Job, cycles: list[dict]) -> list[float]:
@@ -302,6 +328,15 @@ def measure(quick: bool = False) -> list[Row]:
         row("steps lost per failure", "max committed steps lost", max(lost), ANCHOR,
             max(anchor_lost), "== 0",
             {"uncommitted steps redone (max)": max(redone), "per kill": lost})
+    )  # fmt: skip
+    stalls = [c["join_stall_s"] for c in ours]
+    anchor_stalls = [c["join_stall_s"] for c in anchor]
+    rows.append(
+        row("scale-up stall, a host joining 3 local workers", "max s between steps",
+            max(stalls), ANCHOR, max(anchor_stalls), "<= 1 s",
+            {"spotring stalls s": [round(s, 2) for s in stalls],
+             "anchor stalls s": [round(s, 2) for s in anchor_stalls],
+             "why": "spotring started the joining worker ahead: it waited in hvd.init"})
     )  # fmt: skip
     if scale_up:
         base = _percentile(ours_s, 0.5)

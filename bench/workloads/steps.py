@@ -2,7 +2,9 @@
 
 Rank 0 appends ``{"t", "step", "size", "event"}`` to ``--log`` after every optimizer
 step ("step"), after every commit ("commit", every ``--commit-every`` steps) and when
-training (re)starts ("resume").
+training (re)starts ("resume"). At each (re)start every rank appends a "member" line
+with its rank and pid: which processes form the ring (a worker started ahead and
+waiting for its slot is not one).
 ``--state spotring`` uses spotring's TorchState; ``--state horovod`` uses
 ``hvd.elastic.TorchState`` (the anchor's, and a spotring row of its own: the fast
 abort does not depend on the state class). Runs until the benchmark stops the job.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import horovod.torch as hvd
@@ -48,9 +51,16 @@ def main() -> None:
             with open(args.step_log, "a") as stream:
                 stream.write(json.dumps(record) + "\n")
 
+    def log_member() -> None:
+        record = {"t": time.time(), "event": "member", "step": state.step, "size": hvd.size(),
+                  "rank": hvd.rank(), "pid": os.getpid()}  # fmt: skip
+        with open(args.step_log, "a") as stream:  # one short append: never interleaved
+            stream.write(json.dumps(record) + "\n")
+
     @hvd.elastic.run
     def train(state) -> None:  # type: ignore[no-untyped-def]
         log("resume")
+        log_member()
         while True:  # the benchmark ends the job from outside
             optimizer.zero_grad()
             model(torch.randn(32, 512)).square().mean().backward()
