@@ -100,9 +100,10 @@ def _warm_up_torch() -> None:
     """Pay ahead what a torch training script pays right after ``hvd.init``.
 
     ``torch._dynamo``, which torch imports when the script builds its first optimizer
-    (1.2 s on an idle 2-core machine, 3-4 s beside a training ring); and CUDA's
-    initialisation on GPU hosts (``torch.cuda.init`` initialises the driver and counts
-    the devices; it creates no context, so the script still picks its own device).
+    (1.2 s on an idle 2-core machine, 3-4 s beside a training ring); and torch's CUDA
+    state on GPU hosts (``torch.cuda.init``: the driver and the device count; a
+    device's context is made when the script first uses that device, so the script
+    still picks its own).
     """
     torch = sys.modules.get("torch")
     if torch is None:
