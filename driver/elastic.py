@@ -154,13 +154,9 @@ def run_elastic(
         return launcher(spec, events, warm)
 
     if warm_pool is not None:
-        # Started ahead, a worker knows its host and slot; its rank comes when it joins.
         warm_pool.start(
             lambda host, local_rank: worker_spec(
-                host,
-                local_rank,
-                WARM_RANK,
-                {"HOROVOD_HOSTNAME": host, "HOROVOD_LOCAL_RANK": str(local_rank)},
+                host, local_rank, WARM_RANK, warm_worker_env(host, local_rank)
             )
         )
     try:
@@ -185,6 +181,21 @@ def run_elastic(
                 f"thus causing the job to be terminated. The first process to do so was: "
                 f"Process name: {name} Exit code: {exit_code}"
             )
+
+
+def warm_worker_env(host: str, local_rank: int) -> dict[str, str]:
+    """What a worker started ahead gets on top of every worker's environment.
+
+    It knows its host and slot; its rank comes when it joins. Until then its rendezvous
+    port is 0: an ``hvd.init`` that runs without spotring's hold (a script run with
+    ``python -I`` ignores the ``sitecustomize``) fails at once instead of forming a
+    ring of one and training alone as rank 0.
+    """
+    return {
+        "HOROVOD_HOSTNAME": host,
+        "HOROVOD_LOCAL_RANK": str(local_rank),
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": "0",
+    }
 
 
 def _driver_address(nics: Sequence[str], controller: JobController, timeout: float) -> str:

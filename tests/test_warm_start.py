@@ -6,14 +6,17 @@ from __future__ import annotations
 import io
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 import pytest
 
+from spotring.driver.elastic import warm_worker_env
 from spotring.driver.launcher import ProcessLauncher, WarmWorker, WorkerExit, WorkerSpec
 from spotring.driver.warm_pool import SLOW_START_SECONDS, WarmPool
 from spotring.worker_image.warm_start import READY_MARKER
@@ -110,7 +113,7 @@ def test_a_warm_worker_stopped_before_it_joins_leaves_no_process() -> None:
 
 
 def test_a_warm_worker_that_ended_is_replaced_by_a_cold_start() -> None:
-    script = "import os, sys\nif os.environ.get('SPOTRING_WARM_FD'): sys.exit(5)\nprint('cold')"
+    script = "import os, sys\nif 'HOROVOD_RANK' not in os.environ: sys.exit(5)\nprint('cold')"
     out, listener = io.StringIO(), Listener()
     launcher = ProcessLauncher(remote=False, listeners=[listener], output=out)
     spec = warm_spec(script)
@@ -161,6 +164,63 @@ def test_hvd_init_holds_in_a_warm_worker_whatever_the_script_imports() -> None:
     code, _ = launcher(WorkerSpec(spec.host, 0, 0, spec.argv, {**spec.env, **slot}), [], warm)
     assert code == 0, out.getvalue()
     assert "[0]<host-1:0>: initialised 0 1 True" in out.getvalue()
+
+
+class PermissiveStore(BaseHTTPRequestHandler):
+    """A rendezvous store that takes anything: where a stray init would succeed."""
+
+    data: dict[str, bytes] = {}
+
+    def do_PUT(self) -> None:
+        self.data[self.path] = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        value = self.data.get(self.path)
+        self.send_response(404 if value is None else 200)
+        self.send_header("Content-Length", str(len(value or b"")))
+        self.end_headers()
+        self.wfile.write(value or b"")
+
+    def do_DELETE(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["slot's env", "warm env"])
+def test_an_init_that_escapes_the_hold_fails_instead_of_training_alone(warm: bool) -> None:
+    """A script run with ``python -I`` gets no sitecustomize, so no hold: in a warm
+    worker's environment its hvd.init must fail, not form a ring of one and train as
+    rank 0 (with the rendezvous server's port it would: the first case)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), PermissiveStore)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {
+        **ENV,
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.server_address[1]),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        **(warm_worker_env("host-1", 0) if warm else {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1"}),
+    }
+    try:
+        result = subprocess.run(
+            [sys.executable, "-I", "-c", HOROVOD_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        server.shutdown()
+    assert "imported" in result.stdout
+    if warm:
+        assert result.returncode != 0 and "initialised" not in result.stdout
+    else:
+        assert "initialised 0 1" in result.stdout, result.stderr[-2000:]
 
 
 # ---------------------------------------------------------------------- the pool

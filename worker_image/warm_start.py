@@ -51,6 +51,7 @@ CANNOT_HOLD_EXIT = 3
 """A warm worker that could not install the hold exits with this, before any ``init``."""
 
 _channel_lock = threading.Lock()
+_channel_fd: int | None = None
 
 
 def hold_until_assigned(init: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,9 +70,10 @@ def hold_until_assigned(init: Callable[..., Any]) -> Callable[..., Any]:
 
 def _take_channel() -> socket.socket | None:
     """The channel to the supervisor, the first time only (later inits are resets)."""
+    global _channel_fd
     with _channel_lock:
-        fd = os.environ.pop(WARM_FD_ENV, None)
-    return socket.socket(fileno=int(fd)) if fd else None
+        fd, _channel_fd = _channel_fd, None
+    return socket.socket(fileno=fd) if fd is not None else None
 
 
 def wait_for_slot(channel: socket.socket) -> dict[str, str]:
@@ -122,11 +124,17 @@ def install(basics: ModuleType) -> None:
     cls.init = hold_until_assigned(cls.init)
 
 
-def install_when_imported() -> None:
-    """In a warm worker: hold Horovod's ``init`` from the moment Horovod is imported.
+def install_when_imported(channel_fd: int) -> None:
+    """In a warm worker: hold Horovod's ``init`` from the moment Horovod is imported,
+    until the slot's environment arrives on ``channel_fd`` (from :data:`WARM_FD_ENV`,
+    which the caller removes from the environment: the script's own child processes
+    are no warm workers).
 
     Exits the process with :data:`CANNOT_HOLD_EXIT` when the hold cannot be installed.
     """
+    global _channel_fd
+    os.set_inheritable(channel_fd, False)
+    _channel_fd = channel_fd
 
     def on_import(basics: ModuleType) -> None:
         try:

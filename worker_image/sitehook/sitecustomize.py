@@ -13,11 +13,12 @@ import sys
 
 
 def _prepare_worker() -> None:
-    if os.environ.get("SPOTRING_WARM_FD"):
+    warm_fd = os.environ.pop("SPOTRING_WARM_FD", "")  # warm_start.WARM_FD_ENV
+    if warm_fd:
         try:
             from spotring.worker_image import warm_start
 
-            warm_start.install_when_imported()
+            warm_start.install_when_imported(int(warm_fd))
         except Exception as error:  # no init may run without its slot: end here
             print(f"spotring: a warm worker cannot wait for its slot: {error}", file=sys.stderr)
             sys.stderr.flush()
