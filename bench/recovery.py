@@ -81,22 +81,41 @@ class Job:
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
 
-    def wait_steady(self, size: int, after: float, steps: int = 5, or_larger: bool = False) -> None:
-        """Wait until rank 0 completed ``steps`` steps at ``size`` (or larger) after
-        time ``after``."""
+    def wait_recovered(self, after: float) -> tuple[dict, dict]:
+        """Rank 0's first resume after time ``after`` and its first step after that,
+        at whatever size: after a stall long enough for the replacement to arrive, the
+        ring comes back at full size at once."""
+        deadline = time.monotonic() + CYCLE_TIMEOUT
+        while time.monotonic() < deadline:
+            events = [e for e in self.events() if e["t"] > after]
+            resume = next((e for e in events if e["event"] == "resume"), None)
+            if resume is not None:
+                step = next(
+                    (e for e in events if e["event"] == "step" and e["t"] > resume["t"]), None
+                )
+                if step is not None:
+                    return resume, step
+            self._check_running()
+            time.sleep(0.1)
+        raise TimeoutError(f"no recovery; the job's last lines:\n{self._tail()}")
+
+    def wait_steady(self, size: int, after: float, steps: int = 5) -> None:
+        """Wait until rank 0 completed ``steps`` steps at ``size`` after time ``after``."""
         deadline = time.monotonic() + CYCLE_TIMEOUT
         while time.monotonic() < deadline:
             done = [e for e in self.events() if e["event"] == "step" and e["t"] > after]
-            at_size = [e for e in done if e["size"] == size or (or_larger and e["size"] > size)]
-            if len(at_size) >= steps and done[-1] in at_size:
+            if sum(1 for e in done if e["size"] == size) >= steps and done[-1]["size"] == size:
                 return
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    "the job ended:\n" + "\n".join(line for _, line in self.lines[-30:])
-                )
+            self._check_running()
             time.sleep(0.1)
-        tail = "\n".join(line for _, line in self.lines[-60:])
-        raise TimeoutError(f"no steady state at size {size}; the job's last lines:\n{tail}")
+        raise TimeoutError(f"no steady state at size {size}; the job's last lines:\n{self._tail()}")
+
+    def _check_running(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the job ended:\n{self._tail()}")
+
+    def _tail(self) -> str:
+        return "\n".join(line for _, line in self.lines[-60:])
 
     def members(self) -> dict[int, int]:
         """``{rank: pid}`` of the current ring: the workers that logged joining it at
@@ -148,12 +167,7 @@ def _kill_cycles(job: Job, kills: int) -> list[dict]:
         last_step = max(e["step"] for e in events if e["event"] == "step")
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
-        # The next step at whatever size: after a stall long enough for the replacement
-        # to arrive, the ring comes back at full size at once (no join of its own then).
-        job.wait_steady(WORKERS - 1, after=killed_at, steps=1, or_larger=True)
-        after = [e for e in job.events() if e["t"] > killed_at]
-        resumed = next(e for e in after if e["event"] == "resume")
-        first = next(e for e in after if e["event"] == "step" and e["size"] >= WORKERS - 1)
+        resumed, first = job.wait_recovered(after=killed_at)
         results.append(
             {
                 "recovery_s": first["t"] - killed_at,
