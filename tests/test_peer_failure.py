@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 
@@ -310,3 +311,22 @@ def test_an_abandoned_ring_answers_missing_member_addresses_with_nothing() -> No
         assert get("/global/1") == (404, b"")
     finally:
         tracker.stop()
+
+
+def inode(sock: socket.socket) -> int:
+    return int(os.readlink(f"/proc/self/fd/{sock.fileno()}")[len("socket:[") : -1])
+
+
+def test_own_tcp_sockets_are_this_process_tcp_connections_only() -> None:
+    ours, peer = connected_pair()
+    unix_a, unix_b = socket.socketpair()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tcp = {inode(ours), inode(peer)}
+    try:
+        found = own_tcp_sockets()
+        assert tcp <= found
+        assert not {inode(unix_a), inode(unix_b), inode(udp)} & found
+    finally:
+        for sock in (ours, peer, unix_a, unix_b, udp):
+            sock.close()
+    assert not tcp & own_tcp_sockets()  # closed ones are gone
