@@ -851,7 +851,10 @@ def test_hostile_payloads_at_every_port_of_a_running_job(repo: Path, tmp_path: P
         ports = listening_ports([process.pid, *(pid for pid, _ in workers)])
         # The rendezvous server, the local metadata service, a notification service each.
         assert len(ports) >= 4, ports
-        assert int(workers[0][1]["HOROVOD_GLOO_RENDEZVOUS_PORT"]) in ports
+        # The driver's own: the rendezvous server and the metadata service. (A worker's
+        # launch environment does not name the port: workers are started before they
+        # have one, see spotring.driver.warm_pool.)
+        assert len(listening_ports([process.pid])) >= 2
         for port in ports:  # half a request, never finished
             sock = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=3))
             sock.sendall(b"PUT /global/0 HTTP/1.0\r\nContent-Length: 50\r\n\r\nxx")
