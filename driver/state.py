@@ -17,7 +17,7 @@ commit waits for before it returns.
 from __future__ import annotations
 
 import copy
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -28,12 +28,8 @@ from horovod.torch.elastic.state import (
     StateHandler,
     get_handler_registry,
 )
-from horovod.torch.functions import (
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-)
-from horovod.torch.mpi_ops import rank
+from horovod.torch.functions import broadcast_object
+from horovod.torch.mpi_ops import broadcast_async_, rank, synchronize
 
 from spotring.worker_image.sampler_reset import reset_samplers
 
@@ -246,7 +242,22 @@ class _ModelHandler(StateHandler):
             self.value.load_state_dict(saved)
 
     def sync(self) -> None:
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+        batch = StateBroadcast()
+        self.add_to(batch, "model")
+        batch.run(root_rank=0)
+
+    def add_to(self, batch: StateBroadcast, name: str) -> None:
+        """Put the module's ``state_dict`` into ``batch`` (to take rank 0's)."""
+        module = self.value
+        for key, value in module.state_dict().items():
+            if isinstance(value, torch.Tensor):
+                batch.tensor(f"{name}.{key}", value)
+            else:  # extra state: whatever the module made it
+                batch.value(
+                    f"{name}.{key}",
+                    value,
+                    lambda v, key=key: module.load_state_dict({key: v}, strict=False),
+                )
 
 
 _SlotKey = tuple[str, int]  # ("p", position in param_groups) or ("k", id of another key)
@@ -357,7 +368,106 @@ class _OptimizerHandler(StateHandler):
         _forget_pending_allreduces(optimizer)
 
     def sync(self) -> None:
-        broadcast_optimizer_state(self.value, root_rank=0)
+        batch = StateBroadcast()
+        self.add_to(batch, "optimizer")
+        batch.run(root_rank=0)
+
+    def add_to(self, batch: StateBroadcast, name: str) -> None:
+        """Put the optimizer's state and settings into ``batch`` (to take rank 0's).
+
+        As ``hvd.broadcast_optimizer_state``: an optimizer that has not stepped yet (a
+        worker that just joined) first takes a step with zero gradients, which creates
+        its state (momentum buffers, ...) for rank 0's to be broadcast into.
+        """
+        optimizer = self.value
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise ValueError("cannot broadcast torch.optim.LBFGS state")  # as horovod
+        if not optimizer.state:
+            _create_optimizer_state(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for index, group in enumerate(optimizer.param_groups):
+            for key, value in group.items():
+                if key != "params":
+                    batch.value(
+                        f"{name}.group{index}.{key}",
+                        value,
+                        lambda v, group=group, key=key: group.__setitem__(key, v),
+                    )
+        for index, param in enumerate(params):
+            param_state = optimizer.state.get(param)
+            for key, value in (param_state or {}).items():
+                if isinstance(value, torch.Tensor):
+                    batch.tensor(f"{name}.{index}.{key}", value)
+                else:
+                    batch.value(
+                        f"{name}.{index}.{key}",
+                        value,
+                        lambda v, state=param_state, key=key: state.__setitem__(key, v),
+                    )
+
+
+def _create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Step ``optimizer`` with zero gradients, as ``hvd.broadcast_optimizer_state`` does
+    for an optimizer without state: the step creates it."""
+    from horovod.torch.optimizer import DistributedOptimizer
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p not in optimizer.state:
+                p.grad = p.data.new(p.size()).zero_()
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    if optimizer.__module__ == DistributedOptimizer.__module__:
+        # The wrapper's step would allreduce, and only this worker is stepping.
+        super(optimizer.__class__, optimizer).step()  # type: ignore[misc]
+    else:
+        optimizer.step()
+
+
+class StateBroadcast:
+    """Rank 0's values of many tensors and objects, broadcast in two collective rounds.
+
+    Every tensor is broadcast in place at once (asynchronous broadcasts that Horovod
+    negotiates together), every other value in one pickled object whose size goes
+    along with the tensors. Horovod's ``TorchState.sync`` takes a round per module, a
+    round per optimizer plus two for its settings, and two for the plain attributes;
+    after a reset each round waits on every worker, the one that just joined included,
+    so it is the ring that waits.
+    """
+
+    def __init__(self) -> None:
+        self._tensors: list[tuple[str, torch.Tensor]] = []
+        self._values: dict[str, Any] = {}
+        self._setters: dict[str, Callable[[Any], None]] = {}
+
+    def tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """Overwrite ``tensor`` with rank 0's tensor of the same ``name``."""
+        self._tensors.append((name, tensor))
+
+    def value(self, name: str, value: Any, setter: Callable[[Any], None]) -> None:
+        """Call ``setter`` with rank 0's value of ``name`` (this rank's is ``value``)."""
+        self._values[name] = value
+        self._setters[name] = setter
+
+    def run(self, root_rank: int = 0) -> None:
+        """Broadcast everything from ``root_rank``. Every worker must call it with the
+        same names, as with any collective."""
+        handles = [
+            broadcast_async_(tensor, root_rank, name=f"spotring.sync.{name}")
+            for name, tensor in self._tensors
+        ]
+        values = self._values
+        if values:
+            values = broadcast_object(values, root_rank, name="spotring.sync.values")
+        for handle in handles:
+            synchronize(handle)
+        for name, value in values.items():
+            setter = self._setters.get(name)
+            if setter is None:
+                raise RuntimeError(
+                    f"rank {root_rank} synchronised {name!r}, which this worker lacks"
+                )
+            setter(value)
 
 
 def _forget_pending_allreduces(optimizer: torch.optim.Optimizer) -> None:
@@ -479,11 +589,25 @@ class TorchState(ObjectState):
         self._calls_since_save = 0
 
     def sync(self) -> None:
-        """Broadcast the state from rank 0, then commit it so every rank's commit agrees."""
-        for handler in self._handlers.values():
-            handler.sync()
-        super().sync()
+        """Broadcast the state from rank 0, then commit it so every rank's commit agrees.
+
+        Modules, optimizers and plain attributes go in one :class:`StateBroadcast`;
+        other handlers (``ElasticSampler``'s, user-registered ones) sync themselves.
+        """
+        batch = StateBroadcast()
+        for name, handler in self._handlers.items():
+            if isinstance(handler, (_ModelHandler, _OptimizerHandler)):
+                handler.add_to(batch, name)
+            else:
+                handler.sync()
+        if self._saved_state:
+            batch.value("attributes", self._saved_state, self._take_attributes)
+        batch.run(root_rank=0)
         self.save()
+
+    def _take_attributes(self, saved: dict[str, Any]) -> None:
+        self._saved_state = saved
+        self._set_attrs()
 
     def reset(self) -> None:
         """After every reset (before any sync): re-partition each ``ElasticSampler``

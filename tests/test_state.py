@@ -466,13 +466,59 @@ _TWO_WORKERS = textwrap.dedent(
 )
 
 
-@pytest.mark.e2e
-def test_two_workers_roll_back_consistently(tmp_path: Path) -> None:
+_JOINING_WORKER = textwrap.dedent(
+    """
+    import torch
+    import horovod.torch as hvd
+    from spotring.driver.state import TorchState
+
+    hvd.init()
+    torch.manual_seed(hvd.rank())
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)
+    )
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.Adam(model.parameters(), lr=1e-3), named_parameters=model.named_parameters()
+    )
+    state = TorchState(model, optimizer, epoch=0, note="")
+    if hvd.rank() == 0:  # a worker that trained; rank 1 just joined: no optimizer state
+        for _ in range(3):  # no backward(): its hooks would allreduce
+            model(torch.randn(16, 4))  # moves BatchNorm's running statistics
+            for p in model.parameters():
+                p.grad = torch.randn_like(p)
+            super(optimizer.__class__, optimizer).step()  # this worker alone
+        optimizer.param_groups[0]["lr"] = 0.05
+        state.epoch, state.note = 3, "from rank 0"
+        state.save()  # plain attributes are synchronised as last committed (horovod's way)
+    state.sync()
+
+    def gathered(tensor):
+        return hvd.allgather(tensor.detach().reshape(1, -1).to(torch.float64))
+
+    for key, tensor in model.state_dict().items():
+        both = gathered(tensor)
+        assert torch.equal(both[0], both[1]), key
+    assert len(optimizer.state) == 6
+    for param_state in optimizer.state.values():
+        for key, tensor in param_state.items():
+            both = gathered(tensor)
+            assert torch.equal(both[0], both[1]), key
+    assert float(optimizer.state[next(model.parameters())]["step"]) == 3
+    assert optimizer.param_groups[0]["lr"] == 0.05
+    assert (state.epoch, state.note) == (3, "from rank 0")
+    state.restore()  # the commit holds rank 0's state too
+    assert state.epoch == 3 and optimizer.param_groups[0]["lr"] == 0.05
+    print("rank", hvd.rank(), "ok")
+    """
+)
+
+
+def _run_two_workers(tmp_path: Path, source: str) -> None:
     horovodrun = Path(sys.executable).parent / "horovodrun"
     if not horovodrun.exists():
         pytest.skip("horovodrun not installed next to the interpreter")
     script = tmp_path / "two_workers.py"
-    script.write_text(_TWO_WORKERS)
+    script.write_text(source)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(
         [str(horovodrun), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(script)],
@@ -483,6 +529,18 @@ def test_two_workers_roll_back_consistently(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.count(" ok") == 2
+
+
+@pytest.mark.e2e
+def test_two_workers_roll_back_consistently(tmp_path: Path) -> None:
+    _run_two_workers(tmp_path, _TWO_WORKERS)
+
+
+@pytest.mark.e2e
+def test_sync_gives_a_joining_worker_rank_0s_state(tmp_path: Path) -> None:
+    """Model tensors and buffers, optimizer state created by the joining worker's
+    zero-gradient step, optimizer settings and plain attributes: all rank 0's."""
+    _run_two_workers(tmp_path, _JOINING_WORKER)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
