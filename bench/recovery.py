@@ -358,6 +358,15 @@ def measure(quick: bool = False) -> list[Row]:
              "anchor stalls s": [round(s, 2) for s in anchor_stalls],
              "why": "spotring started the joining worker ahead: it waited in hvd.init"})
     )  # fmt: skip
+    horovod_state_stalls = [c["join_stall_s"] for c in with_horovod_state if "join_stall_s" in c]
+    if horovod_state_stalls:
+        rows.append(
+            row("scale-up stall, a host joining 3 local workers, hvd.elastic.TorchState",
+                "max s between steps", max(horovod_state_stalls), ANCHOR, max(anchor_stalls),
+                "", {"stalls s": [round(s, 2) for s in horovod_state_stalls],
+                     "why": "started ahead too; horovod's sync takes six collective rounds, "
+                            "spotring's TorchState two"})
+        )  # fmt: skip
     if scale_up:
         base = _percentile(ours_s, 0.5)
         rows.append(

@@ -192,7 +192,20 @@ class _Arena:
             torch.cuda.current_stream(device).synchronize()
 
 
-class _ModelHandler(StateHandler):
+class _BroadcastHandler(StateHandler):
+    """A handler whose ``sync`` can join the others' in one :class:`StateBroadcast`."""
+
+    def add_to(self, batch: StateBroadcast, name: str) -> None:
+        """Put what this handler tracks into ``batch``, its names under ``name``."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        batch = StateBroadcast()
+        self.add_to(batch, type(self.value).__name__)
+        batch.run(root_rank=0)
+
+
+class _ModelHandler(_BroadcastHandler):
     """Snapshot of a module's ``state_dict`` (parameters and persistent buffers)."""
 
     def __init__(self, model: torch.nn.Module, offload: Offload) -> None:
@@ -241,11 +254,6 @@ class _ModelHandler(StateHandler):
             saved.update(copy.deepcopy(self._other))
             self.value.load_state_dict(saved)
 
-    def sync(self) -> None:
-        batch = StateBroadcast()
-        self.add_to(batch, "model")
-        batch.run(root_rank=0)
-
     def add_to(self, batch: StateBroadcast, name: str) -> None:
         """Put the module's ``state_dict`` into ``batch`` (to take rank 0's)."""
         module = self.value
@@ -263,7 +271,7 @@ class _ModelHandler(StateHandler):
 _SlotKey = tuple[str, int]  # ("p", position in param_groups) or ("k", id of another key)
 
 
-class _OptimizerHandler(StateHandler):
+class _OptimizerHandler(_BroadcastHandler):
     """Snapshot of an optimizer: per-parameter state tensors and param_group settings.
 
     Parameters are identified by their position in ``param_groups``, as
@@ -366,11 +374,6 @@ class _OptimizerHandler(StateHandler):
             optimizer.state[param] = param_state
         self._arena.restore(dsts, srcs)
         _forget_pending_allreduces(optimizer)
-
-    def sync(self) -> None:
-        batch = StateBroadcast()
-        self.add_to(batch, "optimizer")
-        batch.run(root_rank=0)
 
     def add_to(self, batch: StateBroadcast, name: str) -> None:
         """Put the optimizer's state and settings into ``batch`` (to take rank 0's).
@@ -596,7 +599,7 @@ class TorchState(ObjectState):
         """
         batch = StateBroadcast()
         for name, handler in self._handlers.items():
-            if isinstance(handler, (_ModelHandler, _OptimizerHandler)):
+            if isinstance(handler, _BroadcastHandler):
                 handler.add_to(batch, name)
             else:
                 handler.sync()
