@@ -413,19 +413,12 @@ class WarmWorker:
         self._state: Literal["warm", "joined", "stopped"] = "warm"
 
     @property
-    def host(self) -> str:
-        return self._launch.spec.host
-
-    @property
-    def local_rank(self) -> int:
-        return self._launch.spec.local_rank
-
-    @property
     def held(self) -> bool:
         """Whether it has reached ``hvd.init`` and waits there for its slot."""
         return self._launch.held.is_set()
 
     def wait_held(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for :attr:`held`; whether it is."""
         return self._launch.held.wait(timeout)
 
     @property

@@ -78,7 +78,7 @@ class WarmPool:
             if self._make_spec is None or self._closed:
                 return {}
             for host in [h for h in self._hosts if h not in available]:
-                self._forget(host)
+                self._forget(host, "left")
             offered: dict[str, int] = {}
             for host, slots in available.items():
                 warm = self._hosts.get(host)
@@ -102,7 +102,7 @@ class WarmPool:
         with self._lock:
             self._closed = True
             for host in list(self._hosts):
-                self._forget(host)
+                self._forget(host, "did not join before the job ended")
 
     def _warm_up(
         self, host: str, slots: int, make_spec: Callable[[str, int], WorkerSpec]
@@ -143,9 +143,10 @@ class WarmPool:
             )
         return False
 
-    def _forget(self, host: str) -> None:
+    def _forget(self, host: str, why: str) -> None:
         warm = self._hosts.pop(host)
         for worker in warm.workers.values():
             worker.stop()
         if warm.workers:
-            log.info("host %s left: stopped its %d workers started ahead", host, len(warm.workers))
+            count = len(warm.workers)
+            log.info("host %s %s: stopped its %d workers started ahead", host, why, count)
