@@ -246,7 +246,8 @@ class ProcessLauncher:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so kills reach its children
-            env=dict(spec.env) if not self._remote else None,
+            # The job key goes on stdin only, never into an environment block.
+            env=_without_key(spec.env) if not self._remote else None,
             text=True,
             errors="replace",
         )
@@ -473,6 +474,10 @@ class WarmWorker:
         if self._launch.pump is not None:
             self._launch.pump.join(timeout=2.0)
         self._launch.exited()
+
+
+def _without_key(env: Mapping[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name != JOB_KEY_ENV}
 
 
 def _prefix(spec: WorkerSpec) -> str:

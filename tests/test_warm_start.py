@@ -4,8 +4,10 @@ the pool that decides which hosts Horovod may have."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +21,8 @@ import pytest
 from spotring.driver.elastic import warm_worker_env
 from spotring.driver.launcher import ProcessLauncher, WarmWorker, WorkerExit, WorkerSpec
 from spotring.driver.warm_pool import SLOW_START_SECONDS, WarmPool
+from spotring.worker_image import warm_start
+from spotring.worker_image.peer_abort import JOB_KEY_ENV, JOB_KEY_FD_ENV
 from spotring.worker_image.warm_start import READY_MARKER
 
 ENV = {"PATH": os.environ["PATH"]}
@@ -98,6 +102,44 @@ def test_a_warm_worker_holds_until_handed_its_slot_then_runs_on_as_that_rank() -
         ("worker_exited", "host-1"),
         ("process_exited", "host-1"),
     ]
+
+
+SHOW_KEY = """\
+import os
+from spotring.worker_image.warm_start import hold_until_assigned
+hold_until_assigned(lambda: None)()
+print("os.environ:", os.environ.get("SPOTRING_JOB_KEY"), flush=True)
+print("block:", open("/proc/self/environ", "rb").read().replace(b"\\0", b" ").decode())
+"""
+
+
+def test_the_job_key_never_reaches_a_warm_workers_environment() -> None:
+    """Not at its start, and not with its slot, even one whose key differs (so the
+    launcher's hand-over sends it) and reaches the supervisor."""
+    out = io.StringIO()
+    launcher = ProcessLauncher(remote=False, output=out)
+    keys = os.urandom(32).hex(), os.urandom(32).hex()
+    spec = warm_spec(SHOW_KEY)
+    spec = WorkerSpec(spec.host, 0, -1, spec.argv, {**spec.env, JOB_KEY_ENV: keys[0]})
+    warm = launcher.prestart(spec)
+    assert warm.wait_held(30), out.getvalue()
+    slot = slot_spec(spec)
+    slot = WorkerSpec(slot.host, 0, slot.rank, slot.argv, {**slot.env, JOB_KEY_ENV: keys[1]})
+    code, _ = launcher(slot, [threading.Event()], warm)
+    assert code == 0, out.getvalue()
+    assert "os.environ: None" in out.getvalue() and "HOROVOD_RANK=2" not in out.getvalue()
+    assert not any(key in out.getvalue() for key in keys)
+
+
+def test_a_slots_environment_never_carries_the_key_into_os_environ(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(warm_start, "_warm_up_torch", lambda: None)
+    ours, supervisor = socket.socketpair()
+    with ours, supervisor:
+        slot = {"HOROVOD_RANK": "1", JOB_KEY_ENV: "ab" * 32, JOB_KEY_FD_ENV: "0"}
+        supervisor.sendall(json.dumps(slot).encode() + b"\n")
+        assert warm_start.wait_for_slot(ours) == {"HOROVOD_RANK": "1"}
 
 
 def test_a_warm_worker_stopped_before_it_joins_leaves_no_process() -> None:

@@ -17,10 +17,12 @@ generation, plain digits read over HTTP) and the notification service's request 
 to refuse junk without a traceback, cutting off connections that never finish).
 
 Who can trigger an abort: a message is accepted only with a valid HMAC-SHA256 under the
-job key (a per-job secret the launcher hands the worker through its stdin, never argv or
-HTTP), for the ring generation the worker is in, and with a sequence number above every
+job key, for the ring generation the worker is in, and with a sequence number above every
 one accepted before. A forged, replayed or stale message (from an earlier ring) is
-rejected and logged.
+rejected and logged. The job key is a per-job secret that the launcher hands the
+supervisor on its stdin and the supervisor hands the worker in a pipe it inherits
+(:func:`take_job_key`): never argv, HTTP, or an environment block, which
+``/proc/PID/environ`` shows for the process's whole life and its children inherit.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import hmac
 import logging
 import os
 import socket
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -48,7 +51,14 @@ ENABLE_ENV = "SPOTRING_PEER_ABORT"
 """Set to ``1`` by spotring's launcher for the workers it starts."""
 
 JOB_KEY_ENV = "SPOTRING_JOB_KEY"
-"""Hex job key, handed over by the launcher; removed from the environment once read."""
+"""The hex job key's name in the environment the launcher sends the supervisor on its
+stdin. The supervisor takes it out of the worker's environment."""
+
+JOB_KEY_FD_ENV = "SPOTRING_JOB_KEY_FD"
+"""The number of the descriptor from which a worker reads the hex job key (not secret)."""
+
+MAX_JOB_KEY_HEX = 256
+"""A job key is 64 hex digits; anything much longer is not one."""
 
 RING_SCOPE = "spotring"
 RING_KEY = "ring"
@@ -232,6 +242,51 @@ class CollectiveAbort:
 
 _guard: CollectiveAbort | None = None
 _guard_lock = threading.Lock()
+_job_key: bytes | None = None
+_job_key_lock = threading.Lock()
+
+
+def take_job_key() -> bytes | None:
+    """The job key, read once from the pipe named in :data:`JOB_KEY_FD_ENV` (then
+    closed, so the script's children never inherit it) and remembered; None if there
+    is none.
+
+    spotring's ``sitecustomize`` calls this at the worker's start, before the script
+    runs. A key in the environment itself (:data:`JOB_KEY_ENV`) is dropped unread:
+    the process's environment block keeps it readable whatever ``os.environ`` says.
+    """
+    global _job_key
+    with _job_key_lock:
+        os.environ.pop(JOB_KEY_ENV, None)  # so at least the script's children lack it
+        fd_text = os.environ.pop(JOB_KEY_FD_ENV, "")
+        if fd_text.isdigit():
+            _job_key = _read_key_pipe(int(fd_text))
+        return _job_key
+
+
+def _read_key_pipe(fd: int) -> bytes | None:
+    """The hex key in pipe ``fd`` (written whole, its write end closed, before this
+    process started), as bytes; closes ``fd``. None for anything else."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return None  # not the supervisor's pipe: not ours to read or close
+    except OSError:
+        return None
+    text = bytearray()
+    try:
+        os.set_blocking(fd, False)  # a write end still open somewhere must not hang us
+        while len(text) <= MAX_JOB_KEY_HEX and (chunk := os.read(fd, MAX_JOB_KEY_HEX + 1)):
+            text += chunk
+    except OSError:  # BlockingIOError: the pipe is drained
+        pass
+    finally:
+        os.close(fd)
+    if not 0 < len(text) <= MAX_JOB_KEY_HEX:
+        return None  # never an empty key: anyone could sign under it
+    try:
+        return bytes.fromhex(text.decode("ascii"))
+    except ValueError:
+        return None
 
 
 def _read_ring_generation() -> int | None:
@@ -287,12 +342,7 @@ def install() -> CollectiveAbort:
         import horovod.torch.elastic as hvd_elastic
         import horovod.torch.mpi_ops as mpi_ops
 
-        key_hex = os.environ.pop(JOB_KEY_ENV, "")
-        try:
-            key = bytes.fromhex(key_hex) if key_hex else None
-        except ValueError:
-            key = None
-        guard = CollectiveAbort(key, _read_ring_generation)
+        guard = CollectiveAbort(take_job_key(), _read_ring_generation)
         tracked = guard.track_init(retry_failed_formation(mpi_ops.init, mpi_ops.shutdown))
         for module in (mpi_ops, hvd_torch, hvd_elastic):
             module.init = tracked  # type: ignore[attr-defined]

@@ -11,6 +11,12 @@ Why a supervisor instead of ``env K=V ... command`` on a command line:
 * The worker's environment (Horovod's settings, what the user forwarded, the job key)
   travels over the pipe, or ssh's encrypted channel, never through any process's argv,
   where ``ps`` on the driver or the host would show it.
+* The job key (``SPOTRING_JOB_KEY`` in the spec's ``env``) is taken out of the worker's
+  environment, whose block ``/proc/PID/environ`` shows for the worker's whole life and
+  the script's children inherit. The worker gets it in a pipe instead: written whole
+  and closed here before the worker starts, inherited by the worker alone, named by
+  ``SPOTRING_JOB_KEY_FD`` (a number); spotring's ``sitecustomize`` reads and closes it
+  before the script runs.
 * The launcher keeps stdin open for the worker's life. When it closes (a stop, or the
   driver dying, or ssh's connection dropping), the supervisor stops the worker's whole
   process group: SIGTERM, then SIGKILL after ``grace`` seconds. Over ssh this is the only
@@ -47,7 +53,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spotring.worker_image.peer_abort import JOB_KEY_ENV
+from spotring.worker_image.peer_abort import JOB_KEY_ENV, JOB_KEY_FD_ENV, MAX_JOB_KEY_HEX
 from spotring.worker_image.warm_start import READY, READY_MARKER, WARM_FD_ENV
 
 if TYPE_CHECKING:
@@ -61,8 +67,11 @@ CANNOT_START_EXIT = 127
 
 
 def worker_environment(base: Mapping[str, str], given: Mapping[str, str]) -> dict[str, str]:
-    """The worker's environment: this host's, the launcher's on top, spotring's hooks."""
+    """The worker's environment: this host's, the launcher's on top, spotring's hooks;
+    never the job key (see :func:`key_pipe`)."""
     env = {**base, **given}
+    env.pop(JOB_KEY_ENV, None)
+    env.pop(JOB_KEY_FD_ENV, None)  # only ours names a descriptor the worker inherits
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = SITEHOOK_DIR + (os.pathsep + path if path else "")
     env.setdefault("SPOTRING_PEER_ABORT", "1")
@@ -72,6 +81,21 @@ def worker_environment(base: Mapping[str, str], given: Mapping[str, str]) -> dic
             env["HOROVOD_GLOO_IFACE"] = iface
             env.setdefault("NCCL_SOCKET_IFNAME", iface)
     return env
+
+
+def key_pipe(key_hex: str) -> int | None:
+    """The read end of a pipe that holds ``key_hex`` and nothing more (its write end
+    closed), for the worker to inherit; None without a key, or with one too long to be
+    a key (the pipe's buffer must hold it whole: nobody reads it before the worker
+    starts)."""
+    if not key_hex or len(key_hex) > MAX_JOB_KEY_HEX:
+        return None
+    read_fd, write_fd = os.pipe()  # both non-inheritable: pass_fds lets the worker's in
+    try:
+        os.write(write_fd, key_hex.encode())
+    finally:
+        os.close(write_fd)
+    return read_fd
 
 
 def local_address_towards(address: str) -> str | None:
@@ -206,6 +230,8 @@ def _hand_over_slot(channel: socket.socket) -> None:
         if isinstance(env, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
+            env.pop(JOB_KEY_ENV, None)  # the worker has it; it goes into os.environ
+            env.pop(JOB_KEY_FD_ENV, None)
             channel.sendall(json.dumps(env).encode() + b"\n")
     except (ValueError, OSError):
         pass
@@ -254,8 +280,14 @@ def main() -> int:
     output = _Output()
     reporter = _notice_reporter(spec, output)
     warm, worker_channel = socket.socketpair() if spec.get("warm") else (None, None)
+    passed: list[int] = []
     if worker_channel is not None:
         env[WARM_FD_ENV] = str(worker_channel.fileno())
+        passed.append(worker_channel.fileno())
+    key_fd = key_pipe(spec.get("env", {}).get(JOB_KEY_ENV, ""))
+    if key_fd is not None:
+        env[JOB_KEY_FD_ENV] = str(key_fd)
+        passed.append(key_fd)
     # Our own lines (notices, ready) must start lines of their own: relay the output.
     relayed = reporter is not None or warm is not None
     relay_fd, worker_out = os.pipe() if relayed else (None, None)
@@ -267,12 +299,15 @@ def main() -> int:
             stdin=subprocess.DEVNULL,
             stdout=worker_out,
             stderr=worker_out,
-            pass_fds=() if worker_channel is None else (worker_channel.fileno(),),
+            pass_fds=passed,
             preexec_fn=_die_with_parent,  # one libc call before exec: no locks taken
         )
     except OSError as error:
         print(f"spotring: cannot start {spec['argv'][0]!r}: {error}", file=sys.stderr)
         return CANNOT_START_EXIT
+    finally:
+        if key_fd is not None:
+            os.close(key_fd)  # the worker's now
     relay = None
     if relay_fd is not None and worker_out is not None:
         os.close(worker_out)  # the worker holds it; EOF when the worker (group) is done

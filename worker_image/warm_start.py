@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from spotring.worker_image.after_import import call_after_import
+from spotring.worker_image.peer_abort import JOB_KEY_ENV, JOB_KEY_FD_ENV
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,8 @@ def _take_channel() -> socket.socket | None:
 
 
 def wait_for_slot(channel: socket.socket) -> dict[str, str]:
-    """Say "ready" on ``channel`` and wait for the slot's environment.
+    """Say "ready" on ``channel`` and wait for the slot's environment (never the job
+    key, which the worker read at its start).
 
     Ends the process when the channel closes first: the supervisor is stopping this
     worker (its host left before Horovod placed it in a ring).
@@ -95,6 +97,9 @@ def wait_for_slot(channel: socket.socket) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         raise SystemExit("spotring: the slot's environment is not a map of strings")
+    # Whatever the sender: the key never goes into os.environ (nor so to children).
+    env.pop(JOB_KEY_ENV, None)
+    env.pop(JOB_KEY_FD_ENV, None)
     return env
 
 

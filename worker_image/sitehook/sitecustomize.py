@@ -2,12 +2,15 @@
 
 The launcher puts this directory first on ``PYTHONPATH`` and sets
 ``SPOTRING_PEER_ABORT=1``; here the peer-failure abort is installed for whenever the
-script imports ``horovod.torch``, whatever state class it uses. Then the next
-``sitecustomize`` on the path (the environment's own, if any) runs as it would have.
+script imports ``horovod.torch``, whatever state class it uses. Its job key is read
+now, before the script runs, from the pipe the supervisor handed down (descriptor
+``SPOTRING_JOB_KEY_FD``), which is then closed. Then the next ``sitecustomize`` on the
+path (the environment's own, if any) runs as it would have.
 In a worker started ahead of its join (``SPOTRING_WARM_FD`` set), Horovod's ``init``
 is held until the driver sends the worker its slot (``spotring.worker_image.warm_start``).
 """
 
+import contextlib
 import os
 import sys
 
@@ -23,14 +26,21 @@ def _prepare_worker() -> None:
             print(f"spotring: a warm worker cannot wait for its slot: {error}", file=sys.stderr)
             sys.stderr.flush()
             os._exit(3)  # warm_start.CANNOT_HOLD_EXIT
-    if os.environ.get("SPOTRING_PEER_ABORT") != "1":
+    key_fd = os.environ.get("SPOTRING_JOB_KEY_FD", "")  # peer_abort.JOB_KEY_FD_ENV
+    if not key_fd and os.environ.get("SPOTRING_PEER_ABORT") != "1":
         return
     try:
         from spotring.worker_image import peer_abort
 
-        peer_abort.install_when_imported()
+        # Before the script runs: its children must not inherit the key's pipe.
+        peer_abort.take_job_key()
+        if os.environ.get("SPOTRING_PEER_ABORT") == "1":
+            peer_abort.install_when_imported()
     except Exception as error:  # never stop the user's script over this
         print(f"spotring: fast peer-failure abort not installed: {error}", file=sys.stderr)
+        if key_fd.isdigit() and os.environ.pop("SPOTRING_JOB_KEY_FD", None):
+            with contextlib.suppress(OSError):
+                os.close(int(key_fd))  # unread: no child may read the key from it
 
 
 def _run_next_sitecustomize() -> None:
