@@ -117,6 +117,7 @@ class Controller:
 
         # Only the controller thread touches these.
         self._announced: dict[str, Instance] = {}
+        self._cloud_failures: dict[str, str] = {}  # instance id -> failure decided on
         self._pending_replacements: dict[str, float] = {}  # instance id -> when due
         self._target: int | None = None
         self._broken_plugins: set[tuple[str, str]] = set()
@@ -207,16 +208,31 @@ class Controller:
         """Refresh now instead of at the next interval."""
         self._wake.set()
 
+    def step(self) -> tuple[bool, float | None]:
+        """One pass of the controller's loop, on the caller's thread: take reported
+        failures and notices, refresh, decide about members the cloud reports failed,
+        steer the size, announce changes, replace the hosts that are due.
+
+        Returns whether the refresh succeeded and the seconds until the next
+        replacement is due (None when none is pending). Raises what the loop would
+        stop on. The thread started by :meth:`start` calls it; embedders and tests may
+        call it instead of starting the thread.
+        """
+        self._take_noticed_hosts()
+        self._take_failed_hosts()
+        refreshed = self.refresh()
+        if refreshed:
+            self._take_cloud_failures()
+        if refreshed and self._job is not None and self.provider.can_resize:
+            self._steer()
+            self._call("keeping the group's size", self.provider.keep_size)
+        self._announce()
+        return refreshed, self._replace_due()
+
     def _run(self) -> None:
         try:
             while not self._stopped.is_set():
-                self._take_noticed_hosts()
-                self._take_failed_hosts()
-                refreshed = self.refresh()
-                if refreshed and self._job is not None and self.provider.can_resize:
-                    self._steer()
-                self._announce()
-                next_replacement = self._replace_due()
+                refreshed, next_replacement = self.step()
                 self._wait(refreshed, next_replacement)
         except ProviderError as error:
             self._fail(error)
@@ -438,19 +454,46 @@ class Controller:
                 instance, reason = self._failed_hosts.get_nowait()
             except queue.Empty:
                 return
-            self._emit("spotring_host_failed", instance=instance, reason=reason)
-            if self._job is None or not self.provider.can_replace:
+            self._host_failed(instance, reason, self._replace_grace)
+
+    def _take_cloud_failures(self) -> None:
+        """Members the cloud reports failed for good (:attr:`Instance.failure`: an
+        evicted spot VM kept deallocated, a VM that never provisioned) are failed hosts,
+        each decided on once while the cloud lists it so. Their replacement is due at
+        once: the cloud, not a failing job, said they failed."""
+        inventory = self._inventory
+        failed = {i.id: i for i in inventory.instances if i.failure} if inventory else {}
+        self._cloud_failures = {
+            key: reason for key, reason in self._cloud_failures.items() if key in failed
+        }
+        for key, instance in failed.items():
+            if key in self._cloud_failures:
                 continue
-            replace = self._call(
-                "the spotring_replace_host hook",
-                self._hook.spotring_replace_host,
-                instance=instance,
-                reason=reason,
-                job=self._job,
-            )
-            if replace:
-                due = time.monotonic() + self._replace_grace
-                self._pending_replacements.setdefault(instance.id, due)
+            self._cloud_failures[key] = instance.failure
+            log.info("%s: member %s failed: %s", self.provider.describe(), key, instance.failure)
+            self._host_failed(instance, instance.failure, 0.0)
+
+    def _host_failed(self, instance: Instance, reason: str, grace: float) -> None:
+        """Tell the plugins, and let ``spotring_replace_host`` decide whether the
+        member is replaced once ``grace`` seconds have passed."""
+        self._emit("spotring_host_failed", instance=instance, reason=reason)
+        if self._job is None or not self.provider.can_replace:
+            return
+        replace = self._call(
+            "the spotring_replace_host hook",
+            self._hook.spotring_replace_host,
+            instance=instance,
+            reason=reason,
+            job=self._job,
+        )
+        if not replace:
+            log.info("not replacing %s (%s): spotring_replace_host said no", instance.id,
+                     reason)  # fmt: skip
+            return
+        due = time.monotonic() + grace
+        self._pending_replacements[instance.id] = min(
+            due, self._pending_replacements.get(instance.id, due)
+        )
 
     def _next_readmission(self) -> float | None:
         """Seconds until the next excluded host is readmitted (republishing the

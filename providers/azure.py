@@ -8,12 +8,16 @@ network interfaces, listed for the whole set in paged calls, only when a member 
 seen before needs one. A member's slots come from ``--slots-per-host``, its tag, or the
 GPU count of its VM size (the resource SKU list, asked once).
 
-Steering sets the set's capacity. A failed host is replaced by deleting the VM and
-keeping the capacity: Azure lowers the capacity when a VM is deleted (or evicted with
-policy Delete), so the provider restores the capacity spotring asked for on the next
-refresh. A spot VM evicted with policy Deallocate stays in the set, deallocated; it is
-deleted the same way (unless ``--keep-evicted``), so the set launches a replacement.
-Long-running operations are started and never waited on: the next refresh sees them.
+Listing only reads. Steering sets the set's capacity. A failed host is replaced by
+deleting the VM and keeping the capacity: Azure lowers the capacity when a VM is
+deleted (or evicted with policy Delete), so :meth:`AzureProvider.keep_size`, which the
+controller calls after each refresh while it steers a job, restores the capacity
+spotring asked for. A spot VM evicted with policy Deallocate stays in the set,
+deallocated, and a VM whose provisioning failed is not retried by the set: the listing
+reports both with :attr:`Instance.failure` (the evicted one unless ``--keep-evicted``),
+and the controller decides, through ``spotring_replace_host`` (``--no-replace``), to
+replace them, which deletes them so the set launches new ones. Long-running operations
+are started and never waited on: the next refresh sees them.
 
 The Azure SDKs are imported on first use.
 """
@@ -43,6 +47,7 @@ from spotring.providers.cloud import (
     CloudGroupProvider,
     EpisodeWarnings,
     MalformedAnswer,
+    check_endpoint,
     lookup_state,
     one_line,
     worst_state,
@@ -345,7 +350,8 @@ class AzureProvider(CloudGroupProvider):
             dest="azure_keep_evicted",
             action="store_true",
             help="leave spot VMs evicted with policy Deallocate in the set"
-            " (default: delete them so the set launches replacements)",
+            " (default: they are failed hosts, which spotring run replaces unless"
+            " --no-replace)",
         )
         cls.add_common_arguments(group, "azure")
 
@@ -382,9 +388,7 @@ class AzureProvider(CloudGroupProvider):
         self._learn_addresses(members)
         self._learn_gpu_counts(members)
         self._warn_about_capacity(members)
-        self._replace_lost(members)
-        self._restore_capacity(members)
-        return [self._to_instance(m) for m in self._members.values()]
+        return [self._to_instance(m) for m in members]
 
     def _to_instance(self, member: _Member) -> Instance:
         gpus = (self._gpus_by_size or {}).get(member.size)
@@ -401,7 +405,16 @@ class AzureProvider(CloudGroupProvider):
                 part or "-" for part in (member.provisioning, member.power, member.health)
             ),
             labels=member.tags,
+            failure=self._failure(member),
         )
+
+    def _failure(self, member: _Member) -> str:
+        """Why the set will not run ``member`` again by itself ("" if it may)."""
+        if member.evicted and not self.keep_evicted:
+            return "spot VM evicted (deallocated)"
+        if member.never_started:
+            return f"provisioning failed: {member.failure or 'no reason given'}"
+        return ""
 
     def _get_set(self) -> Any:
         def get() -> Any:
@@ -578,27 +591,12 @@ class AzureProvider(CloudGroupProvider):
     def _set_location(self) -> str:
         return str(self._set.location) if self._set is not None else "its location"
 
-    def _replace_lost(self, members: Sequence[_Member]) -> None:
-        """Delete VMs that will not run again by themselves, so the set replaces them:
-        spot VMs evicted with policy Deallocate (unless ``--keep-evicted``) and VMs
-        whose provisioning failed before they ever ran (the set does not retry them)."""
-        for member in members:
-            if member.evicted and not self.keep_evicted:
-                log.warning(
-                    "azure: spot VM %s was evicted (deallocated); replacing it", member.name
-                )
-                self.replace_instance(member.name)
-            elif member.never_started:
-                log.info(
-                    "azure: VM %s failed to provision (%s); deleting it so the set retries",
-                    member.name,
-                    member.failure or "no reason given",
-                )
-                self.replace_instance(member.name)
-
-    def _restore_capacity(self, members: Sequence[_Member]) -> None:
-        """Put back capacity Azure took away for deleted and evicted VMs."""
-        if self._wanted is None or not self.can_resize or self._capacity >= self._wanted:
+    def keep_size(self) -> None:
+        """Put back capacity Azure took away for deleted and evicted VMs, up to the size
+        spotring asked for (set_target_size, or what a replacement or notice kept)."""
+        if self._wanted is None or not self.can_resize or self._set is None:
+            return
+        if self._capacity >= self._wanted:
             return
         if any(m.leaving for m in self._members.values()):
             return  # a delete still runs: the set refuses a capacity change meanwhile
@@ -793,17 +791,10 @@ def client_options(endpoint: str | None) -> dict[str, Any]:
     }
     if not endpoint:
         return options
-    parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigurationError(f"--endpoint must be an http(s) URL, got {endpoint!r}")
-    if parts.scheme == "http":
-        if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
-            raise ConfigurationError(
-                "--endpoint over plain http is only for a test server on loopback"
-            )
+    if check_endpoint(endpoint):
         options["authentication_policy"] = SansIOHTTPPolicy()
     else:
-        options["credential_scopes"] = [f"https://{parts.netloc}/.default"]
+        options["credential_scopes"] = [f"https://{urlsplit(endpoint).netloc}/.default"]
     options["base_url"] = endpoint.rstrip("/")
     return options
 

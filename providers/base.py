@@ -15,6 +15,10 @@ Invariants every provider keeps (the conformance kit in
 * Any failure to learn the group's membership raises :class:`ProviderError`. A provider
   never returns an empty list because a call failed: an empty list means the group
   really is empty.
+* ``list_instances`` only reads: it never changes the group, whatever it finds
+  (``spotring discover`` calls nothing else). A member the group will not replace by
+  itself is reported with :attr:`Instance.failure`; acting on it is the controller's
+  decision.
 * ``set_target_size`` and ``replace_instance`` are idempotent: calling them twice with
   the same argument has the effect of calling them once.
 * Providers never import Horovod.
@@ -89,6 +93,12 @@ class Instance:
     cloud_state: str = ""
     """The cloud's own state string(s), kept for logs and debugging."""
     labels: Mapping[str, str] = field(default_factory=dict)
+    failure: str = ""
+    """Why the cloud says this member failed for good, or empty: it will not run again
+    by itself and the group does not replace it (a spot VM evicted and kept
+    deallocated, a VM whose provisioning failed). A listing only reports it; the
+    controller takes such a member for a failed host, and the ``spotring_replace_host``
+    decision says whether :meth:`Provider.replace_instance` is called."""
 
     @property
     def is_ready(self) -> bool:
@@ -219,6 +229,17 @@ class Provider(abc.ABC):
         ring at a commit boundary, with nothing rolled back.
         """
         return None
+
+    def keep_size(self) -> None:
+        """Hold the group at the size spotring asked for, where the cloud lowers it by
+        itself when a member is deleted or evicted (an Azure scale set does; Auto Scaling
+        and managed instance groups keep their size).
+
+        Called by the controller on its thread after each successful refresh while it
+        steers a job, never by a listing or ``spotring discover``. The size is the one
+        :meth:`set_target_size` asked for, or the one a :meth:`replace_instance` or
+        :meth:`host_noticed` kept. The default does nothing.
+        """
 
     def host_noticed(self, instance: Instance, notice: InterruptionNotice) -> None:
         """``instance`` announced it will be taken and is leaving the job.

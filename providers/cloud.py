@@ -16,6 +16,7 @@ counters, the ``--spot-only`` filter and the scale-down at the end of a job. Bes
 * :class:`EpisodeWarnings` reports a condition (no capacity in a zone) once when it
   starts and once when it clears, not on every refresh;
 * :func:`one_line` shapes an API message for a one-line error;
+* :func:`check_endpoint` refuses an ``--endpoint`` that would send a token in clear;
 * :class:`MalformedAnswer` is the retryable error of an answer spotring cannot use.
 
 Nothing here imports a cloud SDK.
@@ -30,6 +31,7 @@ import random
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 from spotring.providers.base import (
     ConfigurationError,
@@ -243,6 +245,32 @@ def one_line(text: object, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def check_endpoint(endpoint: str) -> bool:
+    """Check an ``--endpoint`` URL; returns whether it is plain http.
+
+    https anywhere; plain http only to a test server on loopback, since the calls
+    carry the credentials' access token, which must not cross a network in clear.
+    Raises :class:`ConfigurationError` (one line) otherwise.
+    """
+    parts = urlsplit(endpoint)
+    try:
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError:
+        raise ConfigurationError(f"--endpoint must be an http(s) URL, got {endpoint!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or _has_space(endpoint):
+        raise ConfigurationError(f"--endpoint must be an http(s) URL, got {endpoint!r}")
+    if parts.scheme == "http" and parts.hostname not in LOOPBACK_HOSTS:
+        raise ConfigurationError("--endpoint over plain http is only for a test server on loopback")
+    return parts.scheme == "http"
+
+
+def _has_space(text: str) -> bool:
+    return any(c.isspace() for c in text)
+
+
 class MalformedAnswer(ProviderError):
     """The cloud answered ``call_name``, but not with what the call always returns: a
     field spotring needs is missing (an id, a state, a running VM's address, the list of
@@ -451,6 +479,7 @@ __all__ = [
     "backoff_delay",
     "batches",
     "call_with_retries",
+    "check_endpoint",
     "lookup_state",
     "one_line",
     "worst_state",

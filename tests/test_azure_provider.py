@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("azure.mgmt.compute", reason="the azure extra is not installed")
 
+from spotring.autoscaler.controller import Controller
+from spotring.autoscaler.policy import JobShape
 from spotring.providers.azure import IAM_ACTIONS, AzureProvider, client_options, member_state
 from spotring.providers.base import (
     ConfigurationError,
@@ -60,6 +62,26 @@ def members(vmss: FakeScaleSet) -> dict[str, Member]:
 
 def ip_of(fake: FakeArm, group: str, name: str) -> str:
     return members(fake.scale_set(group))[name].private_ip
+
+
+def steer(provider: AzureProvider, times: int = 1) -> None:
+    """What the controller asks of a provider on each refresh while it steers a job
+    and no host failed: list the group, then keep its size."""
+    for _ in range(times):
+        provider.list_instances()
+        provider.keep_size()
+
+
+def controller_for(provider: AzureProvider, replace: bool = True) -> Controller:
+    """A controller steering a 2-host job (``--no-replace`` when not ``replace``)."""
+    shape = JobShape(num_proc=2, min_num_proc=1, max_num_proc=2, replace_failed=replace)
+    return Controller(provider, job=shape, replace_grace=0.0)
+
+
+def steps(controller: Controller, times: int) -> None:
+    for _ in range(times):
+        refreshed, _ = controller.step()
+        assert refreshed, controller.last_error
 
 
 # ------------------------------------------------------------------------ listing
@@ -204,8 +226,7 @@ def test_replace_deletes_the_vm_and_keeps_the_capacity(fake: FakeArm, mode: str)
     provider.replace_instance(victim)
     provider.replace_instance(victim)  # idempotent
     provider.replace_instance("not-a-member")
-    for _ in range(6):
-        provider.list_instances()
+    steer(provider, 6)
 
     if mode == "Uniform":
         deletes = fake.calls("virtualMachineScaleSets.deleteInstances")
@@ -219,20 +240,66 @@ def test_replace_deletes_the_vm_and_keeps_the_capacity(fake: FakeArm, mode: str)
 
 
 @pytest.mark.parametrize("policy", ["Deallocate", "Delete"])
-def test_an_evicted_vm_is_replaced(fake: FakeArm, policy: str) -> None:
+def test_an_evicted_vm_is_replaced_by_the_controller(fake: FakeArm, policy: str) -> None:
     vmss = fake.add_scale_set("workers", mode="Flexible", capacity=2, eviction_policy=policy)
     provider = make_provider(fake)
-    provider.set_target_size(2)
+    controller = controller_for(provider)
+    steps(controller, 1)
     victim = provider.list_instances()[0].id
 
     vmss.evict(members(vmss)[victim].key)
-    seen = states(provider)
-    assert seen.get(victim, InstanceState.GONE) in (InstanceState.GONE, InstanceState.TERMINATING)
-    for _ in range(6):
-        provider.list_instances()
+    listed = {i.id: i for i in provider.list_instances()}
+    if policy == "Deallocate":  # still listed: a failed host, not yet touched
+        assert listed[victim].state is InstanceState.GONE
+        assert listed[victim].failure == "spot VM evicted (deallocated)"
+        assert victim in members(vmss)
+    steps(controller, 6)
 
     assert victim not in members(vmss) and vmss.capacity == 2
     assert sum(i.is_ready for i in provider.list_instances()) == 2
+
+
+def test_no_replace_leaves_an_evicted_vm_alone(fake: FakeArm) -> None:
+    vmss = fake.add_scale_set("workers", mode="Flexible", capacity=2, eviction_policy="Deallocate")
+    provider = make_provider(fake)
+    controller = controller_for(provider, replace=False)
+    steps(controller, 1)
+    victim = provider.list_instances()[0].id
+
+    vmss.evict(members(vmss)[victim].key)
+    steps(controller, 4)
+
+    assert victim in members(vmss) and vmss.capacity == 2
+    assert not fake.calls("virtualMachines.delete")
+    assert states(provider)[victim] is InstanceState.GONE
+
+
+def test_a_plugin_decides_the_evicted_vms_replacement(fake: FakeArm) -> None:
+    from spotring.autoscaler.hookspecs import hookimpl
+    from spotring.autoscaler.plugins import get_plugin_manager
+
+    asked: list[tuple[str, str]] = []
+
+    class KeepEvicted:
+        @hookimpl
+        def spotring_replace_host(self, instance: Any, reason: str, job: JobShape) -> bool:
+            asked.append((instance.id, reason))
+            return False
+
+    vmss = fake.add_scale_set("workers", mode="Flexible", capacity=2, eviction_policy="Deallocate")
+    provider = make_provider(fake)
+    pm = get_plugin_manager(load_entry_points=False)
+    pm.register(KeepEvicted())
+    shape = JobShape(num_proc=2, min_num_proc=1, max_num_proc=2)
+    controller = Controller(provider, pm.hook, job=shape, replace_grace=0.0)
+    steps(controller, 1)
+    victim = provider.list_instances()[0].id
+
+    vmss.evict(members(vmss)[victim].key)
+    steps(controller, 4)
+
+    assert asked == [(victim, "spot VM evicted (deallocated)")], "asked once"
+    assert victim in members(vmss) and not fake.calls("virtualMachines.delete")
 
 
 @pytest.mark.parametrize("policy", ["Deallocate", "Delete"])
@@ -247,13 +314,14 @@ def test_an_eviction_notice_starts_the_replacement_at_once(fake: FakeArm, policy
     assert [u.body for u in fake.calls("virtualMachineScaleSets.update")] == [
         {"sku": {"capacity": 3}}
     ]
-    for _ in range(3):
-        provider.list_instances()
+    steer(provider, 3)
     assert sum(i.is_ready for i in provider.list_instances()) == 3  # still training on it
 
     vmss.evict(members(vmss)[victim.id].key)  # the eviction comes
-    for _ in range(6):
+    if policy == "Deallocate":  # the controller decides to replace the evicted VM
         provider.list_instances()
+        provider.replace_instance(victim.id)
+    steer(provider, 6)
     assert victim.id not in members(vmss) and vmss.capacity == 2
     assert sum(i.is_ready for i in provider.list_instances()) == 2
 
@@ -280,12 +348,13 @@ def test_capacity_shortage_warns_once_and_retries_the_failed_vms(
     provider.set_target_size(3)
 
     caplog.set_level(logging.INFO, logger="spotring.providers")
-    for _ in range(6):
-        provider.list_instances()
+    controller = Controller(provider, job=JobShape(3, 1, 3), replace_grace=0.0)
+    steps(controller, 6)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "cannot create VMs in eastus: AllocationFailed: Allocation failed" in warnings[0]
-    # The failed VMs were deleted so the set tries again; the capacity stays at 3.
+    # The controller had the failed VMs deleted so the set tries again; the capacity
+    # stays at 3.
     delete_api = (
         "virtualMachines.delete"
         if mode == "Flexible"
@@ -295,8 +364,7 @@ def test_capacity_shortage_warns_once_and_retries_the_failed_vms(
     assert vmss.capacity == 3
 
     vmss.clear_capacity_error()
-    for _ in range(8):
-        provider.list_instances()
+    steps(controller, 8)
     assert sum(i.is_ready for i in provider.list_instances()) == 3
     assert any(r.getMessage().endswith("AllocationFailed: resolved") for r in caplog.records)
 
