@@ -35,6 +35,7 @@ from spotring.providers.cloud import (
     EpisodeWarnings,
     MalformedAnswer,
     batches,
+    check_endpoint,
     lookup_state,
     one_line,
     worst_state,
@@ -323,7 +324,8 @@ class GcpProvider(CloudGroupProvider):
             region=getattr(options, "gcp_region", None),
             project=getattr(options, "gcp_project", None),
             endpoint=getattr(options, "gcp_endpoint", None),
-            resize_disabled_by_user=getattr(options, "resize", True) is False,
+            # `run`'s --no-resize (`discover` has none: it never resizes anyway).
+            resize_disabled_by_user=bool(getattr(options, "no_resize", False)),
             **cls.common_options(options, "gcp"),
         )
 
@@ -412,25 +414,20 @@ class GcpProvider(CloudGroupProvider):
         return [self._member(m) for m in page.managed_instances], page.next_page_token
 
     def _member(self, managed: Any) -> _Member:
+        """A row of listManagedInstances; see REQUIRED_FIELDS for what must be there."""
         # The raw protobuf: proto-plus attribute access costs ~10x more, and a
         # 1,000-member group is read on every refresh.
         raw = type(managed).pb(managed)
         found = _ZONE_IN_URL.search(raw.instance)
         zone, name = found.groups() if found else (self.zone or "", raw.name)
-        # The group always says what it does with a member; its VM has an id and a
-        # status, or (not created yet, so the group is doing something) neither.
-        if (
-            not (zone and name)
-            or not raw.HasField("current_action")
-            or raw.HasField("id") != bool(raw.instance_status)
-            or (raw.current_action == "NONE" and not raw.HasField("id"))
-        ):
+        problem = _missing_field(raw, name, zone)
+        if problem:
             raise MalformedAnswer(
                 "instanceGroupManagers.listManagedInstances",
-                f"member {name or '?'} without its instance, current action, id or status",
+                f"member {name or '?'} without its {problem}",
             )
         return _Member(
-            name=name or raw.name,
+            name=name,
             zone=zone,
             vm_id=raw.id if raw.HasField("id") else None,
             current_action=raw.current_action or "NONE",
@@ -485,10 +482,11 @@ class GcpProvider(CloudGroupProvider):
         for member in members:
             for code, message in member.errors:
                 if code in CAPACITY_ERRORS and member.instance_status in ("", "PROVISIONING"):
-                    key = f"gcp: zone {member.zone} {code}"
+                    # A member never created may not name its zone yet (no instance URL).
+                    where = f"zone {member.zone}" if member.zone else self.location
                     conditions.setdefault(
-                        key,
-                        f"gcp: group {self.group} cannot create VMs in zone {member.zone}:"
+                        f"gcp: {where} {code}",
+                        f"gcp: group {self.group} cannot create VMs in {where}:"
                         f" {code}: {one_line(message, 160)}",
                     )
         self._capacity.update(conditions)
@@ -584,6 +582,9 @@ class GcpProvider(CloudGroupProvider):
             return
         if member.current_action in ("RECREATING", "DELETING", "ABANDONING"):
             return
+        if member.vm_id is None:  # no VM yet: the group is creating it, nothing to recreate
+            log.debug("gcp: %s has no VM yet; nothing to replace", instance_id)
+            return
         path = f"zones/{member.zone}/instances/{member.name}"
         compute = self._compute
         if self.zone:
@@ -641,8 +642,7 @@ class GcpProvider(CloudGroupProvider):
 
         options = None
         if endpoint:
-            if not re.fullmatch(r"https?://[^\s/]+(/.*)?", endpoint):
-                raise ConfigurationError(f"--endpoint must be an http(s) URL, got {endpoint!r}")
+            check_endpoint(endpoint)
             options = ClientOptions(api_endpoint=endpoint.rstrip("/"))
         compute = self._compute
         groups_class = (
@@ -716,6 +716,22 @@ class GcpProvider(CloudGroupProvider):
 
     def _endpoint_shown(self) -> str:
         return self.endpoint or "https://compute.googleapis.com"
+
+
+def _missing_field(raw: Any, name: str, zone: str) -> str:
+    """What a listManagedInstances row lacks that the API always sends ("" if whole)."""
+    vm_exists = raw.HasField("id")
+    if not name:
+        return "name"
+    if not raw.HasField("current_action"):
+        return "current action"
+    if vm_exists != bool(raw.instance_status):  # "empty when the instance does not exist"
+        return "id or status"
+    if raw.current_action == "NONE" and not vm_exists:  # NONE: "The instance is running"
+        return "VM"
+    if vm_exists and not zone:  # an existing VM is described in its zone: only the URL says
+        return "instance URL"
+    return ""
 
 
 def _read_vms(page: Any) -> tuple[list[_Vm], str]:

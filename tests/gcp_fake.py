@@ -450,13 +450,21 @@ class FakeGroup:
     # ------------------------------------------------------------------ REST shapes
 
     def managed_instance(self, m: Member) -> dict[str, Any]:
-        """The member as listManagedInstances returns it."""
+        """The member as listManagedInstances returns it.
+
+        As Compute's reference for ManagedInstance says: ``name`` always exists;
+        ``id`` and ``instanceStatus`` "are empty when the instance does not exist" (a
+        member being created, or whose creation failed); ``instance``, the URL, "can
+        exist even if the instance has not yet been created": here it is sent once the
+        VM exists or while a recreate replaces one, not for a VM never created.
+        """
         mi = compute_v1.ManagedInstance(
-            instance=self.instance_url(m),
             name=m.name,
             current_action=m.current_action,
             version=compute_v1.ManagedInstanceVersion(instance_template=self._template()),
         )
+        if m.has_vm or m.current_action == "RECREATING":
+            mi.instance = self.instance_url(m)
         if m.has_vm:
             mi.id = m.id
             mi.instance_status = m.instance_status
