@@ -30,12 +30,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import io
 import logging
 import os
 import socket
 import stat
+import struct
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
@@ -70,6 +73,16 @@ RING_READ_TIMEOUT_SECONDS = 10.0
 
 NOTIFICATION_DEADLINE_SECONDS = 10.0
 """How long a connection to the worker's notification service may last."""
+
+MAX_NOTIFICATION_BYTES = 1 << 20
+"""The largest message the notification service reads (Horovod's are a few hundred
+bytes); a longer one is refused from its header, before any of it is read."""
+
+MAX_NOTIFICATION_CONNECTIONS = 16
+"""Connections the notification service serves at once; more are closed at once."""
+
+_WIRE_LENGTH = struct.Struct("i")
+"""The body length after the digest in Horovod's ``Wire`` frame (native int, signed)."""
 
 
 # ------------------------------------------------------------------ the message
@@ -370,13 +383,65 @@ def patch_notification_service(guard_for: Callable[[Any], CollectiveAbort]) -> N
     WorkerNotificationService._handle = _handle  # type: ignore[method-assign]
 
 
+class _ThrottledLog:
+    """Warnings on this module's logger, at most ``lines`` per ``window`` seconds; the
+    rest are counted and the count joins the next line logged."""
+
+    def __init__(self, lines: int, window: float = 60.0) -> None:
+        self._lines, self._window = lines, window
+        self._lock = threading.Lock()
+        self._times: list[float] = []
+        self._suppressed = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._times = [t for t in self._times if now - t < self._window]
+            if len(self._times) >= self._lines:
+                self._suppressed += 1
+                return
+            self._times.append(now)
+            suppressed, self._suppressed = self._suppressed, 0
+        if suppressed:
+            message += f" (and {suppressed} more like it, not logged)"
+        log.warning(message, *args)
+
+
+def read_bounded_frame(rfile: Any, digest_bytes: int) -> io.BytesIO:
+    """One frame of Horovod's ``Wire`` (digest, signed 4-byte length, body) from
+    ``rfile``, refused from its header when the length is negative (Horovod would read
+    to the end of the stream) or over :data:`MAX_NOTIFICATION_BYTES`. Returns the
+    whole frame, for Horovod's own reader to check and decode."""
+    header = rfile.read(digest_bytes + _WIRE_LENGTH.size)
+    if len(header) < digest_bytes + _WIRE_LENGTH.size:
+        raise ValueError(f"a short header ({len(header)} bytes)")
+    (length,) = _WIRE_LENGTH.unpack_from(header, digest_bytes)
+    if not 0 <= length <= MAX_NOTIFICATION_BYTES:
+        raise ValueError(
+            f"a message of {length} bytes announced (at most {MAX_NOTIFICATION_BYTES})"
+        )
+    body = rfile.read(length)
+    if len(body) < length:
+        raise ValueError(f"the message ended after {len(body)} of {length} bytes")
+    return io.BytesIO(header + body)
+
+
 def harden_notification_service() -> None:
-    """Make Horovod's worker notification service (anyone can connect to it) refuse a
-    connection with one warning line on the worker's stderr instead of a traceback (a
-    bad digest, a short or malformed frame), and cut every connection off after
-    :data:`NOTIFICATION_DEADLINE_SECONDS`: its threads are not daemons, so a client
-    that never finishes its message would keep the worker from exiting. Once; before
-    the service is created."""
+    """Bound Horovod's worker notification service, which anyone who reaches the
+    worker can connect to. Once; before the service is created.
+
+    * At most :data:`MAX_NOTIFICATION_CONNECTIONS` connections at once: more are closed
+      at once, with one warning line a minute (Horovod starts a thread per connection
+      and waits for every one of them when it exits).
+    * A message is read only after its header announced 0 to
+      :data:`MAX_NOTIFICATION_BYTES` bytes (Horovod would buffer up to 2 GiB, or read
+      to the end of the stream for a negative length).
+    * A connection is cut off after :data:`NOTIFICATION_DEADLINE_SECONDS`: its thread
+      is not a daemon, so a client that never finishes would keep the worker alive.
+    * A refused message (too long, short, malformed, a bad digest) costs one warning
+      line on the worker's stderr (at most 30 a minute), never a traceback.
+    """
+    from horovod.runner.common.util import secret
     from horovod.runner.elastic.worker import WorkerNotificationService
 
     make_handler = WorkerNotificationService._make_handler
@@ -384,30 +449,56 @@ def harden_notification_service() -> None:
         return
 
     def _make_handler(service: Any) -> Any:
+        # Per service: one per worker process.
+        slots = threading.BoundedSemaphore(MAX_NOTIFICATION_CONNECTIONS)
+        over_limit, refused = _ThrottledLog(1), _ThrottledLog(30)
+
         class HardenedHandler(make_handler(service)):  # type: ignore[misc]
             def setup(self) -> None:
                 super().setup()
+                self.admitted = slots.acquire(blocking=False)
+                if not self.admitted:
+                    over_limit.warning(
+                        "spotring: the notification service closed a connection from %s: "
+                        "%d are open already",
+                        self.client_address[0],
+                        MAX_NOTIFICATION_CONNECTIONS,
+                    )
+                    return
+                self.socket_rfile = self.rfile
                 self.deadline = threading.Timer(NOTIFICATION_DEADLINE_SECONDS, self.cut_off)
                 self.deadline.daemon = True
-                self.deadline.start()
+                try:
+                    self.deadline.start()
+                except BaseException:
+                    slots.release()
+                    raise
 
             def cut_off(self) -> None:
                 with contextlib.suppress(OSError):  # wakes a blocked read
                     self.connection.shutdown(socket.SHUT_RDWR)
 
             def handle(self) -> None:
+                if not self.admitted:
+                    return  # closed by the server as soon as this returns
                 try:
+                    self.rfile = read_bounded_frame(self.socket_rfile, secret.DIGEST_LENGTH)
                     super().handle()
                 except Exception as error:
-                    log.warning(
+                    refused.warning(
                         "spotring: the notification service refused a message from %s: %s",
                         self.client_address[0],
                         " ".join(str(error).split())[:200] or type(error).__name__,
                     )
 
             def finish(self) -> None:
-                self.deadline.cancel()
-                super().finish()
+                try:
+                    super().finish()  # sends the answer: still under the deadline
+                finally:
+                    if self.admitted:
+                        self.deadline.cancel()
+                        self.socket_rfile.close()  # the socket closes only with its files
+                        slots.release()
 
         return HardenedHandler
 
