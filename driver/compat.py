@@ -45,7 +45,13 @@ PATCHED_INTERNALS: tuple[tuple[str, str], ...] = (
     # driver/rendezvous.py: the hardened store and the driver's client for each worker
     ("horovod.runner.http.http_server:RendezvousHTTPServer", "scope_size"),
     ("horovod.runner.http.http_server:RendezvousHTTPServer", "finished_list"),
+    ("horovod.runner.http.http_server:RendezvousHTTPServer", "init"),
+    ("horovod.runner.http.http_server:RendezvousHTTPServer", "finished_list_lock"),
     ("horovod.runner.common.util.network:BasicClient", "_wire"),
+    ("horovod.runner.common.util.network:BasicClient", "_probe"),
+    ("horovod.runner.common.util.network:BasicClient", "_probe_one"),
+    ("horovod.runner.common.util.network:BasicClient", "_send_one"),
+    ("horovod.runner.common.util.network:BasicClient", "_attempts"),
     ("horovod.runner.common.util.network:Wire", "_key"),
     ("horovod.runner.elastic.worker", "HostUpdateResult"),
     # driver/peer_failure.py: our message goes through the worker's client

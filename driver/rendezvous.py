@@ -14,9 +14,12 @@ clients) with a request handler that:
   to the driver and never stored;
 * answers ``rank_and_size`` and takes registrations only for slots of a ring this
   driver planned;
-* stores ``PUT`` s only in the current ring's Gloo scopes, keeps the ``spotring``
-  scope (the ring generation, plain ASCII digits) read-only from outside, and refuses
-  bodies over :data:`MAX_BODY_BYTES` before reading them;
+* stores ``PUT`` s only under the keys Gloo's rendezvous writes for the current ring
+  (``rank_<r>`` and ``<r>`` for each rank ``r`` below a scope's size), each up to the
+  size Gloo's value has there, and the whole store up to a budget made from the plan
+  (see :func:`store_budget`); keeps the ``spotring`` scope (the ring generation, plain
+  ASCII digits) read-only from outside; and refuses a body over its key's bound before
+  reading it;
 * gives a client :data:`REQUEST_DEADLINE_SECONDS` to send its whole request, and
   answers anything malformed with a 4xx and one warning line naming the client, never
   a traceback and never a change to the store.
@@ -34,11 +37,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import io
 import ipaddress
 import logging
 import pickle
 import pickletools
+import queue
 import re
 import socket
 import struct
@@ -64,26 +69,58 @@ MAX_BODY_BYTES = 1 << 20
 """The largest ``PUT`` body taken. Gloo's largest value is one rank's addresses towards
 every other rank, 136 bytes each (about 136 KiB for a 1,000-worker ring)."""
 
+HOSTNAME_MAX_BYTES = 256
+"""The largest ``rank_<r>`` value: Gloo's ``connectFullMesh`` stores the rank's host name
+there, read with ``gethostname`` into a buffer of this size."""
+
+PAIR_ADDRESS_MAX_BYTES = 256
+"""What a ``<r>`` value may hold per other rank of its scope: Gloo stores one pair
+address (136 bytes for its TCP transport: a ``sockaddr_storage`` and a sequence
+number) for each; the rest is headroom."""
+
+ENTRY_OVERHEAD_BYTES = 256
+"""What one stored key is charged beyond its value (the dict entry, key and bytes
+object), so that empty values are not free."""
+
+STORE_HEADROOM = 2
+"""The store may hold this many times the planned ring's full set of keys: a fast rank
+starts the next context while a slow one still reads the last, and process sets
+(``_process_set_hash_<h>`` scopes) add contexts of their own."""
+
+MAX_STORE_BYTES = 512 << 20
+"""The store's size whatever the plan: Gloo keeps about 136 N^2 bytes for one context
+of N ranks (136 MiB at 1,024 ranks)."""
+
 MAX_WORKER_ADDRESSES_BYTES = 128 << 10
 """The largest registration taken (Horovod's worker sends about 40 bytes per address)."""
 
 REQUEST_DEADLINE_SECONDS = 10.0
 """How long a client has to send its whole request (line, headers and body)."""
 
-MAX_ADDRESSES = 256
-"""Most addresses a registration may list (the driver probes each in a thread)."""
+MAX_ADDRESSES = 16
+"""Most addresses a registration may list. Horovod's worker sends each IPv4 address of
+each interface (of the one it uses towards the driver, under spotring: usually one),
+and the driver probes each."""
+
+MAX_CONCURRENT_PROBES = 64
+"""Most address probes the driver runs at once, over every registration (each is a
+thread, of up to 3 attempts of up to 2 x :data:`ANSWER_TIMEOUT_SECONDS`)."""
+
+PROBE_WAIT_SECONDS = 60.0
+"""How long an address waits for a free probe; one that gets none is not probed."""
 
 MAX_ANSWER_BYTES = 64 << 10
 ANSWER_TIMEOUT_SECONDS = 20.0
-"""The largest answer, and the longest wait for one, the driver takes from a worker's
-notification service (Horovod's are about 150 bytes)."""
+"""The largest answer the driver takes from a worker's notification service (Horovod's
+are about 150 bytes), and the most time it gives the connection and the whole answer,
+each (a service that trickles its answer gets no more than one that says nothing)."""
 
 GET_RANK_AND_SIZE = "rank_and_size"  # horovod.runner.elastic.rendezvous
 PUT_WORKER_ADDRESSES = "worker_addresses"
 READ_ONLY_SCOPES = frozenset({RING_SCOPE, GET_RANK_AND_SIZE, PUT_WORKER_ADDRESSES})
 
 _PROCESS_SET_SUFFIX = re.compile(r"_process_set_hash_[0-9a-f]{1,64}\Z")
-_GLOO_KEY = re.compile(r"(rank_)?[0-9]{1,9}\Z")
+_GLOO_KEY = re.compile(r"(rank_)?(0|[1-9][0-9]{0,8})\Z")  # as Gloo writes a rank
 _SLOT = re.compile(r"[0-9]{1,6}\Z")
 
 # Every opcode the pickle of plain tuples, lists, dicts, str, bytes and ints may use.
@@ -224,37 +261,107 @@ def _worker_addresses(value: object) -> tuple[dict[str, list[tuple[str, int]]], 
     return result, key
 
 
+# ------------------------------------------------------------- the store's bounds
+
+
+def gloo_value_limit(size: int, key: str) -> int | None:
+    """The largest value Gloo writes under ``key`` in a scope of ``size`` ranks; None
+    when Gloo never writes that key there.
+
+    Gloo's ``connectFullMesh`` (third_party/gloo/gloo/rendezvous/context.cc) writes
+    ``rank_<r>`` (the rank's host name) and ``<r>`` (its address towards every other
+    rank), each rank ``r`` once, through Horovod's ``HTTPStore`` under
+    ``/<scope>/<key>``.
+    """
+    match = _GLOO_KEY.match(key)
+    if match is None or int(match[2]) >= size:
+        return None
+    if match[1]:
+        return HOSTNAME_MAX_BYTES
+    return max(size - 1, 1) * PAIR_ADDRESS_MAX_BYTES
+
+
+def store_budget(scope_size: dict[str, int]) -> int:
+    """The bytes the store may hold for a ring whose Gloo scopes have ``scope_size``
+    ranks: every key Gloo writes there at its largest, :data:`STORE_HEADROOM` times,
+    and never more than :data:`MAX_STORE_BYTES`."""
+    one_ring = 0
+    for size in scope_size.values():
+        per_rank = 2 * ENTRY_OVERHEAD_BYTES + HOSTNAME_MAX_BYTES
+        one_ring += size * (per_rank + max(size - 1, 1) * PAIR_ADDRESS_MAX_BYTES)
+    return min(MAX_STORE_BYTES, STORE_HEADROOM * one_ring)
+
+
+def _values(cache: dict[str, dict[str, bytes]]) -> list[bytes]:
+    return [value for entries in cache.values() for value in entries.values()]
+
+
+def _charge(value: bytes | None) -> int:
+    """What a stored value counts against the store's budget (0: none stored)."""
+    return 0 if value is None else len(value) + ENTRY_OVERHEAD_BYTES
+
+
 # ------------------------------------------------------------- the driver's clients
 
 
 class _AnswerWire(Wire):
-    """Horovod's wire format, taking only Horovod's answers.
+    """Horovod's wire format, taking only Horovod's answers, each within
+    :data:`ANSWER_TIMEOUT_SECONDS`.
 
     The driver talks to whatever address and key a registration named, and anyone who
     can reach the rendezvous server can register a planned slot: Horovod's own client
-    would unpickle whatever that service answers, under the key it chose itself.
+    would unpickle whatever that service answers, under the key it chose itself, and
+    wait for it as long as each byte comes within its socket's timeout.
     """
 
     def read(self, rfile: Any) -> Any:
-        sock = getattr(getattr(rfile, "raw", None), "_sock", None)
-        if isinstance(sock, socket.socket):  # a service that never answers
-            sock.settimeout(ANSWER_TIMEOUT_SECONDS)
-        digest = rfile.read(secret.DIGEST_LENGTH)
-        header = rfile.read(4)
+        deadline = time.monotonic() + ANSWER_TIMEOUT_SECONDS
+        digest = _read_by(rfile, secret.DIGEST_LENGTH, deadline)
+        header = _read_by(rfile, 4, deadline)
         if len(digest) != secret.DIGEST_LENGTH or len(header) != 4:
             raise EOFError("the answer ended early")
         (length,) = struct.unpack("i", header)
         if not 0 <= length <= MAX_ANSWER_BYTES:
             raise HostileInput(f"an answer of {length} bytes")
-        message = rfile.read(length)
+        message = _read_by(rfile, length, deadline)
         if len(message) != length or not secret.check_digest(self._key, message, digest):
             raise HostileInput("Security error: digest did not match the message.")
         return _load_restricted(message, _ANSWER_OPCODES, _ANSWER_CLASSES)
 
 
+def _read_by(rfile: Any, size: int, deadline: float) -> bytes:
+    """Up to ``size`` bytes of ``rfile`` (fewer if it ends), all before ``deadline``;
+    raises ``TimeoutError`` after it."""
+    sock = getattr(getattr(rfile, "raw", None), "_sock", None)
+    data = bytearray()
+    while len(data) < size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the answer did not arrive in time")
+        if isinstance(sock, socket.socket):
+            sock.settimeout(remaining)
+        chunk = rfile.read1(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
 class SafeWorkerNotificationClient(WorkerNotificationClient):
     """Horovod's client for a worker's notification service, unpickling nothing but
-    Horovod's answers (see :class:`_AnswerWire`)."""
+    Horovod's answers (see :class:`_AnswerWire`), with every exchange bounded in time
+    and its address probes in number (``probes``: shared by every client of a driver).
+    """
+
+    def __init__(
+        self,
+        addresses: dict[str, list[tuple[str, int]]],
+        key: bytes,
+        verbose: int,
+        probes: threading.BoundedSemaphore | None = None,
+    ) -> None:
+        self._probes = probes or threading.BoundedSemaphore(MAX_CONCURRENT_PROBES)
+        super().__init__(addresses, key, verbose)  # probes the addresses
 
     @property  # type: ignore[override]
     def _wire(self) -> Wire:
@@ -264,16 +371,70 @@ class SafeWorkerNotificationClient(WorkerNotificationClient):
     def _wire(self, wire: Wire) -> None:  # BasicClient.__init__ sets Horovod's
         self._answer_wire = _AnswerWire(wire._key)
 
+    def _probe(self, addresses: dict[str, list[tuple[str, int]]]) -> dict[str, list[Any]]:
+        """Horovod's: the addresses that answer a ping, each probed in a thread of
+        its own; but no more threads at once than ``probes`` allows."""
+        found: queue.Queue[tuple[str, Any]] = queue.Queue()
+        threads = []
+        for interface, endpoints in addresses.items():
+            for endpoint in endpoints:
+                if not self._probes.acquire(timeout=PROBE_WAIT_SECONDS):
+                    log.warning("no free probe for %s within %.0f s", endpoint, PROBE_WAIT_SECONDS)
+                    continue
+                thread = threading.Thread(
+                    target=self._probe_and_release,
+                    args=(interface, endpoint, found),
+                    name="spotring-probe",
+                    daemon=True,
+                )
+                thread.start()
+                threads.append(thread)
+        for thread in threads:
+            thread.join()
+        result: dict[str, list[Any]] = {}
+        while not found.empty():
+            interface, endpoint = found.get()
+            result.setdefault(interface, []).append(endpoint)
+        return result
 
-def use_safe_worker_clients(driver: Any) -> None:
+    def _probe_and_release(self, interface: str, endpoint: Any, found: queue.Queue[Any]) -> None:
+        try:
+            self._probe_one(interface, endpoint, found)  # Horovod's: catches everything
+        finally:
+            self._probes.release()
+
+    def _send_one(self, addr: tuple[str, int], req: Any, stream: Any = None) -> Any:
+        """Horovod's exchange (its attempts, the last failure raised), with the
+        connection bounded in time too: Horovod's waits on a dead address as long as
+        the kernel retries its connect (minutes)."""
+        if stream is not None:
+            raise NotImplementedError("the driver takes no stream from a worker")
+        for attempt in range(self._attempts):
+            try:
+                with (
+                    socket.create_connection(addr, timeout=ANSWER_TIMEOUT_SECONDS) as sock,
+                    sock.makefile("rb") as rfile,
+                    sock.makefile("wb") as wfile,
+                ):
+                    self._wire.write(req, wfile)
+                    return self._wire.read(rfile)
+            except Exception:
+                if attempt == self._attempts - 1:
+                    raise
+        return None  # no attempts
+
+
+def use_safe_worker_clients(driver: Any, max_probes: int = MAX_CONCURRENT_PROBES) -> None:
     """Make Horovod's elastic ``driver`` reach registered workers through
     :class:`SafeWorkerNotificationClient` (Horovod's ``register_worker_server``, with
-    that client). Call it before the rendezvous server starts."""
+    that client), probing at most ``max_probes`` addresses at once. Call it before the
+    rendezvous server starts."""
+    probes = threading.BoundedSemaphore(max_probes)
 
     def register_worker_server(
         host: str, slot: int, addresses: dict[str, list[tuple[str, int]]], secret_key: bytes
     ) -> None:
-        client = SafeWorkerNotificationClient(addresses, secret_key, driver._verbose)
+        client = SafeWorkerNotificationClient(addresses, secret_key, driver._verbose, probes)
         driver._worker_clients[(host, slot)] = client
 
     driver.register_worker_server = register_worker_server
@@ -357,9 +518,12 @@ class HardenedRendezvousHandler(RendezvousHandler):
             return None
         return parts[1], parts[2]
 
-    def _planned_slot(self, key: str) -> tuple[str, int] | None:
+    def _planned_slot(self, key: str, current: bool = False) -> tuple[str, int] | None:
+        """The ``(host, slot)`` of ``key`` when a ring of this job had that slot (with
+        ``current``: the current ring); None otherwise."""
         host, _, slot = key.rpartition(":")
-        if not _SLOT.match(slot) or (host, int(slot)) not in self.server.planned_slots:
+        slots = self.server.current_slots if current else self.server.planned_slots
+        if not _SLOT.match(slot) or (host, int(slot)) not in slots:
             return None
         return host, int(slot)
 
@@ -373,6 +537,12 @@ class HardenedRendezvousHandler(RendezvousHandler):
         each also with a process set's suffix)."""
         base = _PROCESS_SET_SUFFIX.sub("", scope)
         return base in self.server.scope_size
+
+    def _gloo_limit(self, scope: str, key: str) -> int | None:
+        """The largest value Gloo writes under ``/scope/key`` for the current ring;
+        None when it writes nothing there."""
+        size = self.server.scope_size.get(_PROCESS_SET_SUFFIX.sub("", scope))
+        return None if size is None else gloo_value_limit(size, key)
 
     # -- methods
 
@@ -415,37 +585,56 @@ class HardenedRendezvousHandler(RendezvousHandler):
             return
         scope, key = parsed
         if scope == PUT_WORKER_ADDRESSES:
-            limit = MAX_WORKER_ADDRESSES_BYTES
-            slot = self._planned_slot(key) if self.driver is not None else None
-            if slot is None:
-                self._refuse(403, "not a slot of any ring of this job")
-                return
+            self._register(key)
         elif scope in READ_ONLY_SCOPES:
             self._refuse(403, "read-only scope")
-            return
-        elif not self._is_gloo_scope(scope) or not _GLOO_KEY.match(key):
-            self._refuse(403, "not a key of the current ring's rendezvous")
-            return
         else:
-            limit = MAX_BODY_BYTES
-        body = self._read_body(limit)
+            self._put_gloo_key(scope, key)
+
+    def _register(self, key: str) -> None:
+        """Take a worker's registration for a slot of the current ring, one at a time
+        per slot: the driver probes its addresses before it answers."""
+        slot = self._planned_slot(key, current=True) if self.driver is not None else None
+        if slot is None:
+            self._refuse(403, "not a slot of the current ring")
+            return
+        body = self._read_body(MAX_WORKER_ADDRESSES_BYTES)
         if body is None:
             return
-        if scope == PUT_WORKER_ADDRESSES:
-            try:
-                addresses, secret_key = decode_worker_addresses(body)
-            except HostileInput as error:
-                self._refuse(400, str(error))
-                return
+        try:
+            addresses, secret_key = decode_worker_addresses(body)
+        except HostileInput as error:
+            self._refuse(400, str(error))
+            return
+        if not self.server.begin_registration(slot):
+            self._refuse(429, "a registration of this slot is under way")
+            return
+        try:
             driver = self.driver
-            assert driver is not None and slot is not None
+            assert driver is not None
             driver.register_worker_server(slot[0], slot[1], addresses, secret_key)
-        else:
-            self._put_value(scope, key, body)
+        finally:
+            self.server.end_registration(slot)
         self.send_status_code(200)
 
-    def _read_body(self, limit: int) -> bytes | None:
-        """The request's body, or None once the request was refused."""
+    def _put_gloo_key(self, scope: str, key: str) -> None:
+        """Store a key Gloo's rendezvous writes for the current ring, within its bound
+        and the store's budget."""
+        limit = self._gloo_limit(scope, key)
+        if limit is None:
+            self._refuse(403, "not a key of the current ring's rendezvous")
+            return
+        body = self._read_body(min(limit, MAX_BODY_BYTES), self.server.store_room())
+        if body is None:
+            return
+        if not self.server.store(scope, key, body):
+            self._refuse(413, "the store is full")
+            return
+        self.send_status_code(200)
+
+    def _read_body(self, limit: int, room: int | None = None) -> bytes | None:
+        """The request's body, or None once the request was refused. A body over
+        ``limit``, or over ``room`` (what the store has left), is refused unread."""
         if "Transfer-Encoding" in self.headers:
             self._refuse(411, "a body without Content-Length")
             return None
@@ -455,6 +644,9 @@ class HardenedRendezvousHandler(RendezvousHandler):
             return None
         if int(length) > limit:
             self._refuse(413, f"a body of {length} bytes (at most {limit})")
+            return None
+        if room is not None and _charge(b"") + int(length) > room:
+            self._refuse(413, "the store is full")
             return None
         try:
             body = self.rfile.read(int(length))
@@ -473,10 +665,11 @@ class HardenedRendezvousHandler(RendezvousHandler):
         scope, key = parsed
         if scope in READ_ONLY_SCOPES or not self._is_gloo_scope(scope):
             self._refuse(403, "not a scope of the current ring's rendezvous")
-        elif not key.isascii() or not key.isdigit() or len(key) > 9:
-            self._refuse(403, "not a rank")
+        elif not key.isdigit() or self._gloo_limit(scope, key) is None:
+            self._refuse(403, "not a rank of the current ring")  # Gloo's Finalize: its rank
         else:
-            super().do_DELETE()
+            self.server.finish(scope, key)
+            self.send_status_code(200)
 
     def do_HEAD(self) -> None:  # SimpleHTTPRequestHandler's would describe local files
         self._refuse(405, "method not allowed")
@@ -526,12 +719,89 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
     def __init__(self, addr: Any, handler: Any, verbose: int) -> None:
         super().__init__(addr, handler, verbose)
         self.planned_slots: frozenset[tuple[str, int]] = frozenset()
+        """Every slot of every ring planned: they may ask for their rank (Horovod
+        answers one that is no longer planned with ``-1``: it leaves)."""
+        self.current_slots: frozenset[tuple[str, int]] = frozenset()
+        """The current ring's slots: only they may register."""
         self.abandoned = False
         """The current ring lost a member while forming (see ``RingTracker.abandon``)."""
+        # Each rank finishing a scope counts once, however often it says so.
+        self.finished_list: collections.defaultdict[str, set[str]] = collections.defaultdict(set)
+        self.store_bytes = 0
+        """What the Gloo keys in :attr:`cache` count (see :func:`_charge`); under
+        ``cache_lock``."""
+        self.store_budget = 0
+        self._registering: set[tuple[str, int]] = set()
+        self._registering_lock = threading.Lock()
         self._warnings = _WarningBudget()
 
     def warn(self, message: str) -> None:
         self._warnings.warn(message)
+
+    # -- the store (Horovod's ``cache``), counted
+
+    def init(self, host_alloc_plan: Any) -> None:
+        """Horovod's: clear the store and size the new ring's scopes; and set the
+        store's budget for that ring."""
+        super().init(host_alloc_plan)
+        budget = store_budget(self.scope_size)
+        with self.cache_lock:
+            self.store_bytes = sum(map(_charge, _values(self.cache)))
+            self.store_budget = budget
+
+    def store_room(self) -> int:
+        """The bytes the store can still take."""
+        with self.cache_lock:
+            return self.store_budget - self.store_bytes
+
+    def store(self, scope: str, key: str, value: bytes) -> bool:
+        """Put ``value`` under ``/scope/key`` if the store has room for it."""
+        with self.cache_lock:
+            entries = self.cache.get(scope, {})
+            grown = self.store_bytes + _charge(value) - _charge(entries.get(key))
+            if grown > self.store_budget:
+                return False
+            self.cache.setdefault(scope, entries)[key] = value
+            self.store_bytes = grown
+        return True
+
+    def finish(self, scope: str, key: str) -> None:
+        """Rank ``key`` is done with ``scope`` (Gloo's ``Finalize``). Horovod's
+        ``DELETE``: a scope of the plan is cleared once every rank has finished it (and
+        every scope's count starts again); a process set's loses that rank's address."""
+        if scope in self.scope_size:
+            with self.finished_list_lock:
+                finished = self.finished_list[scope]
+                finished.add(key)
+                if len(finished) < self.scope_size[scope]:
+                    return
+                self.finished_list.clear()
+                with self.cache_lock:
+                    entries = self.cache.get(scope, {})
+                    self.store_bytes -= sum(map(_charge, entries.values()))
+                    entries.clear()
+            return
+        with self.cache_lock:
+            entries = self.cache.get(scope)
+            if entries is None:
+                return
+            self.store_bytes -= _charge(entries.pop(key, None))
+            if not entries:
+                del self.cache[scope]
+
+    # -- registrations
+
+    def begin_registration(self, slot: tuple[str, int]) -> bool:
+        """Whether ``slot`` may register now: one registration per slot at a time."""
+        with self._registering_lock:
+            if slot in self._registering:
+                return False
+            self._registering.add(slot)
+            return True
+
+    def end_registration(self, slot: tuple[str, int]) -> None:
+        with self._registering_lock:
+            self._registering.discard(slot)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
@@ -601,9 +871,9 @@ class RingTracker(RendezvousServer):
 
     def init(self, host_alloc_plan):  # type: ignore[no-untyped-def]
         httpd = self._httpd
-        httpd.planned_slots = httpd.planned_slots | {
-            (slot.hostname, slot.local_rank) for slot in host_alloc_plan
-        }
+        current = frozenset((slot.hostname, slot.local_rank) for slot in host_alloc_plan)
+        httpd.planned_slots = httpd.planned_slots | current
+        httpd.current_slots = current
         result = super().init(host_alloc_plan)  # clears the store
         self.world_sizes.append(len(host_alloc_plan))
         httpd.abandoned = False

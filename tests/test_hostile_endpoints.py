@@ -11,6 +11,7 @@ throws all of it at every port of a running local job.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import logging
 import os
@@ -150,6 +151,7 @@ class Server:
                     dict(self.httpd.finished_list),
                     self.httpd.scope_size,
                     self.httpd.planned_slots,
+                    self.httpd.store_bytes,
                 )
             )
 
@@ -255,9 +257,9 @@ def test_gloo_keys_of_the_current_ring_round_trip_and_nothing_else_is_stored(
     value = os.urandom(136)
     try:
         for scope in ("global", "local_host-0", "cross_0", "global_process_set_hash_5a1f"):
-            assert server.request("PUT", f"/{scope}/rank_1", value)[0] == 200
-            assert server.request("GET", f"/{scope}/rank_1") == (200, value)
-        assert server.request("DELETE", "/global_process_set_hash_5a1f/rank_1")[0] == 403
+            assert server.request("PUT", f"/{scope}/rank_0", value)[0] == 200
+            assert server.request("GET", f"/{scope}/rank_0") == (200, value)
+        assert server.request("DELETE", "/global_process_set_hash_5a1f/rank_0")[0] == 403
         for path in ("/local_host-9/0", "/cross_1/0", "/evil/0", "/global/../x", "/global/0/"):
             assert server.request("PUT", path, value)[0] in (400, 403), path
         assert server.request("PUT", "/spotring/ring", b"7")[0] == 403
@@ -268,6 +270,7 @@ def test_gloo_keys_of_the_current_ring_round_trip_and_nothing_else_is_stored(
         with server.httpd.cache_lock:
             server.httpd.cache.clear()
             server.httpd.cache.update(before[0])
+            server.httpd.store_bytes = before[4]
 
 
 def test_the_ring_generation_is_plain_digits(server: Server) -> None:
@@ -286,6 +289,94 @@ def test_an_oversize_body_is_refused_before_it_is_sent(server: Server) -> None:
         assert parse_answer(receive_all(sock))[0] == 413
     assert "0" not in server.httpd.cache.get("global", {})
     assert_serving(server)
+
+
+# ------------------------------------------------------------------ the store's bounds
+
+ADDRESS = 136
+"""The size of one Gloo TCP pair address."""
+
+
+def scope_sizes(server: Server) -> dict[str, int]:
+    return dict(server.httpd.scope_size)
+
+
+def test_only_the_keys_gloo_writes_for_the_planned_ring_are_taken() -> None:
+    fresh = Server()
+    try:
+        sizes = scope_sizes(fresh)
+        assert sizes == {"global": 2, "local_host-0": 1, "local_host-1": 1, "cross_0": 2}
+        for base, size in sizes.items():
+            for scope in (base, f"{base}_process_set_hash_9c2e"):
+                for rank in range(size):  # what Gloo's connectFullMesh writes, at full size
+                    address = os.urandom(ADDRESS * (size - 1))
+                    assert fresh.request("PUT", f"/{scope}/rank_{rank}", b"host")[0] == 200
+                    assert fresh.request("PUT", f"/{scope}/{rank}", address)[0] == 200
+                    assert fresh.request("GET", f"/{scope}/{rank}") == (200, address)
+                for key in (f"rank_{size}", str(size), "01", "rank_01", "rank_", "999999"):
+                    assert fresh.request("PUT", f"/{scope}/{key}", b"x")[0] == 403, (scope, key)
+                    assert fresh.request("DELETE", f"/{scope}/{key}")[0] == 403, (scope, key)
+        # A value longer than Gloo's is refused before it is read.
+        assert fresh.request("PUT", "/global/0", bytes(257))[0] == 413
+        assert fresh.request("PUT", "/global/rank_0", bytes(257))[0] == 413
+        assert fresh.request("PUT", "/global/1", bytes(MAX_BODY_BYTES))[0] == 413
+        assert_serving(fresh)
+    finally:
+        fresh.tracker.stop()
+
+
+def test_puts_of_large_values_end_at_the_store_budget_and_the_next_ring_starts_empty(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fresh = Server()
+    try:
+        httpd = fresh.httpd
+        budget = httpd.store_budget
+        assert budget == rendezvous.store_budget(scope_sizes(fresh)) < 64 << 10
+        value = bytes(rendezvous.PAIR_ADDRESS_MAX_BYTES)  # the most one key takes here
+        taken = 0
+        with caplog.at_level(logging.WARNING, logger="spotring.driver.rendezvous"):
+            for n in range(10_000):  # new process-set scopes, one after another
+                status, _ = fresh.request("PUT", f"/global_process_set_hash_{n:x}/0", value)
+                if status != 200:
+                    break
+                taken += 1
+        assert status == 413 and "the store is full" in caplog.text
+        assert 0 < taken <= budget // len(value)
+        with httpd.cache_lock:
+            stored = sum(len(v) for entries in httpd.cache.values() for v in entries.values())
+            assert stored <= httpd.store_bytes <= budget
+        assert_serving(fresh)
+        fresh.tracker.init(plan())  # the next ring: an empty store, the same budget
+        assert httpd.store_bytes == 0 and httpd.store_budget == budget
+        assert fresh.request("PUT", "/global/0", bytes(ADDRESS))[0] == 200
+    finally:
+        fresh.tracker.stop()
+
+
+def test_a_scope_is_cleared_when_each_of_its_ranks_has_finished_it_once() -> None:
+    fresh = Server()
+    try:
+        httpd = fresh.httpd
+        for scope in ("global", "global_process_set_hash_9c2e"):
+            for rank in (0, 1):
+                assert fresh.request("PUT", f"/{scope}/rank_{rank}", b"host")[0] == 200
+                assert fresh.request("PUT", f"/{scope}/{rank}", bytes(ADDRESS))[0] == 200
+        before = httpd.store_bytes
+        # Rank 0 says twice that it is done: the scope stays for rank 1 (Horovod's list
+        # counted both and cleared it under rank 1's feet).
+        assert fresh.request("DELETE", "/global/0")[0] == 200
+        assert fresh.request("DELETE", "/global/0")[0] == 200
+        assert fresh.request("GET", "/global/0") == (200, bytes(ADDRESS))
+        assert fresh.request("DELETE", "/global/1")[0] == 200
+        assert httpd.cache["global"] == {}
+        # A process set's scope loses the finished rank's address (as Horovod's).
+        assert fresh.request("DELETE", "/global_process_set_hash_9c2e/1")[0] == 200
+        assert set(httpd.cache["global_process_set_hash_9c2e"]) == {"rank_0", "rank_1", "0"}
+        per_key = rendezvous.ENTRY_OVERHEAD_BYTES
+        assert httpd.store_bytes == before - 2 * (4 + per_key) - 3 * (ADDRESS + per_key)
+    finally:
+        fresh.tracker.stop()
 
 
 def test_head_describes_no_file(server: Server) -> None:
@@ -359,6 +450,7 @@ def test_hostile_pickles_are_refused_without_being_loaded(raw: bytes, server: Se
         ({}, bytes(32)),
         ({"lo\n": [("127.0.0.1", 1)]}, bytes(32)),
         ({"lo": [("127.0.0.1", 1)] * 2000}, bytes(32)),
+        ({"lo": [("127.0.0.1", 1)] * 9, "eth0": [("10.0.0.1", 1)] * 8}, bytes(32)),  # 17
         ([{"lo": [("127.0.0.1", 1)]}, bytes(32)],),
         ({"lo": [("127.0.0.1", 1)]}, bytes(32), None),
         "just a string",
@@ -372,6 +464,107 @@ def test_registrations_of_the_wrong_shape_are_refused(value: object) -> None:
 def test_the_right_shape_decodes() -> None:
     value = ({"lo": [("127.0.0.1", 5)], "eth0": [("10.0.0.1", 5)]}, bytes(range(32)))
     assert decode_worker_addresses(base64.b64encode(cloudpickle.dumps(value))) == value
+
+
+def test_a_registration_may_list_as_many_addresses_as_interfaces_and_no_more() -> None:
+    addresses = {f"eth{n}": [(f"10.0.0.{n}", 5)] for n in range(rendezvous.MAX_ADDRESSES)}
+    value = (addresses, bytes(32))
+    assert decode_worker_addresses(base64.b64encode(cloudpickle.dumps(value))) == value
+    addresses["eth99"] = [("10.0.0.99", 5)]
+    with pytest.raises(HostileInput, match="more than 16 addresses"):
+        decode_worker_addresses(base64.b64encode(cloudpickle.dumps((addresses, bytes(32)))))
+
+
+def test_only_the_current_rings_slots_may_register() -> None:
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    fresh = Server()
+    try:
+        body = base64.b64encode(cloudpickle.dumps(({"lo": [("127.0.0.1", 5)]}, bytes(32))))
+        assert fresh.request("PUT", "/worker_addresses/host-0:0", body)[0] == 200
+        # host-0 leaves: the next ring is host-1 alone.
+        fresh.tracker.init([SlotInfo("host-1", 0, 0, 0, 1, 1, 1)])
+        assert fresh.request("PUT", "/worker_addresses/host-0:0", body)[0] == 403
+        assert fresh.request("PUT", "/worker_addresses/host-1:0", body)[0] == 200
+        assert [r[:2] for r in fresh.driver.registered] == [("host-0", 0), ("host-1", 0)]
+        # A worker of the slot that left still asks for its rank: Horovod answers it
+        # (-1 for a slot it no longer has, and the worker leaves).
+        assert fresh.request("GET", "/rank_and_size/host-0:0")[0] == 200
+    finally:
+        fresh.tracker.stop()
+
+
+class BlockingDriver(StubDriver):
+    """Registrations that take until :attr:`release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def register_worker_server(
+        self, host: str, slot: int, addresses: dict[str, Any], secret_key: bytes
+    ) -> None:
+        self.entered.set()
+        assert self.release.wait(10)
+        super().register_worker_server(host, slot, addresses, secret_key)
+
+
+def test_a_slot_registers_once_at_a_time() -> None:
+    fresh = Server()
+    fresh.driver = driver = BlockingDriver()
+    fresh.httpd.RequestHandlerClass = rendezvous_handler(driver)
+    body = base64.b64encode(cloudpickle.dumps(({"lo": [("127.0.0.1", 5)]}, bytes(32))))
+    answers: list[int] = []
+    first = threading.Thread(
+        target=lambda: answers.append(fresh.request("PUT", "/worker_addresses/host-0:0", body)[0])
+    )
+    try:
+        first.start()
+        assert driver.entered.wait(5)
+        assert fresh.request("PUT", "/worker_addresses/host-0:0", body)[0] == 429
+        driver.release.set()
+        first.join(5)
+        assert answers == [200]
+        assert fresh.request("PUT", "/worker_addresses/host-0:0", body)[0] == 200
+        assert len(driver.registered) == 2
+    finally:
+        driver.release.set()
+        fresh.tracker.stop()
+
+
+def test_address_probes_run_at_most_the_limit_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from horovod.runner.common.util.network import NoValidAddressesFound
+
+    running, peak, lock = 0, 0, threading.Lock()
+
+    def slow_probe(self: Any, interface: str, endpoint: Any, found: Any) -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+
+    monkeypatch.setattr(rendezvous.SafeWorkerNotificationClient, "_probe_one", slow_probe)
+    driver = StubDriver()
+    driver._verbose = 0  # type: ignore[attr-defined]
+    driver._worker_clients = {}  # type: ignore[attr-defined]
+    use_safe_worker_clients(driver, max_probes=3)
+    addresses = {f"eth{n}": [(f"10.0.0.{n}", 5)] for n in range(rendezvous.MAX_ADDRESSES)}
+
+    def register(slot: int) -> None:
+        with pytest.raises(NoValidAddressesFound):
+            driver.register_worker_server("host-0", slot, addresses, bytes(32))
+
+    registrations = [threading.Thread(target=register, args=(slot,)) for slot in range(4)]
+    for thread in registrations:
+        thread.start()
+    for thread in registrations:
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in registrations)
+    assert peak == 3, peak  # 64 probes in all, 3 at a time
 
 
 # ------------------------------------------------------------------ the driver's clients
@@ -485,6 +678,85 @@ def test_a_registered_service_that_never_answers_is_given_up(
         with pytest.raises(NoValidAddressesFound):
             driver.register_worker_server("host-0", 0, addresses, os.urandom(32))
         assert time.monotonic() - started < 5
+
+
+class TricklingService:
+    """A 'notification service' that answers a byte at a time, each well within any
+    socket timeout, and never finishes: a header announcing a long message."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        stop = self.stop = threading.Event()
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                with contextlib.suppress(OSError):
+                    self.rfile.read(32)
+                    (length,) = struct.unpack("i", self.rfile.read(4))
+                    self.rfile.read(length)
+                    frame = bytes(32) + struct.pack("i", 60_000) + bytes(60_000)
+                    for byte in frame:
+                        if stop.wait(interval):
+                            return
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        self.address = ("127.0.0.1", self.server.server_address[1])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def finishes_within(seconds: float, call: Any, *args: Any) -> BaseException | None:
+    """What ``call(*args)`` raised, run in a thread, asserting it ended in ``seconds``."""
+    raised: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call(*args)
+            raised.append(None)
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {time.monotonic() - started:.1f} s"
+    return raised[0]
+
+
+def test_an_answer_that_trickles_in_is_given_up_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from horovod.runner.common.util import secret
+    from horovod.runner.common.util.network import NoValidAddressesFound
+    from horovod.runner.elastic.worker import HostUpdateResult, WorkerNotificationService
+
+    monkeypatch.setattr(rendezvous, "ANSWER_TIMEOUT_SECONDS", 0.3)
+    trickling = TricklingService()
+    driver = ProbingDriver()
+    key = secret.make_secret_key()
+    service = WorkerNotificationService(key, "lo", Updates())
+    try:
+        # Registering an address that trickles: each of 3 attempts ends at 0.3 s.
+        addresses = {"lo": [trickling.address]}
+        error = finishes_within(4, driver.register_worker_server, "host-0", 0, addresses, key)
+        assert isinstance(error, NoValidAddressesFound)
+        # A registered worker whose service starts to trickle: a host-change notice
+        # to it is given up as soon (Horovod's discovery thread waits for it).
+        driver.register_worker_server("host-0", 0, service.addresses(), key)
+        client = driver._worker_clients[("host-0", 0)]
+        client._addresses = {"lo": [trickling.address]}
+        error = finishes_within(4, client.notify_hosts_updated, 1.0, HostUpdateResult.added)
+        assert isinstance(error, TimeoutError)
+    finally:
+        trickling.close()
+        service.shutdown()
 
 
 def test_a_real_worker_service_is_registered_and_reached() -> None:
