@@ -41,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal, Protocol
 
@@ -57,6 +57,12 @@ STOP_GRACE_SECONDS = 5.0
 
 LAUNCH_FAILED_EXIT = 255
 """The exit code reported for a worker that could not be started or watched."""
+
+MAX_LINE_CHARS = 64 << 10
+"""The longest line of a worker's output the driver keeps: the rest of a longer line is
+read in chunks of this size and dropped, so a worker printing without newlines cannot
+fill the driver's memory. The supervisor's own lines (notices, ready) are short and
+always start a line of their own."""
 
 STOPPED_EXIT = 128 + signal.SIGTERM
 """Reported for a stopped worker that exited 0 anyway (over ssh, a remote worker killed
@@ -349,7 +355,7 @@ class ProcessLauncher:
         stream = launch.process.stdout
         if stream is None:
             return
-        for line in stream:
+        for line in _bounded_lines(stream, launch):
             if notices is not None and line.startswith(MESSAGE_MARKER):
                 notices.read(line)
                 continue
@@ -482,6 +488,27 @@ def _without_key(env: Mapping[str, str]) -> dict[str, str]:
 
 def _prefix(spec: WorkerSpec) -> str:
     return f"[{spec.rank}]<{spec.host}:{spec.local_rank}>"
+
+
+def _bounded_lines(stream: IO[str], launch: _Launch) -> Iterator[str]:
+    """The lines of ``stream``, each cut at :data:`MAX_LINE_CHARS` (the rest dropped, and
+    the first cut logged once per launch); never more than that in memory at once."""
+    dropping = warned = False
+    while line := stream.readline(MAX_LINE_CHARS):
+        if dropping:  # the rest of a line already cut
+            dropping = not line.endswith("\n")
+            continue
+        if len(line) >= MAX_LINE_CHARS and not line.endswith("\n"):
+            dropping = True
+            line += " [cut]\n"
+            if not warned:
+                warned = True
+                log.warning(
+                    "worker %s printed a line longer than %d characters; cut",
+                    launch.prefix,
+                    MAX_LINE_CHARS,
+                )
+        yield line
 
 
 class _NoticeReader:

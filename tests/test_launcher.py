@@ -300,3 +300,78 @@ def test_a_notice_comes_through_the_supervisor_signed_and_out_of_the_output() ->
     assert "[2]<host-1:0>: no newline yet\n" in out.getvalue()
     (exit,) = listener.exits
     assert exit.stopped and not exit.failed and result[0][0] != 0
+
+
+def test_a_line_without_end_is_cut_in_bounded_memory_and_what_follows_still_arrives(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker prints 100 MiB without a newline: the driver keeps the first
+    MAX_LINE_CHARS of it, says so once, and the notice and lines after it come through;
+    the driver's Python memory never holds the line (the whole run traced)."""
+    import tracemalloc
+
+    from spotring.driver.launcher import MAX_LINE_CHARS
+    from spotring.providers.local_metadata import FakeImds
+    from spotring.worker_image.peer_abort import JOB_KEY_ENV
+
+    class Heard(Listener):
+        def __init__(self) -> None:
+            super().__init__()
+            self.notices: list[str] = []
+
+        def worker_noticed(self, host: str, notice: object) -> None:
+            self.notices.append(host)
+
+    printed, go = tmp_path / "printed", tmp_path / "go"
+    script = (
+        "head -c 104857600 /dev/zero | tr '\\0' x; "  # 100 MiB, no newline
+        f"touch {printed}; while [ ! -e {go} ]; do sleep 0.05; done; "
+        "printf 'after\\n'; head -c 200000 /dev/zero | tr '\\0' y; printf '\\nend\\n'"
+    )
+    out, listener = io.StringIO(), Heard()
+    launcher = ProcessLauncher(remote=False, listeners=[listener], output=out)
+    tracemalloc.start()
+    try:
+        with FakeImds() as imds, caplog.at_level("WARNING", logger="spotring.driver.launcher"):
+            worker = WorkerSpec(
+                host="host-1",
+                local_rank=0,
+                rank=2,
+                argv=("sh", "-c", script),
+                env={**ENV, JOB_KEY_ENV: os.urandom(32).hex()},
+                notices={"watcher": "aws", "endpoint": imds.endpoint("host-1"), "interval": 0.1},
+            )
+            result: list[tuple[int, float]] = []
+            thread = threading.Thread(target=lambda: result.append(launcher(worker, [])))
+            thread.start()
+            deadline = time.monotonic() + 60
+            while not printed.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # the driver reads the rest of it
+            imds.announce_interruption("host-1", time.time() + 120)
+            while not listener.notices and time.monotonic() < deadline:
+                time.sleep(0.05)
+            go.touch()
+            thread.join(timeout=60)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * MAX_LINE_CHARS + (2 << 20), peak  # not the 100 MiB line
+    assert result and result[0][0] == 0
+    assert listener.notices == ["host-1"]
+    lines = out.getvalue().splitlines()
+    prefix = "[2]<host-1:0>: "
+    assert lines[0] == prefix + "x" * MAX_LINE_CHARS + " [cut]"
+    # (If the notice came before the driver read all the x's, the supervisor's newline
+    # before it ended the line there, and the rest is a line of its own, cut too.)
+    assert all(set(line[len(prefix) :].removesuffix(" [cut]")) == {"x"} for line in lines[:-3])
+    assert all(len(line) <= len(lines[0]) for line in lines)
+    assert lines[-3:] == [
+        prefix + "after",
+        prefix + "y" * MAX_LINE_CHARS + " [cut]",
+        prefix + "end",
+    ]
+    cut = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
+    assert cut == [
+        f"worker {prefix[:-2]} printed a line longer than {MAX_LINE_CHARS} characters; cut"
+    ]
