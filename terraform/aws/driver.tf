@@ -54,8 +54,7 @@ resource "aws_instance" "driver" {
   # Current-generation types are EBS-optimized anyway; this makes it explicit.
   ebs_optimized = true
 
-  # A public address for ssh from ssh_ingress_cidrs (empty by default); opt-out.
-  #checkov:skip=CKV_AWS_88:the public address is opt-out (driver_associate_public_ip) for ssh from ssh_ingress_cidrs, which is empty by default; the driver serves nothing else to the outside
+  # No public address unless driver_associate_public_ip (off by default).
   associate_public_ip_address = var.driver_associate_public_ip
 
   # Basic (5-minute) monitoring: nothing reads 1-minute instance metrics.

@@ -23,6 +23,11 @@ output "driver_public_ip" {
   value       = aws_instance.driver.public_ip
 }
 
+output "driver_address" {
+  description = "Address to ssh to the driver at: its public IP with driver_associate_public_ip, else its private IP (reach it through a bastion, VPN or SSM)."
+  value       = coalesce(aws_instance.driver.public_ip, aws_instance.driver.private_ip)
+}
+
 output "driver_private_ip" {
   description = "Private IP address of the driver host; the workers reach its rendezvous server there."
   value       = aws_instance.driver.private_ip

@@ -206,9 +206,9 @@ variable "driver_instance_type" {
 }
 
 variable "driver_associate_public_ip" {
-  description = "Give the driver host a public IP address (needs a public driver subnet)."
+  description = "Give the driver host a public IP address (needs a public driver subnet). Off by default: reach the driver through SSM Session Manager, a bastion or a VPN. The workers never get one."
   type        = bool
-  default     = true
+  default     = false
 }
 
 # --- ssh --------------------------------------------------------------------------------
@@ -246,8 +246,8 @@ variable "ssh_ingress_cidrs" {
   default     = []
 
   validation {
-    condition     = alltrue([for c in var.ssh_ingress_cidrs : can(cidrhost(c, 0)) && !strcontains(c, ":")])
-    error_message = "ssh_ingress_cidrs must hold IPv4 CIDR blocks such as 203.0.113.7/32."
+    condition     = alltrue([for c in var.ssh_ingress_cidrs : can(cidrhost(c, 0)) && !strcontains(c, ":") && !endswith(c, "/0")])
+    error_message = "ssh_ingress_cidrs must hold IPv4 CIDR blocks such as 203.0.113.7/32; 0.0.0.0/0 and ::/0 (any /0: ssh from the whole internet) are not allowed."
   }
 }
 
@@ -258,8 +258,8 @@ variable "spotring_package" {
   type        = string
 
   validation {
-    condition     = length(trimspace(var.spotring_package)) > 0 && !strcontains(var.spotring_package, "'") && !strcontains(var.spotring_package, "\n")
-    error_message = "spotring_package must be a non-empty pip requirement without single quotes or newlines."
+    condition     = length(trimspace(var.spotring_package)) > 0 && !strcontains(var.spotring_package, "'") && !strcontains(var.spotring_package, "\n") && !strcontains(lower(var.spotring_package), "http://")
+    error_message = "spotring_package must be a non-empty pip requirement without single quotes, newlines or http:// URLs (use https://)."
   }
 }
 
@@ -280,8 +280,8 @@ variable "torch_index_url" {
   default     = "https://download.pytorch.org/whl/cpu"
 
   validation {
-    condition     = var.torch_index_url == "" || can(regex("^https?://[^'\\s]+$", var.torch_index_url))
-    error_message = "torch_index_url must be \"\" or an http(s) URL."
+    condition     = var.torch_index_url == "" || can(regex("^https://[^'\\s]+$", var.torch_index_url))
+    error_message = "torch_index_url must be \"\" or an https:// URL (http:// is refused: anyone on the path could swap torch)."
   }
 }
 
@@ -297,13 +297,13 @@ variable "horovod_version" {
 }
 
 variable "horovod_wheel_url" {
-  description = "URL of a prebuilt Horovod wheel (built against the same torch, Python and architecture). Empty means build Horovod from source on each host, which takes several minutes."
+  description = "https URL of a prebuilt Horovod wheel (built against the same torch, Python and architecture) ending in #sha256=<its sha256>, which pip checks. Empty means build Horovod's hash-pinned sdist from source on each host, which takes several minutes."
   type        = string
   default     = ""
 
   validation {
-    condition     = var.horovod_wheel_url == "" || can(regex("^https?://[^'\\s]+\\.whl$", var.horovod_wheel_url))
-    error_message = "horovod_wheel_url must be \"\" or an http(s) URL of a .whl file."
+    condition     = var.horovod_wheel_url == "" || can(regex("^https://[^'\\s#]+\\.whl#sha256=[0-9a-f]{64}$", var.horovod_wheel_url))
+    error_message = "horovod_wheel_url must be \"\" or an https:// URL of a .whl file ending in #sha256=<64 hex digits> (http:// is refused)."
   }
 }
 
@@ -319,7 +319,7 @@ variable "horovod_gpu_operations" {
 }
 
 variable "job_setup_commands" {
-  description = "Shell commands run (bash -euo pipefail, as ssh_user, venv first on PATH) at the end of every host's bootstrap, e.g. to fetch the training code. Workers start in the driver's working directory, so put the code at the same path on all hosts."
+  description = "Shell commands run (bash -euo pipefail, as ssh_user, venv first on PATH) at the end of every host's bootstrap, e.g. to fetch the training code. Workers start in the driver's working directory, so put the code at the same path on all hosts. They must hold no secrets: they are stored in the user data (readable through the instance metadata service), in Terraform state and in the bootstrap log."
   type        = string
   default     = ""
 

@@ -53,8 +53,16 @@ resource "aws_launch_template" "workers" {
   description            = "spotring ${var.name} worker"
   image_id               = local.worker_ami_id
   key_name               = var.key_name
-  vpc_security_group_ids = [aws_security_group.cluster.id]
   update_default_version = true
+
+  # Workers never get a public address (their subnets' default notwithstanding): they
+  # serve Horovod's unauthenticated ports and reach the internet through NAT.
+  network_interfaces {
+    device_index                = 0
+    associate_public_ip_address = false
+    security_groups             = [aws_security_group.cluster.id]
+    delete_on_termination       = true
+  }
 
   iam_instance_profile {
     name = aws_iam_instance_profile.worker.name
