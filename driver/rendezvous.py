@@ -12,8 +12,10 @@ clients) with a request handler that:
 * decodes a registration with :func:`decode_worker_addresses`: no class or function is
   ever looked up, and only the shape Horovod's worker sends is accepted; it is handed
   to the driver and never stored;
-* answers ``rank_and_size`` and takes registrations only for slots of a ring this
-  driver planned;
+* answers ``rank_and_size`` only for slots of a ring this driver planned (Horovod
+  answers a slot that left with ``-1``, and its worker leaves), and takes
+  registrations only for slots of the current ring, one at a time per slot, each
+  listing at most :data:`MAX_ADDRESSES` addresses;
 * stores ``PUT`` s only under the keys Gloo's rendezvous writes for the current ring
   (``rank_<r>`` and ``<r>`` for each rank ``r`` below a scope's size), each up to the
   size Gloo's value has there, and the whole store up to a budget made from the plan
@@ -26,7 +28,9 @@ clients) with a request handler that:
 
 A registration names an address and a key, and the driver then talks to that address:
 :func:`use_safe_worker_clients` makes the driver's client for it unpickle nothing but
-Horovod's three answer classes, whatever key the service signs with.
+Horovod's three answer classes, whatever key the service signs with, gives a
+connection and a whole answer :data:`ANSWER_TIMEOUT_SECONDS` each, and probes at most
+:data:`MAX_CONCURRENT_PROBES` addresses at once.
 
 What it cannot do: tell a worker from anyone else who can reach the port. Horovod's
 clients (the C++ Gloo store, the Python worker) send no credential, so a well-formed
@@ -96,6 +100,11 @@ MAX_WORKER_ADDRESSES_BYTES = 128 << 10
 
 REQUEST_DEADLINE_SECONDS = 10.0
 """How long a client has to send its whole request (line, headers and body)."""
+
+MAX_CONNECTIONS = 4096
+"""Most connections served at once (a thread each); more are closed unanswered. A ring
+of N workers needs about 2 N: each worker's rank request waits for the whole ring, and
+each polls Gloo's keys one request at a time."""
 
 MAX_ADDRESSES = 16
 """Most addresses a registration may list. Horovod's worker sends each IPv4 address of
@@ -733,10 +742,29 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         self.store_budget = 0
         self._registering: set[tuple[str, int]] = set()
         self._registering_lock = threading.Lock()
+        self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._warnings = _WarningBudget()
 
     def warn(self, message: str) -> None:
         self._warnings.warn(message)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """socketserver's (a thread per connection), up to :data:`MAX_CONNECTIONS`."""
+        if not self._connections.acquire(blocking=False):
+            self.warn(f"closed a connection from {client_address[0]}: too many open")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: it will not release
+            self._connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()
 
     # -- the store (Horovod's ``cache``), counted
 

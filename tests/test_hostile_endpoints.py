@@ -423,6 +423,26 @@ def test_a_slow_client_is_cut_off_and_others_are_served_meanwhile() -> None:
         slow.tracker.stop()
 
 
+def test_connections_beyond_the_limit_are_closed_and_the_server_recovers() -> None:
+    fresh = Server(deadline=30.0)
+    fresh.httpd._connections = threading.BoundedSemaphore(4)
+    try:
+        with ExitStack() as idle:
+            for _ in range(4):  # connected, sending nothing: each holds a thread
+                sock = idle.enter_context(socket.create_connection(("127.0.0.1", fresh.port)))
+                sock.sendall(b"GET /spotring/ring HTTP/1.0\r\n")
+            time.sleep(0.2)
+            started = time.monotonic()
+            assert fresh.request("GET", "/spotring/ring") == (0, b"")  # closed at once
+            assert time.monotonic() - started < 2
+        deadline = time.monotonic() + 5  # the idle ones gone: served again
+        while fresh.request("GET", "/spotring/ring") != (200, b"1"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        fresh.tracker.stop()
+
+
 # ------------------------------------------------------------------ registrations
 
 
