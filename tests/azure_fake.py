@@ -262,6 +262,16 @@ class Member:
         """The instance id (Uniform) or the VM name (Flexible)."""
         return self.instance_id if self.instance_id is not None else self.name
 
+    @property
+    def has_instance_view(self) -> bool:
+        """A VM being created has no instance view yet (it has no statuses to report)."""
+        return self.provisioning_state != "Creating"
+
+    @property
+    def has_nic(self) -> bool:
+        """Its network interface is made while the VM is created: none before."""
+        return self.provisioning_state != "Creating"
+
     def to_dict(self) -> dict[str, Any]:
         """A plain description."""
         data = asdict(self)
@@ -760,7 +770,7 @@ class FakeScaleSet:
                 os_profile=os_profile,
                 network_profile=self._nic_ref(m),
             )
-            if instance_view:
+            if instance_view and m.has_instance_view:
                 props.instance_view = cm.VirtualMachineScaleSetVMInstanceView(
                     computer_name=m.computer_name,
                     os_name="ubuntu",
@@ -794,7 +804,7 @@ class FakeScaleSet:
         if self.priority in ("Spot", "Low"):
             vprops.eviction_policy = self.eviction_policy
             vprops.billing_profile = cm.BillingProfile(max_price=self.max_price)
-        if instance_view:
+        if instance_view and m.has_instance_view:
             vprops.instance_view = cm.VirtualMachineInstanceView(
                 computer_name=m.computer_name,
                 os_name="ubuntu",
@@ -1610,7 +1620,7 @@ class FakeArm:
             expand = query.get("$expand", "").lower() == "instanceview"
             return 200, scale_set.vm(member, instance_view=expand), {}
         if api == "networkInterfaces.listVirtualMachineScaleSetNetworkInterfaces":
-            items = [scale_set.nic(m) for m in scale_set.members]
+            items = [scale_set.nic(m) for m in scale_set.members if m.has_nic]
             return 200, self._page(items, path, query), {}
         raise AssertionError(api)
 
@@ -1751,6 +1761,7 @@ class FakeArm:
             for s in self.scale_sets.values()
             if s.resource_group.lower() == rg.lower() and not s.uniform
             for m in s.members
+            if m.has_nic
         ]
         items = [s.nic(m) for m, s in sorted(pairs, key=lambda p: p[0].seq)]
         return self._page(items, path, query)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -460,3 +461,48 @@ def test_a_rebalance_recommendation_drains_only_when_asked(
     assert ("b" in ready) is not drain_on_rebalance
     controller._take_noticed_hosts()
     assert provider.noticed == [("i-b", "rebalance")]  # a replacement starts early either way
+
+
+# ------------------------------------------------- members the cloud reports failed
+
+
+def _evicted(name: str) -> Instance:
+    return replace(instance(name, InstanceState.GONE), failure="spot VM evicted (deallocated)")
+
+
+@pytest.mark.parametrize("replace_failed", [True, False])
+def test_a_member_the_cloud_reports_failed_is_replaced_only_by_decision(
+    provider: ScriptedProvider, recorder: Recorder, replace_failed: bool
+) -> None:
+    job = JobShape(num_proc=2, min_num_proc=1, max_num_proc=3, replace_failed=replace_failed)
+    controller = make_controller(provider, recorder, job=job, replace_grace=60)
+    controller.step()
+    provider.members[0] = _evicted("a")
+
+    for _ in range(3):
+        controller.step()
+
+    # Once, at once (no grace: the cloud said so, not a failing job), unless --no-replace.
+    assert provider.replaced == (["i-a"] if replace_failed else [])
+    assert recorder.failed == [("a", "spot VM evicted (deallocated)")]
+
+
+def test_a_listing_without_a_job_never_replaces(
+    provider: ScriptedProvider, recorder: Recorder
+) -> None:
+    provider.members[0] = _evicted("a")
+    controller = make_controller(provider, recorder)  # as for `spotring discover`
+
+    controller.step()
+
+    assert provider.replaced == [] and provider.targets == []
+
+
+def test_keep_size_is_asked_only_while_steering(provider: ScriptedProvider) -> None:
+    calls: list[str] = []
+    provider.keep_size = lambda: calls.append("keep")  # type: ignore[method-assign]
+
+    make_controller(provider).step()
+    assert calls == []
+    make_controller(provider, job=JOB).step()
+    assert calls == ["keep"]

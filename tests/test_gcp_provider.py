@@ -404,6 +404,40 @@ def test_options_are_checked_before_any_call(fake: FakeCompute) -> None:
     assert not fake.requests
 
 
+@pytest.mark.parametrize(
+    "endpoint", ["http://compute.example.com", "http://10.0.0.5:8080/compute", "http://[fd00::1]"]
+)
+def test_plain_http_to_another_host_is_refused_before_a_token_is_sent(
+    fake: FakeCompute,
+    endpoint: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from spotring.autoscaler.cli import main
+
+    # The credentials would refresh against the fake: no token may be asked either.
+    monkeypatch.setenv(
+        "GOOGLE_APPLICATION_CREDENTIALS", str(fake.write_credentials(tmp_path / "c.json"))
+    )
+    with pytest.raises(ConfigurationError, match="only for a test server on loopback"):
+        GcpProvider("g", zone=ZONE, project="p", endpoint=endpoint)
+
+    status = main(["discover", "--provider", "gcp", "--group", "g", "--zone", ZONE,
+                   "--project", "p", "--endpoint", endpoint])  # fmt: skip
+
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err == (
+        "spotring discover: error: --endpoint over plain http is only for a test server"
+        " on loopback\n"
+    )
+    assert not fake.requests
+    # https anywhere, and http on loopback (the fake) stay accepted.
+    GcpProvider("g", zone=ZONE, project="p", endpoint="https://compute.example.com")
+    GcpProvider("g", zone=ZONE, project="p", endpoint=fake.url)
+
+
 def test_application_default_credentials_from_a_file(
     fake: FakeCompute, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,195 @@
+"""Every core option a provider reads from the parsed command line takes effect.
+
+Providers read ``spotring run``/``discover`` options with ``getattr(options, NAME,
+default)``, so a NAME that is not the option's ``dest`` is silently the default (the GCP
+provider read ``options.resize`` where ``--no-resize`` is stored as ``no_resize``). The
+options here come from the real parser (:func:`spotring.autoscaler.cli.parse`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotring.autoscaler.cli import parse
+from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
+from spotring.providers.base import ConfigurationError, Provider
+
+PM = get_plugin_manager(load_entry_points=False)
+AZURE_ENDPOINT = "http://127.0.0.1:9"
+GCP_BASE = ["--group", "g", "--zone", "us-central1-a", "--project", "p"]
+AZURE_BASE = ["--group", "g", "--resource-group", "rg", "--subscription", "s"]
+BASE = {
+    "aws": ["--group", "g", "--region", "us-east-1"],
+    "gcp": GCP_BASE,
+    "azure": [*AZURE_BASE, "--endpoint", AZURE_ENDPOINT],
+}
+SDK = {"aws": "boto3", "gcp": "google.cloud.compute_v1", "azure": "azure.mgmt.compute"}
+
+
+@pytest.fixture(autouse=True)
+def offline_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Credentials that make no call until used, and nothing of this machine's."""
+    for key in [k for k in os.environ if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    adc = tmp_path / "adc.json"
+    adc.write_text(
+        json.dumps(
+            {
+                "type": "authorized_user",
+                "client_id": "c",
+                "client_secret": "s",
+                "refresh_token": "r",
+            }
+        )
+    )
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+
+
+class _Strict(argparse.Namespace):
+    """Options that record every name read that the parser never set."""
+
+    def __init__(self, options: argparse.Namespace) -> None:
+        super().__init__(**vars(options))
+        object.__setattr__(self, "_unset", [])
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_"):
+            self._unset.append(name)
+        raise AttributeError(name)
+
+
+def options_for(command: str, provider: str, *extra: str) -> tuple[argparse.Namespace, type]:
+    argv = [command, "--provider", provider, *BASE[provider], *extra]
+    if command == "run":
+        argv += ["-np", "1", "--", "true"]
+    options, cls = parse(argv, PM)
+    assert cls is not None
+    return options, cls
+
+
+def make(command: str, provider: str, *extra: str) -> Provider:
+    pytest.importorskip(SDK[provider])
+    options, cls = options_for(command, provider, *extra)
+    return cls.from_options(options)
+
+
+@pytest.mark.parametrize("command", ["run", "discover"])
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+def test_providers_read_only_options_the_parser_sets(command: str, provider: str) -> None:
+    pytest.importorskip(SDK[provider])
+    options, cls = options_for(command, provider)
+    strict = _Strict(options)
+
+    made = cls.from_options(strict)
+    made.close()
+
+    # `discover` has no --no-resize: a provider may ask, and takes the default.
+    allowed = {"no_resize"} if command == "discover" else set()
+    assert set(strict._unset) <= allowed, f"{provider} read options never set: {strict._unset}"
+
+
+def test_every_cloud_provider_is_covered() -> None:
+    names = set(provider_registry(PM).names())
+    assert {"aws", "gcp", "azure"} <= names
+
+
+CHECKS: list[tuple[str, list[str], Callable[[Any], object], object]] = [
+    ("spot_only", ["--spot-only"], lambda p: p.spot_only, True),
+    ("slots_per_host", ["--slots-per-host", "3"], lambda p: p.slots_per_host, 3),
+    ("scale_down_on_exit", ["--scale-down-on-exit"], lambda p: p.scale_down_on_exit, True),
+    ("max_api_attempts", ["--max-api-attempts", "7"], lambda p: p.max_api_attempts, 7),
+]
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+@pytest.mark.parametrize(("name", "flags", "read", "wanted"), CHECKS, ids=[c[0] for c in CHECKS])
+def test_a_common_option_takes_effect(
+    provider: str, name: str, flags: list[str], read: Callable[[Any], object], wanted: object
+) -> None:
+    made = make("run", provider, *flags)
+    assert read(made) == wanted
+    assert read(make("run", provider)) != wanted, "the default differs"
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+def test_the_slots_label_option_takes_effect(provider: str) -> None:
+    flag = "--slots-label" if provider == "gcp" else "--slots-tag"
+    assert make("discover", provider, flag, "gpus").slots.label == "gpus"  # type: ignore[attr-defined]
+
+
+def test_aws_options_take_effect() -> None:
+    made: Any = make("discover", "aws", "--endpoint-url", "http://127.0.0.1:9")
+    assert (made.group, made.region) == ("g", "us-east-1")
+    assert made.autoscaling.meta.endpoint_url == "http://127.0.0.1:9"
+    with pytest.raises(ConfigurationError, match="profile 'nope' not found"):
+        make("discover", "aws", "--profile", "nope")
+
+
+def test_gcp_options_take_effect() -> None:
+    made: Any = make("discover", "gcp", "--endpoint", "http://127.0.0.1:9")
+    assert (made.group, made.zone, made.region, made.project) == ("g", "us-central1-a", None, "p")
+    assert made.endpoint == "http://127.0.0.1:9"
+    assert made._resize_disabled_by_user is False
+    assert make("run", "gcp", "--no-resize")._resize_disabled_by_user is True  # type: ignore[attr-defined]
+    options, cls = parse(
+        ["discover", "--provider", "gcp", "--group", "g", "--region", "us-central1",
+         "--project", "p"], PM,
+    )  # fmt: skip
+    assert cls.from_options(options).region == "us-central1"  # type: ignore[union-attr,attr-defined]
+
+
+def test_azure_options_take_effect() -> None:
+    made: Any = make("discover", "azure", "--keep-evicted")
+    assert (made.group, made.resource_group, made.subscription) == ("g", "rg", "s")
+    assert made.endpoint == AZURE_ENDPOINT and made.keep_evicted is True
+    assert make("discover", "azure").keep_evicted is False  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------- --no-resize against the fake
+
+
+@pytest.fixture
+def compute() -> Iterator[Any]:
+    pytest.importorskip("google.cloud.compute_v1", reason="the gcp extra is not installed")
+    from tests.gcp_fake import FakeCompute
+
+    with FakeCompute() as fake:
+        yield fake
+
+
+@pytest.mark.parametrize("no_resize", [False, True])
+def test_gcp_no_resize_quiets_the_autoscaler_warning(
+    compute: Any,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    no_resize: bool,
+) -> None:
+    zone = "us-central1-a"
+    autoscaler = f"projects/{compute.project}/zones/{zone}/autoscalers/as"
+    compute.add_group("workers", zone=zone, size=1, autoscaler=autoscaler)
+    adc = compute.write_credentials(tmp_path / "fake-adc.json")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+    argv = ["run", "--provider", "gcp", "--group", "workers", "--zone", zone,
+            "--project", compute.project, "--endpoint", compute.url, "-np", "1"]  # fmt: skip
+    options, cls = parse([*argv, *(["--no-resize"] if no_resize else []), "--", "true"], PM)
+    provider = cls.from_options(options)  # type: ignore[union-attr]
+
+    with caplog.at_level(logging.INFO, logger="spotring.providers.gcp"):
+        provider.list_instances()
+
+    (record,) = [r for r in caplog.records if "is sized by autoscaler as" in r.getMessage()]
+    assert record.levelno == (logging.INFO if no_resize else logging.WARNING)
