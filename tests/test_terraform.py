@@ -465,9 +465,116 @@ def test_cluster_security_group_allows_traffic_between_members(aws: Module) -> N
         for r in rules
     ), "no all-traffic rule between members of the cluster security group"
     template = aws.resource("aws_launch_template", "workers")
-    assert "${aws_security_group.cluster.id}" in template["vpc_security_group_ids"]
+    (interface,) = template["network_interfaces"]
+    assert "${aws_security_group.cluster.id}" in interface["security_groups"]
     driver = aws.resource("aws_instance", "driver")
     assert "${aws_security_group.cluster.id}" in driver["vpc_security_group_ids"]
+
+
+def test_workers_never_get_a_public_ip(aws: Module) -> None:
+    template = aws.resource("aws_launch_template", "workers")
+    (interface,) = template["network_interfaces"]
+    assert interface["associate_public_ip_address"] is False
+    assert interface["device_index"] == 0
+    # Security groups go on the interface; the template-level list would conflict.
+    assert "vpc_security_group_ids" not in template
+
+
+def test_driver_has_no_public_ip_by_default(aws: Module) -> None:
+    driver = aws.resource("aws_instance", "driver")
+    assert driver["associate_public_ip_address"] == "${var.driver_associate_public_ip}"
+    assert aws.variables["driver_associate_public_ip"]["default"] is False
+    # ssh goes to whichever address the driver has.
+    address = aws.outputs["driver_address"]["value"]
+    assert address == ("${coalesce(aws_instance.driver.public_ip, aws_instance.driver.private_ip)}")
+
+
+def _validation(module: Module, variable: str) -> str:
+    (validation,) = module.variables[variable]["validation"]
+    return validation["condition"] + "\n" + validation["error_message"]
+
+
+def test_ssh_from_the_whole_internet_is_refused(aws: Module) -> None:
+    text = _validation(aws, "ssh_ingress_cidrs")
+    assert '!endswith(c, "/0")' in text and '!strcontains(c, ":")' in text
+    assert "0.0.0.0/0" in text and "::/0" in text  # the message names them
+
+
+def test_only_https_urls_for_wheels_and_indexes(aws: Module) -> None:
+    assert "^https://" in _validation(aws, "torch_index_url")
+    assert "https?" not in _validation(aws, "torch_index_url")
+    wheel = _validation(aws, "horovod_wheel_url")
+    assert "^https://" in wheel and "#sha256=[0-9a-f]{64}$" in wheel
+    assert "http://" in _validation(aws, "spotring_package")
+
+
+# The validations themselves, by Terraform: a copy of variables.tf alone needs no
+# provider, so `terraform plan` runs offline.
+AWS_REQUIRED = {
+    "name": "spot-train",
+    "region": "us-east-1",
+    "vpc_id": "vpc-0abc",
+    "subnet_ids": ["subnet-0a"],
+    "instance_types": ["g5.xlarge"],
+    "min_size": 1,
+    "max_size": 2,
+    "desired_capacity": 1,
+    "ssh_public_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver"],
+    "spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+}
+GOOD_WHEEL = "https://example.com/horovod-0.28.1-cp312-cp312-linux_x86_64.whl#sha256=" + "a" * 64
+
+
+@pytest.fixture(scope="module")
+def aws_variables_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("terraform") is None:
+        pytest.skip("no terraform binary on PATH")
+    workdir = tmp_path_factory.mktemp("aws-variables")
+    shutil.copy(AWS / "variables.tf", workdir)
+    done = subprocess.run(
+        ["terraform", "init", "-input=false", "-no-color"],
+        cwd=workdir, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return workdir
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        ({"ssh_ingress_cidrs": ["203.0.113.7/32"]}, None),
+        ({"ssh_ingress_cidrs": ["0.0.0.0/0"]}, "ssh_ingress_cidrs"),
+        ({"ssh_ingress_cidrs": ["::/0"]}, "ssh_ingress_cidrs"),
+        ({"ssh_ingress_cidrs": ["10.0.0.0/8", "0.0.0.0/0"]}, "ssh_ingress_cidrs"),
+        ({"torch_index_url": "http://download.pytorch.org/whl/cpu"}, "torch_index_url"),
+        ({"torch_index_url": ""}, None),
+        ({"horovod_wheel_url": GOOD_WHEEL}, None),
+        ({"horovod_wheel_url": GOOD_WHEEL.replace("https", "http")}, "horovod_wheel_url"),
+        ({"horovod_wheel_url": GOOD_WHEEL.split("#")[0]}, "horovod_wheel_url"),
+        (
+            {
+                "spotring_package": "spotring[aws] @ http://example.com/spotring-0.1.0-py3-none-any.whl"
+            },
+            "spotring_package",
+        ),
+    ],
+)
+def test_terraform_validations(
+    aws_variables_only: Path, tmp_path: Path, overrides: dict, refused: str | None
+) -> None:
+    var_file = tmp_path / "test.tfvars.json"
+    var_file.write_text(json.dumps({**AWS_REQUIRED, **overrides}))
+    done = subprocess.run(
+        ["terraform", "plan", "-input=false", "-no-color", "-lock=false", "-refresh=false",
+         f"-var-file={var_file}", f"-state={tmp_path / 'state'}"],
+        cwd=aws_variables_only, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    if refused is None:
+        assert done.returncode == 0, output
+    else:
+        assert done.returncode != 0, output
+        assert "Invalid value for variable" in output and f"var.{refused}" in output, output
 
 
 def _templatefile_calls(aws: Module) -> list[tuple[str, list[str]]]:
@@ -621,3 +728,160 @@ def test_terraform_cli(tmp_path: Path) -> None:
     # `terraform test` validates the configuration first, then runs tests/*.tftest.hcl.
     out = terraform("test")
     assert "0 failed" in out, out
+
+
+# ------------------------------------------------------------------ the hosts' bootstrap
+
+LOCK = REPO / "worker_image" / "requirements-worker.txt"
+BOOTSTRAP = REPO / "worker_image" / "bootstrap.sh.tftpl"
+LOCK_LINE = re.compile(r"[a-z0-9][a-z0-9._-]*==[^\s=]+( --hash=sha256:[0-9a-f]{64})+")
+
+
+def _lock_lines() -> list[str]:
+    lines = LOCK.read_text(encoding="utf-8").splitlines()
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_worker_lock_pins_every_package_with_hashes() -> None:
+    lines = _lock_lines()
+    assert lines, f"{LOCK} pins nothing"
+    for line in lines:
+        assert LOCK_LINE.fullmatch(line), f"not pinned with == and a sha256 hash: {line!r}"
+    names = [line.split("==")[0] for line in lines]
+    assert len(names) == len(set(names)), "a package is pinned twice"
+    setup = (REPO / "scripts" / "setup.sh").read_text(encoding="utf-8")
+    horovod = re.search(r"^horovod_version=(\S+)$", setup, re.MULTILINE).group(1)
+    assert any(line.startswith(f"horovod=={horovod} --hash=") for line in lines)
+    # What the bootstrap needs besides Horovod and torch.
+    assert {"pip", "setuptools", "wheel", "numpy", "cloudpickle", "psutil", "boto3"} <= set(names)
+
+
+def test_bootstrap_embeds_the_lock_verbatim() -> None:
+    text = BOOTSTRAP.read_text(encoding="utf-8")
+    block = re.search(
+        r"# BEGIN requirements-worker.txt\ncat <<'SPOTRING_REQUIREMENTS'\n(.*?)"
+        r"SPOTRING_REQUIREMENTS\n# END requirements-worker.txt\n",
+        text,
+        re.DOTALL,
+    )
+    assert block, "the template carries no requirements block"
+    assert block.group(1) == LOCK.read_text(encoding="utf-8"), (
+        "the template's copy differs from the lock: run scripts/lock-worker-requirements.sh"
+    )
+
+
+def test_bootstrap_installs_with_require_hashes_only() -> None:
+    text = BOOTSTRAP.read_text(encoding="utf-8")
+    installs = re.findall(r"pip_install (.*)", text)
+    hashed = [args for args in installs if "--require-hashes" in args]
+    assert any('-r "$dir/requirements.txt"' in args for args in hashed), installs
+    assert any('"$HOROVOD_WHEEL_URL"' in args for args in hashed), installs
+    assert re.search(r"pip download [^\n]*\\\n\s*--no-build-isolation --require-hashes -r", text)
+    # No name installed unpinned (the only unchecked ones: the local Horovod tree, the
+    # user's spotring requirement, and torch where the lock has none, all --no-deps).
+    for args in installs:
+        if "--require-hashes" in args:
+            continue
+        assert '"$SPOTRING_PACKAGE"' in args or "--no-deps" in args, args
+    assert "--upgrade" not in text
+
+
+def _render(overrides: dict[str, str] | None = None) -> str:
+    """templatefile() for the plain ${name} placeholders the template uses."""
+    values = {
+        "role": "worker",
+        "ssh_user": "ubuntu",
+        "ssh_authorized_keys": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver",
+        "torch_version": "2.13.0",
+        "torch_index_url": "https://download.pytorch.org/whl/cpu",
+        "horovod_version": "0.28.1",
+        "horovod_wheel_url": "",
+        "horovod_gpu_operations": "",
+        "spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+        "region": "us-east-1",
+        "group_name": "spot-train",
+        "lifecycle_hook_name": "spot-train-bootstrap",
+        "job_setup_commands": "true",
+        **(overrides or {}),
+    }
+    text = BOOTSTRAP.read_text(encoding="utf-8").replace("$${", "\0")
+    text = re.sub(r"\$\{([A-Za-z_]\w*)\}", lambda m: values[m.group(1)], text)
+    return text.replace("\0", "${")
+
+
+def _source(tmp_path: Path, script: str, commands: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(script, encoding="utf-8")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "SPOTRING_VENV": str(tmp_path / "venv"),
+        "SPOTRING_BOOTSTRAP_LOG": str(tmp_path / "log" / "bootstrap.log"),
+        "SPOTRING_STATE_DIR": str(tmp_path / "state"),
+        "CALLS": str(tmp_path / "calls"),
+    }
+    return subprocess.run(
+        ["bash", "-c", f"source {shlex.quote(str(path))}\n{commands}"],
+        env=env, capture_output=True, text=True, timeout=30, check=False, cwd=tmp_path,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"torch_index_url": "http://download.pytorch.org/whl/cpu"},
+        {"horovod_wheel_url": "http://example.com/horovod-0.28.1-cp312-cp312-linux_x86_64.whl"},
+        {"spotring_package": "spotring[aws] @ http://example.com/spotring-0.1.0.whl"},
+    ],
+)
+def test_bootstrap_refuses_http_urls(tmp_path: Path, overrides: dict[str, str]) -> None:
+    done = _source(tmp_path, _render(overrides), "require_https")
+    assert done.returncode != 0
+    assert "http" in done.stderr and "https://" in done.stderr, done.stderr
+    assert _source(tmp_path, _render(), "require_https").returncode == 0
+
+
+def _fake_python(tmp_path: Path, version: str) -> None:
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [ "$1" = -c ]; then echo {version}; exit 0; fi\n'
+        'echo "$*" >>"$CALLS"\n'
+        'for a in "$@"; do [ "$prev" = -r ] && cp "$a" "$CALLS.req"; prev=$a; done\n'
+    )
+    python.chmod(0o755)
+
+
+def test_bootstrap_installs_the_lock_with_hash_checking(tmp_path: Path) -> None:
+    python = re.search(r"^# python: (\S+)", LOCK.read_text(), re.MULTILINE).group(1)
+    _fake_python(tmp_path, python)
+    done = _source(tmp_path, _render(), "install_torch")
+    assert done.returncode == 0, done.stderr
+    first = (tmp_path / "calls").read_text().splitlines()[0]
+    assert (
+        "-m pip install" in first and "--require-hashes" in first and "--only-binary=:all:" in first
+    )
+    installed = (tmp_path / "calls.req").read_text().splitlines()
+    assert installed == [
+        line for line in LOCK.read_text().splitlines() if not line.startswith("horovod==")
+    ]
+
+
+def test_bootstrap_stops_on_a_python_the_lock_does_not_cover(tmp_path: Path) -> None:
+    _fake_python(tmp_path, "3.9")
+    done = _source(tmp_path, _render(), "install_torch")
+    assert done.returncode != 0 and "not 3.9" in done.stderr, done.stderr
+    assert not (tmp_path / "calls").exists()
+
+
+def test_bootstrap_log_is_root_only(tmp_path: Path) -> None:
+    steps = (
+        "require_https authorize_keys install_system_packages create_venv install_torch "
+        "install_spotring install_horovod expose_venv verify run_job_setup complete_lifecycle"
+    )
+    stubs = "\n".join(f"{step}() {{ :; }}" for step in steps.split())
+    done = _source(tmp_path, _render(), f"umask 022\n{stubs}\nmain\numask")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "log" / "bootstrap.log").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+    assert done.stdout.strip().endswith("0022"), "the venv must stay readable by ssh_user"
