@@ -78,6 +78,33 @@ DESCRIBE_INSTANCE_TYPES_BATCH = 100
 
 DEFAULT_SLOTS_TAG = "spotring:slots"
 
+# ------------------------------------------------------- fields the answers must hold
+#
+# A field the API reference marks required (botocore's service model carries the same
+# "required" lists) missing makes the listing a retryable MalformedAnswer; an optional
+# one keeps its documented meaning. References: Amazon EC2 Auto Scaling API Reference
+# (autoscaling/ec2/APIReference), Amazon EC2 API Reference (AWSEC2/latest/APIReference).
+#
+# DescribeAutoScalingGroups
+#   AutoScalingGroups               required (API_DescribeAutoScalingGroups, Response)
+#   AutoScalingGroupName, MinSize,  required (API_AutoScalingGroup)
+#   MaxSize
+#   Instances                       "Required: No" (API_AutoScalingGroup); spotring still
+#                                   requires it: an absent list cannot be told from an
+#                                   answer cut short, and an empty group drops every host
+#   Instances[].InstanceId,         required (API_Instance)
+#   LifecycleState, HealthStatus
+# DescribeInstances (API_Instance marks every member "Required: No")
+#   Reservations[].Instances[]      the list itself: what the filtered call returns
+#   InstanceId                      needed to match the member asked for (instance-id filter)
+#   State.Name                      needed: without it a running instance looks like none
+#   PrivateIpAddress                optional: absent while pending (not assigned yet);
+#                                   required once State.Name is running, where an instance
+#                                   in a VPC always has its primary private IPv4 address
+#   Tags[].Key, Tags[].Value        required of a tag that is sent (API_Tag)
+# DescribeInstanceTypes
+#   InstanceTypes[].InstanceType    needed to match the type asked for; GpuInfo optional
+
 # ------------------------------------------------------------------- state maps
 
 LIFECYCLE_STATE_MAP: Mapping[str, InstanceState] = {

@@ -102,6 +102,32 @@ CAPACITY_ERRORS = frozenset(
 )
 """Codes of a VM that could not be provisioned for lack of spot capacity."""
 
+# ------------------------------------------------------- fields the answers must hold
+#
+# ARM's Compute and Network specifications (azure-rest-api-specs, as generated into
+# azure-mgmt-compute / azure-mgmt-network's models) mark response fields read-only
+# rather than required; what spotring relies on, and why:
+#
+# virtualMachineScaleSets.get
+#   id, location, properties        sent for every tracked resource (location:
+#                                   "The geo-location where the resource lives. Required")
+#   sku.capacity                    optional: "Specifies the number of virtual machines in
+#                                   the scale set"; absent reads as 0
+# virtualMachineScaleSetVMs.list / virtualMachines.list ($expand=instanceView)
+#   value                           the page itself (ARM's list shape: {"value": [...]})
+#   name, id                        read-only, set by the server for every resource
+#   properties.provisioningState    "The provisioning state, which only appears in the
+#                                   response": every VM listed has one
+#   properties.instanceView         optional: a VM being created has none yet (PENDING);
+#                                   required of a provisioned one (Succeeded, Updating),
+#                                   whose PowerState/* status tells running from stopped
+#   instanceView.statuses[].code    "The status code": a status without one is malformed
+#   vmHealth, zones, tags, priority optional: no health probe, no zone, no tags, the set's
+# networkInterfaces (the set's, or the resource group's for Flexible sets)
+#   a NIC per VM                    optional while the VM is being created; a running
+#                                   VM's NIC with ipConfigurations[].privateIPAddress is
+#                                   required (every VM in a VNet has a private address)
+
 # ------------------------------------------------------------------- state maps
 
 PROVISIONING_STATE_MAP: Mapping[str, InstanceState] = {

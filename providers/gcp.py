@@ -83,6 +83,44 @@ CAPACITY_ERRORS = frozenset(
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
 
+# ------------------------------------------------------- fields the answers must hold
+#
+# What Compute Engine's REST reference (compute/docs/reference/rest/v1, the same text as
+# google-cloud-compute's message docs) says of each field spotring reads. A field the
+# API always sends missing makes the listing a retryable MalformedAnswer; an absent
+# optional one keeps its documented meaning.
+#
+# instanceGroupManagers.get (InstanceGroupManager)
+#   name, targetSize                always sent (targetSize: "The target number of
+#                                   running instances for this managed instance group")
+#   status.autoscaler               optional: no autoscaler attached
+# listManagedInstances (ManagedInstance)
+#   managedInstances[]              optional: an empty group sends none (checked against
+#                                   targetSize, see GcpProvider.list_members)
+#   name                            required: "The name always exists even if the
+#                                   instance has not yet been created"
+#   currentAction                   required: every member has one (NONE: "The instance
+#                                   is running, and the group does not have any scheduled
+#                                   actions for this instance")
+#   id, instanceStatus              optional, together: "empty when the instance does
+#                                   not exist" (being created, or its creation failed):
+#                                   then PENDING, no address. One without the other, or
+#                                   NONE without them, is malformed
+#   instance (the URL)              optional: "can exist even if the instance has not yet
+#                                   been created"; required of an existing VM whose zone
+#                                   only the URL names (a regional group)
+#   instanceHealth[], lastAttempt   optional: no health check; no failed attempt
+# instances.list (Instance)
+#   items[]                         optional: none match; all of them missing is malformed
+#   name, id, status                always sent (id: "[Output Only] The unique identifier
+#                                   for the resource. This identifier is defined by the
+#                                   server"; status: "[Output Only] The status of the
+#                                   instance")
+#   networkInterfaces[0].networkIP  required once RUNNING: "If not specified by the user,
+#                                   an unused internal IP is assigned by the system"
+#   scheduling, guestAccelerators,  optional: standard provisioning, no accelerators, no
+#   labels, creationTimestamp       labels, no launch time
+
 # ------------------------------------------------------------------- state maps
 
 CURRENT_ACTION_MAP: Mapping[str, InstanceState] = {

@@ -16,9 +16,13 @@ ready hosts with the same slots. The rule the providers follow for a deleted fie
 (:class:`spotring.providers.cloud.MalformedAnswer`): a field the cloud always sends
 (ids, state fields, a running VM's address, the list of members itself) missing makes the
 whole listing a retryable error, so a member never shows in another state, or vanishes,
-because an answer was broken. A field whose absence means something (no tags, no health
-check, not spot, no accelerators) cannot be told from a deleted one; the groups here are
-built so that deleting those changes nothing the test compares.
+because an answer was broken. Which fields those are is each cloud's API reference, field
+by field (the tables in each provider module): a field the reference lets the cloud leave
+out (a member's id, status and URL before its VM exists, a creating VM's instance view)
+keeps its documented meaning, not a malformed answer. A field whose absence means
+something (no tags, no health check, not spot, no accelerators) cannot be told from a
+deleted one; the groups here are built so that deleting those changes nothing the test
+compares.
 
 Each group has three running members and one still booting, whose details are asked on
 every refresh, so warm refreshes hit the detail calls too.
@@ -343,6 +347,11 @@ def gcp() -> Iterator[Cloud]:
     [Fault("missing_fields", fields=("currentAction",), match="listManagedInstances")],
     [Fault("missing_fields", fields=("id",), match="listManagedInstances")],
     [Fault("missing_fields", fields=("networkIP",), match=r"/instances\?")],
+    # Documented optional: the URL "can exist even if the instance has not yet been created".
+    [Fault("missing_fields", fields=("instance",), match="listManagedInstances")],
+    # Together "empty when the instance does not exist": the booting member reads as one
+    # being created (still PENDING); the running ones as contradictions (malformed).
+    [Fault("missing_fields", fields=("id", "instanceStatus"), match="listManagedInstances")],
 )
 def test_gcp_lists_right_or_fails_retryably(gcp: Cloud, faults: list[Fault]) -> None:
     check(gcp, faults)
@@ -402,6 +411,7 @@ def azure() -> Iterator[Cloud]:
 @every_kind(
     [Fault("missing_fields", fields=("value",), match=r"/virtualMachines\?")],
     [Fault("missing_fields", fields=("statuses",), match=r"/virtualMachines\?")],
+    [Fault("missing_fields", fields=("instanceView",), match=r"/virtualMachines\?")],
     [Fault("missing_fields", fields=("properties",))],
     [Fault("missing_fields", fields=("privateIPAddress",), match="networkInterfaces")],
     [Fault("huge", variant="stream")],
