@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates worker_image/requirements-worker.txt, the hash-pinned list of what the
-# hosts' bootstrap (worker_image/bootstrap.sh.tftpl) installs, and copies it into the
-# template (between its BEGIN/END requirements-worker.txt lines: the user data is the
-# only thing a host gets from Terraform). The bootstrap installs it with
+# hosts' bootstrap (worker_image/bootstrap.sh.tftpl) installs. terraform/aws, gcp and
+# azure read it with file() and pass it to the template as requirements_lock (the boot
+# script is the only thing a host gets from Terraform), so the next `terraform apply`
+# carries it: nothing else to update. The bootstrap installs it with
 # `pip install --require-hashes`, so a host installs exactly these files or nothing.
 #
 # Resolved with pip's own tools in a scratch venv: `pip download` for the hosts'
@@ -16,13 +17,13 @@
 #   SPOTRING_LOCK_WITHOUT_TORCH=1 ...                    # when the torch index is unreachable
 #
 # The torch and Horovod versions are scripts/setup.sh's (tests/test_terraform.py keeps
-# the modules' defaults equal to them). The hosts' AWS user data must stay under 16 KiB:
-# each extra Python version adds a line's worth of hashes per compiled package.
+# the modules' defaults equal to them). The hosts' AWS user data must stay under 16 KiB
+# gzipped (terraform/aws checks it at plan time): hashes do not compress, and each extra
+# Python version adds one per compiled package.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/worker_image/requirements-worker.txt
-template=$root/worker_image/bootstrap.sh.tftpl
 python_versions=${PYTHON_VERSIONS:-3.12}
 platform=${PLATFORM:-manylinux_2_28_x86_64}
 torch_index_url=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
@@ -125,20 +126,4 @@ with open(out, "w", encoding="utf-8") as handle:
     handle.write("\n".join(header + lines) + "\n")
 PY
 
-# The template carries the same lines, between its BEGIN and END marker lines.
-"$work/venv/bin/python" - "$out" "$template" <<'PY'
-import sys
-
-lock_path, template_path = sys.argv[1:]
-lock = open(lock_path, encoding="utf-8").read()
-text = open(template_path, encoding="utf-8").read()
-begin = "# BEGIN requirements-worker.txt\n"
-end = "# END requirements-worker.txt\n"
-head, rest = text.split(begin, 1)
-_, tail = rest.split(end, 1)
-start, heredoc_end = "cat <<'SPOTRING_REQUIREMENTS'\n", "SPOTRING_REQUIREMENTS\n"
-block = start + lock + heredoc_end
-with open(template_path, "w", encoding="utf-8") as handle:
-    handle.write(head + begin + block + end + tail)
-PY
-echo "wrote $out ($(grep -vc '^#' "$out") packages) and updated $template" >&2
+echo "wrote $out ($(grep -vc '^#' "$out") packages)" >&2

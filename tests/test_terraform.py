@@ -578,11 +578,16 @@ def test_terraform_validations(
 
 
 def _templatefile_calls(aws: Module) -> list[tuple[str, list[str]]]:
+    """Every templatefile() call, in a resource ("type.name") or a local ("local.name")."""
     calls = []
     for (rtype, name), body in aws.resources.items():
         for text in _strings(body):
             for args in _function_args(text, "templatefile"):
                 calls.append((f"{rtype}.{name}", args))
+    for name, value in aws.locals.items():
+        for text in _strings(value):
+            for args in _function_args(text, "templatefile"):
+                calls.append((f"local.{name}", args))
     return calls
 
 
@@ -597,7 +602,7 @@ def _resolve_template_path(aws: Module, expression: str) -> Path:
 
 def test_templatefile_paths_exist_and_get_every_variable(aws: Module) -> None:
     calls = _templatefile_calls(aws)
-    assert {where for where, _ in calls} >= {"aws_launch_template.workers", "aws_instance.driver"}
+    assert {where for where, _ in calls} == {"local.worker_bootstrap", "local.driver_bootstrap"}
     for where, args in calls:
         assert len(args) == 2, f"{where}: templatefile({args})"
         path = _resolve_template_path(aws, args[0])
@@ -614,12 +619,33 @@ def test_worker_user_data_finishes_the_launch_hook(aws: Module) -> None:
     (hook,) = asg["initial_lifecycle_hook"]
     assert hook["lifecycle_transition"] == "autoscaling:EC2_INSTANCE_LAUNCHING"
     assert hook["default_result"] == "ABANDON"
-    user_data = aws.resource("aws_launch_template", "workers")["user_data"]
-    assert user_data.startswith("${base64encode(templatefile("), "launch templates need base64"
-    (args,) = _function_args(user_data, "templatefile")
+    (args,) = _function_args(aws.locals["worker_bootstrap"], "templatefile")
     assert re.search(rf"lifecycle_hook_name\s*[=:]\s*{re.escape(hook['name'][2:-1])}\b", args[1])
     assert re.search(r"group_name\s*[=:]\s*var\.name\b", args[1])
     assert asg["name"] == "${var.name}"
+
+
+# EC2 takes at most 16 KiB of user data (before base64): at most 21,844 base64 characters.
+USER_DATA_BASE64_LIMIT = 16 * 1024 // 3 * 4
+
+
+def test_user_data_is_the_gzipped_bootstrap_within_ec2s_limit(aws: Module) -> None:
+    """The bootstrap with its lock is close to 16 KiB as text: the modules send it
+    gzipped (cloud-init unpacks it), and refuse at plan time what would not fit."""
+    template = aws.resource("aws_launch_template", "workers")
+    assert template["user_data"] == "${base64gzip(local.worker_bootstrap)}"
+    driver = aws.resource("aws_instance", "driver")
+    # user_data would take the gzip as a (corrupted) string; user_data_base64 as bytes.
+    assert driver["user_data_base64"] == "${base64gzip(local.driver_bootstrap)}"
+    assert "user_data" not in driver
+    for body, local in ((template, "worker_bootstrap"), (driver, "driver_bootstrap")):
+        conditions = [
+            condition["condition"]
+            for lifecycle in body["lifecycle"]
+            for condition in lifecycle.get("precondition", [])
+        ]
+        wanted = f"${{length(base64gzip(local.{local})) <= {USER_DATA_BASE64_LIMIT}}}"
+        assert wanted in conditions, conditions
 
 
 def test_software_versions_match_the_setup_script(aws: Module) -> None:
@@ -756,18 +782,26 @@ def test_worker_lock_pins_every_package_with_hashes() -> None:
     assert {"pip", "setuptools", "wheel", "numpy", "cloudpickle", "psutil", "boto3"} <= set(names)
 
 
-def test_bootstrap_embeds_the_lock_verbatim() -> None:
+@pytest.mark.parametrize("name", ["aws", "gcp", "azure"])
+def test_every_module_passes_the_lock_file_to_the_bootstrap(name: str) -> None:
+    """One copy of the lock: each module reads it with file() into requirements_lock,
+    and the template has none of its own."""
+    module = Module(TERRAFORM / name)
+    calls = _templatefile_calls(module)
+    assert len(calls) == 2, calls  # the workers' and the driver's
+    for where, args in calls:
+        passed = re.search(
+            r"\brequirements_lock\s*[=:]\s*chomp\(file\(([^()]+)\)\)\s*[,}\n]", args[1]
+        )
+        assert passed, f"{where}: requirements_lock is not chomp(file(...)) of the lock"
+        assert _resolve_template_path(module, passed.group(1)).resolve() == LOCK.resolve()
     text = BOOTSTRAP.read_text(encoding="utf-8")
-    block = re.search(
-        r"# BEGIN requirements-worker.txt\ncat <<'SPOTRING_REQUIREMENTS'\n(.*?)"
-        r"SPOTRING_REQUIREMENTS\n# END requirements-worker.txt\n",
-        text,
-        re.DOTALL,
-    )
-    assert block, "the template carries no requirements block"
-    assert block.group(1) == LOCK.read_text(encoding="utf-8"), (
-        "the template's copy differs from the lock: run scripts/lock-worker-requirements.sh"
-    )
+    assert "--hash=sha256:" not in text and "BEGIN requirements-worker.txt" not in text
+    assert "<<'SPOTRING_REQUIREMENTS'\n${requirements_lock}\nSPOTRING_REQUIREMENTS\n" in text
+    # The lock script writes the lock only (it used to copy it into the template).
+    script = (REPO / "scripts" / "lock-worker-requirements.sh").read_text(encoding="utf-8")
+    code = [line for line in script.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in code if "bootstrap.sh.tftpl" in line or "BEGIN" in line]
 
 
 def test_bootstrap_installs_with_require_hashes_only() -> None:
@@ -802,6 +836,7 @@ def _render(overrides: dict[str, str] | None = None) -> str:
         "group_name": "spot-train",
         "lifecycle_hook_name": "spot-train-bootstrap",
         "job_setup_commands": "true",
+        "requirements_lock": LOCK.read_text(encoding="utf-8").rstrip("\r\n"),  # chomp(file())
         **(overrides or {}),
     }
     text = BOOTSTRAP.read_text(encoding="utf-8").replace("$${", "\0")

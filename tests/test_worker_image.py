@@ -11,6 +11,7 @@ renderer here (no provider or network needed).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "worker_image" / "bootstrap.sh.tftpl"
+LOCK = REPO / "worker_image" / "requirements-worker.txt"
 HOROVOD_PATCH = REPO / "worker_image" / "horovod-failure-paths.patch"
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -43,6 +45,8 @@ WORKER_VARS = {
     "group_name": "spot-train",
     "lifecycle_hook_name": "spot-train-bootstrap",
     "job_setup_commands": 'mkdir -p "$HOME/job"\necho "${HOME}" >"$HOME/job/where"',
+    # What the modules pass: chomp(file(".../requirements-worker.txt")).
+    "requirements_lock": LOCK.read_text(encoding="utf-8").rstrip("\r\n"),
 }
 DRIVER_VARS = {**WORKER_VARS, "role": "driver", "lifecycle_hook_name": ""}
 
@@ -133,9 +137,27 @@ def test_rendered_script_is_valid_bash(variables: dict[str, str], tmp_path: Path
     assert done.returncode == 0, done.stderr
 
 
+USER_DATA_LIMIT = 16 * 1024  # EC2's limit on user data, before base64
+
+
 def test_rendered_script_fits_in_user_data() -> None:
-    # EC2 rejects user data over 16 KiB (before base64).
-    assert len(render(WORKER_VARS).encode()) < 16 * 1024
+    """terraform/aws sends the script gzipped (base64gzip; cloud-init unpacks it): EC2's
+    limit applies to the gzip, with room left for ssh keys and job_setup_commands."""
+    for variables in (WORKER_VARS, DRIVER_VARS):
+        assert (
+            len(gzip.compress(render(variables).encode(), compresslevel=6)) < USER_DATA_LIMIT // 2
+        )
+    # Uncompressible input (random-looking keys and commands) adds its own size; 8 KiB of
+    # it still fits.
+    noise = os.urandom(3 * 1024).hex()  # 6 KiB of hex digits
+    heavy = {
+        **WORKER_VARS,
+        "ssh_authorized_keys": "\n".join(
+            f"ssh-ed25519 {noise[i : i + 68]} k{i}" for i in range(0, 2048, 68)
+        ),
+        "job_setup_commands": f"echo {noise[2048:]}",
+    }
+    assert len(gzip.compress(render(heavy).encode(), compresslevel=6)) < USER_DATA_LIMIT
 
 
 def test_rendered_script_carries_the_cxx17_fix_and_build_flags() -> None:
@@ -163,7 +185,10 @@ def test_terraform_renders_the_same_script(variables: dict[str, str], tmp_path: 
     """This file's renderer against Terraform's own templatefile() (no provider needed)."""
     (tmp_path / "main.tf").write_text(
         'variable "vars" {\n  type = map(string)\n}\n'
-        f'output "rendered" {{\n  value = templatefile("{TEMPLATE.as_posix()}", var.vars)\n}}\n'
+        f'locals {{\n  rendered = templatefile("{TEMPLATE.as_posix()}", var.vars)\n}}\n'
+        'output "rendered" {\n  value = local.rendered\n}\n'
+        # What terraform/aws sends EC2 (base64gzip), in base64 characters.
+        'output "user_data_length" {\n  value = length(base64gzip(local.rendered))\n}\n'
     )
     (tmp_path / "terraform.tfvars.json").write_text(json.dumps({"vars": variables}))
     env = {**os.environ, "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
@@ -188,6 +213,31 @@ def test_terraform_renders_the_same_script(variables: dict[str, str], tmp_path: 
         check=True,
     )
     assert done.stdout == render(variables)
+    done = subprocess.run(
+        ["terraform", "output", "-raw", "user_data_length"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    # Half of EC2's 16 KiB at most (4 base64 characters carry 3 bytes): the rest is
+    # room for ssh keys and job_setup_commands.
+    assert int(done.stdout) * 3 // 4 < USER_DATA_LIMIT // 2
+
+
+def test_lock_is_a_template_variable_not_a_copy() -> None:
+    """The lock reaches the hosts through requirements_lock (file() in each module):
+    the template keeps no copy of it."""
+    text = TEMPLATE.read_text(encoding="utf-8")
+    assert "--hash=sha256:" not in text
+    assert "cat <<'SPOTRING_REQUIREMENTS'\n${requirements_lock}\nSPOTRING_REQUIREMENTS\n" in text
+    rendered = render(WORKER_VARS)
+    assert (
+        f"<<'SPOTRING_REQUIREMENTS'\n{LOCK.read_text(encoding='utf-8')}SPOTRING_REQUIREMENTS\n"
+        in (rendered)
+    )
 
 
 def test_embedded_python_compiles() -> None:
@@ -271,8 +321,16 @@ def test_patch_fails_loudly_when_it_does_not_apply(script: Path, tmp_path: Path)
     assert "did not apply" in done.stderr
 
 
+# A Python the lock covers, for the bootstrap's version check (python -c ...).
+LOCKED_PYTHON = re.search(r"^# python: (\S+)", LOCK.read_text(), re.MULTILINE).group(1)
 FAKE_PYTHON = r"""
+if [ "$1" = -c ]; then echo "$FAKE_PYTHON_VERSION"; exit 0; fi
 printf 'python %s\n' "$*" >>"$CALLS"
+prev=
+for arg in "$@"; do  # keep each -r file: the bootstrap deletes it
+  if [ "$prev" = -r ]; then cp "$arg" "$CALLS.$(basename "$arg")"; fi
+  prev=$arg
+done
 if [ "$1 $2 $3" = "-m pip download" ]; then
   dest=${@: -1}
   tar -czf "$dest/horovod-0.28.1.tar.gz" -C "$FAKE_TREE" horovod-0.28.1
@@ -284,10 +342,14 @@ fi
 """
 
 
-def _fake_venv(tmp_path: Path) -> dict[str, str]:
+def _fake_venv(tmp_path: Path, python: str = LOCKED_PYTHON) -> dict[str, str]:
     _fake_horovod_tree(tmp_path / "fake_tree")
     _executable(tmp_path / "venv" / "bin" / "python", FAKE_PYTHON)
-    return {"FAKE_TREE": str(tmp_path / "fake_tree")}
+    return {"FAKE_TREE": str(tmp_path / "fake_tree"), "FAKE_PYTHON_VERSION": python}
+
+
+def _lock_lines() -> list[str]:
+    return LOCK.read_text(encoding="utf-8").splitlines()
 
 
 def test_source_build_is_patched_flagged_and_without_build_isolation(
@@ -297,9 +359,15 @@ def test_source_build_is_patched_flagged_and_without_build_isolation(
     done = run_sourced(script, "install_horovod", tmp_path, env)
     assert done.returncode == 0, done.stderr
     log = calls(tmp_path)
-    download = [c for c in log if " pip download " in c]
-    assert download and "--no-binary=:all: horovod==0.28.1" in download[0]
-    (install,) = [c for c in log if "--no-build-isolation" in c]
+    (download,) = [c for c in log if " pip download " in c]
+    # Horovod's sdist, hash-checked: only the lock's horovod line, and --require-hashes.
+    assert "--no-binary=:all:" in download and "--no-deps" in download
+    assert re.search(r" --require-hashes -r \S+/horovod\.txt ", download), download
+    assert "horovod==" not in download, "the sdist must come through the hashed -r file"
+    pinned = (tmp_path / "calls.log.horovod.txt").read_text().splitlines()
+    assert pinned == [line for line in _lock_lines() if line.startswith("horovod==0.28.1 ")]
+    assert re.fullmatch(r"horovod==0\.28\.1( --hash=sha256:[0-9a-f]{64})+", pinned[0])
+    (install,) = [c for c in log if " pip install " in c and "--no-build-isolation" in c]
     assert "--no-deps" in install
     envs = {c[4:] for c in log if c.startswith("env ")}
     assert {
@@ -325,22 +393,46 @@ def test_nccl_build_sets_gpu_operations(tmp_path: Path) -> None:
 
 
 def test_prebuilt_wheel_skips_the_build(tmp_path: Path) -> None:
-    url = "https://example.com/horovod-0.28.1-cp312-cp312-linux_x86_64.whl"
+    url = "https://example.com/horovod-0.28.1-cp312-cp312-linux_x86_64.whl#sha256=" + "a" * 64
     path = tmp_path / "bootstrap.sh"
     path.write_text(render({**WORKER_VARS, "horovod_wheel_url": url}))
     done = run_sourced(path, "install_horovod", tmp_path, _fake_venv(tmp_path))
     assert done.returncode == 0, done.stderr
     log = calls(tmp_path)
-    assert len(log) == 1 and log[0].endswith(f"--no-deps {url}"), log
+    # pip checks the wheel against the URL's #sha256= fragment.
+    assert len(log) == 1 and log[0].endswith(f"--require-hashes --no-deps {url}"), log
 
 
 def test_torch_is_pinned_and_comes_from_the_index(script: Path, tmp_path: Path) -> None:
-    _fake_venv(tmp_path)
-    done = run_sourced(script, "install_torch", tmp_path)
+    done = run_sourced(script, "install_torch", tmp_path, _fake_venv(tmp_path))
     assert done.returncode == 0, done.stderr
     log = calls(tmp_path)
-    assert log[0].endswith("--index-url https://download.pytorch.org/whl/cpu torch==2.13.0")
-    assert "numpy" in log[1]
+    # First the whole lock but Horovod, every file hash-checked, binaries only, torch's
+    # index next to PyPI.
+    first = shlex.split(log[0])
+    assert first[:4] == ["python", "-m", "pip", "install"], log[0]
+    assert "--require-hashes" in first and "--only-binary=:all:" in first, log[0]
+    assert first[first.index("--extra-index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+    assert Path(first[first.index("-r") + 1]).name == "requirements.txt", log[0]
+    installed = (tmp_path / "calls.log.requirements.txt").read_text().splitlines()
+    assert installed == [line for line in _lock_lines() if not line.startswith("horovod==")]
+    assert any(line.startswith("numpy==") for line in installed)
+    locked_torch = [line for line in installed if line.startswith("torch==")]
+    if locked_torch:  # torch's own hashes: nothing else installs it
+        assert locked_torch[0].startswith("torch==2.13.0")
+        assert len(log) == 1, log
+    else:  # a lock made without the torch index: the pinned version from it, said so
+        assert log[1:] == [
+            "python -m pip install --no-input --progress-bar off --no-deps "
+            "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0"
+        ]
+        assert "WARNING: the lock has no torch" in done.stderr
+
+
+def test_install_stops_on_a_python_the_lock_does_not_cover(script: Path, tmp_path: Path) -> None:
+    done = run_sourced(script, "install_torch", tmp_path, _fake_venv(tmp_path, "3.9"))
+    assert done.returncode != 0 and "not 3.9" in done.stderr, done.stderr
+    assert calls(tmp_path) == []
 
 
 STEPS = [

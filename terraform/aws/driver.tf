@@ -44,6 +44,27 @@ resource "aws_iam_instance_profile" "driver" {
   role        = aws_iam_role.driver.name
 }
 
+locals {
+  # The same bootstrap as the workers (the driver needs horovod.runner and spotring),
+  # without the lifecycle hook: the driver is no member of the group.
+  driver_bootstrap = templatefile(local.bootstrap_template, {
+    role                   = "driver"
+    ssh_user               = var.ssh_user
+    ssh_authorized_keys    = join("\n", var.ssh_public_keys)
+    torch_version          = var.torch_version
+    torch_index_url        = var.torch_index_url
+    horovod_version        = var.horovod_version
+    horovod_wheel_url      = var.horovod_wheel_url
+    horovod_gpu_operations = ""
+    spotring_package       = var.spotring_package
+    region                 = var.region
+    group_name             = var.name
+    lifecycle_hook_name    = ""
+    job_setup_commands     = var.job_setup_commands
+    requirements_lock      = chomp(file(local.requirements_lock_file))
+  })
+}
+
 resource "aws_instance" "driver" {
   ami                    = local.driver_ami_id
   instance_type          = var.driver_instance_type
@@ -72,28 +93,19 @@ resource "aws_instance" "driver" {
     encrypted   = true
   }
 
-  # The same bootstrap as the workers (the driver needs horovod.runner and spotring),
-  # without the lifecycle hook: the driver is no member of the group.
-  user_data = templatefile(local.bootstrap_template, {
-    role                   = "driver"
-    ssh_user               = var.ssh_user
-    ssh_authorized_keys    = join("\n", var.ssh_public_keys)
-    torch_version          = var.torch_version
-    torch_index_url        = var.torch_index_url
-    horovod_version        = var.horovod_version
-    horovod_wheel_url      = var.horovod_wheel_url
-    horovod_gpu_operations = ""
-    spotring_package       = var.spotring_package
-    region                 = var.region
-    group_name             = var.name
-    lifecycle_hook_name    = ""
-    job_setup_commands     = var.job_setup_commands
-  })
+  # Gzipped like the workers' (user_data would mangle the binary; this takes base64).
+  user_data_base64 = base64gzip(local.driver_bootstrap)
 
   tags = { Name = "${var.name}-driver" }
 
   lifecycle {
     # A newer Ubuntu image (ami_id = null) must not replace a running driver.
     ignore_changes = [ami]
+
+    precondition {
+      # 16 KiB is at most 21,844 base64 characters (whole 3-byte groups).
+      condition     = length(base64gzip(local.driver_bootstrap)) <= 21844
+      error_message = "The driver's user data is over EC2's 16 KiB even gzipped: shorten job_setup_commands (let it fetch a script) or ssh_public_keys."
+    }
   }
 }

@@ -48,6 +48,26 @@ data "aws_ami" "worker" {
   }
 }
 
+locals {
+  # The workers' boot script (tests/plan.tftest.hcl reads it here, unzipped).
+  worker_bootstrap = templatefile(local.bootstrap_template, {
+    role                   = "worker"
+    ssh_user               = var.ssh_user
+    ssh_authorized_keys    = join("\n", var.ssh_public_keys)
+    torch_version          = var.torch_version
+    torch_index_url        = var.torch_index_url
+    horovod_version        = var.horovod_version
+    horovod_wheel_url      = var.horovod_wheel_url
+    horovod_gpu_operations = var.horovod_gpu_operations
+    spotring_package       = var.spotring_package
+    region                 = var.region
+    group_name             = var.name
+    lifecycle_hook_name    = local.launch_hook_name
+    job_setup_commands     = var.job_setup_commands
+    requirements_lock      = chomp(file(local.requirements_lock_file))
+  })
+}
+
 resource "aws_launch_template" "workers" {
   name_prefix            = "${var.name}-worker-"
   description            = "spotring ${var.name} worker"
@@ -87,25 +107,20 @@ resource "aws_launch_template" "workers" {
     }
   }
 
-  user_data = base64encode(templatefile(local.bootstrap_template, {
-    role                   = "worker"
-    ssh_user               = var.ssh_user
-    ssh_authorized_keys    = join("\n", var.ssh_public_keys)
-    torch_version          = var.torch_version
-    torch_index_url        = var.torch_index_url
-    horovod_version        = var.horovod_version
-    horovod_wheel_url      = var.horovod_wheel_url
-    horovod_gpu_operations = var.horovod_gpu_operations
-    spotring_package       = var.spotring_package
-    region                 = var.region
-    group_name             = var.name
-    lifecycle_hook_name    = local.launch_hook_name
-    job_setup_commands     = var.job_setup_commands
-  }))
+  # Gzipped: cloud-init unpacks it, and EC2's 16 KiB limit applies to what it gets.
+  user_data = base64gzip(local.worker_bootstrap)
 
   tag_specifications {
     resource_type = "volume"
     tags          = { Name = "${var.name}-worker" }
+  }
+
+  lifecycle {
+    precondition {
+      # 16 KiB is at most 21,844 base64 characters (whole 3-byte groups).
+      condition     = length(base64gzip(local.worker_bootstrap)) <= 21844
+      error_message = "The workers' user data is over EC2's 16 KiB even gzipped: shorten job_setup_commands (let it fetch a script) or ssh_public_keys."
+    }
   }
 }
 

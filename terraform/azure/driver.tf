@@ -114,6 +114,7 @@ resource "azurerm_linux_virtual_machine" "driver" {
     group_name             = var.name
     lifecycle_hook_name    = ""
     job_setup_commands     = var.job_setup_commands
+    requirements_lock      = chomp(file(local.requirements_lock_file))
   }))
 
   # Serial log (cloud-init's output) in a managed storage account.

@@ -76,6 +76,7 @@ resource "azurerm_orchestrated_virtual_machine_scale_set" "workers" {
       # No launch lifecycle hook on Azure: the bootstrap's AWS-only step is a no-op.
       lifecycle_hook_name = ""
       job_setup_commands  = var.job_setup_commands
+      requirements_lock   = chomp(file(local.requirements_lock_file))
     }))
 
     linux_configuration {

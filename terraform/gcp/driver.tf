@@ -90,6 +90,7 @@ resource "google_compute_instance" "driver" {
       group_name             = var.name
       lifecycle_hook_name    = ""
       job_setup_commands     = var.job_setup_commands
+      requirements_lock      = chomp(file(local.requirements_lock_file))
     })
   }
 

@@ -89,6 +89,7 @@ resource "google_compute_instance_template" "workers" {
     # No launch lifecycle hook on GCP: the bootstrap's AWS-only step is a no-op.
     lifecycle_hook_name = ""
     job_setup_commands  = var.job_setup_commands
+    requirements_lock   = chomp(file(local.requirements_lock_file))
   })
 
   lifecycle {

@@ -78,8 +78,18 @@ run "defaults" {
   }
 
   assert {
-    condition     = strcontains(base64decode(aws_launch_template.workers.user_data), "LIFECYCLE_HOOK_NAME='spot-train-bootstrap'") && strcontains(aws_instance.driver.user_data, "LIFECYCLE_HOOK_NAME=''")
+    condition     = strcontains(local.worker_bootstrap, "LIFECYCLE_HOOK_NAME='spot-train-bootstrap'") && strcontains(local.driver_bootstrap, "LIFECYCLE_HOOK_NAME=''")
     error_message = "the worker bootstrap does not name the launch hook (or the driver's does)"
+  }
+
+  assert {
+    condition     = aws_launch_template.workers.user_data == base64gzip(local.worker_bootstrap)
+    error_message = "the workers' user data is not their gzipped bootstrap"
+  }
+
+  assert {
+    condition     = strcontains(local.worker_bootstrap, "\nhorovod==0.28.1 --hash=sha256:") && !strcontains(local.worker_bootstrap, "$${requirements_lock}")
+    error_message = "the bootstrap does not carry worker_image/requirements-worker.txt"
   }
 
   assert {
@@ -99,7 +109,7 @@ run "slots_and_zero_minimum" {
   }
 
   assert {
-    condition     = strcontains(aws_instance.driver.user_data, "git clone https://example.com/job.git \"$${HOME}/job\"\nSPOTRING_JOB_SETUP")
+    condition     = strcontains(local.driver_bootstrap, "git clone https://example.com/job.git \"$${HOME}/job\"\nSPOTRING_JOB_SETUP")
     error_message = "job_setup_commands do not reach the bootstrap verbatim"
   }
 
