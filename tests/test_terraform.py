@@ -500,12 +500,20 @@ def test_ssh_from_the_whole_internet_is_refused(aws: Module) -> None:
     assert "0.0.0.0/0" in text and "::/0" in text  # the message names them
 
 
-def test_only_https_urls_for_wheels_and_indexes(aws: Module) -> None:
-    assert "^https://" in _validation(aws, "torch_index_url")
-    assert "https?" not in _validation(aws, "torch_index_url")
-    wheel = _validation(aws, "horovod_wheel_url")
+def assert_https_only_validations(module: Module) -> None:
+    """Index and wheel URLs https only, Horovod's wheel with its hash (every module)."""
+    assert "^https://" in _validation(module, "torch_index_url")
+    assert "https?" not in _validation(module, "torch_index_url")
+    wheel = _validation(module, "horovod_wheel_url")
     assert "^https://" in wheel and "#sha256=[0-9a-f]{64}$" in wheel
-    assert "http://" in _validation(aws, "spotring_package")
+    assert "https?" not in wheel
+    assert '!strcontains(lower(var.spotring_package), "http://")' in _validation(
+        module, "spotring_package"
+    )
+
+
+def test_only_https_urls_for_wheels_and_indexes(aws: Module) -> None:
+    assert_https_only_validations(aws)
 
 
 # The validations themselves, by Terraform: a copy of variables.tf alone needs no
@@ -523,6 +531,38 @@ AWS_REQUIRED = {
     "spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
 }
 GOOD_WHEEL = "https://example.com/horovod-0.28.1-cp312-cp312-linux_x86_64.whl#sha256=" + "a" * 64
+
+
+def https_url_cases(extra: str) -> list[tuple[dict[str, Any], str | None]]:
+    """URL inputs every module takes (None) or refuses (the variable), at plan time;
+    ``extra`` is the module's spotring extra (its spotring_package needs it)."""
+    wheel = "example.com/spotring-0.1.0-py3-none-any.whl"
+    return [
+        ({"torch_index_url": "http://download.pytorch.org/whl/cpu"}, "torch_index_url"),
+        ({"torch_index_url": "https://download.pytorch.org/whl/cu128"}, None),
+        ({"torch_index_url": ""}, None),
+        ({"horovod_wheel_url": GOOD_WHEEL}, None),
+        ({"horovod_wheel_url": GOOD_WHEEL.replace("https", "http")}, "horovod_wheel_url"),
+        ({"horovod_wheel_url": GOOD_WHEEL.split("#")[0]}, "horovod_wheel_url"),
+        ({"horovod_wheel_url": GOOD_WHEEL[:-1]}, "horovod_wheel_url"),
+        ({"spotring_package": f"spotring[{extra}] @ https://{wheel}"}, None),
+        ({"spotring_package": f"spotring[{extra}] @ http://{wheel}"}, "spotring_package"),
+        ({"spotring_package": f"spotring[{extra}] @ HTTP://{wheel}"}, "spotring_package"),
+        (
+            {"spotring_package": f"spotring[{extra}] @ git+http://example.com/spotring.git"},
+            "spotring_package",
+        ),
+    ]
+
+
+def assert_plan_outcome(done: subprocess.CompletedProcess[str], refused: str | None) -> None:
+    """`terraform plan` of a variables-only copy passed, or refused exactly ``refused``."""
+    output = done.stdout + done.stderr
+    if refused is None:
+        assert done.returncode == 0, output
+    else:
+        assert done.returncode != 0, output
+        assert "Invalid value for variable" in output and f"var.{refused}" in output, output
 
 
 @pytest.fixture(scope="module")
@@ -546,17 +586,7 @@ def aws_variables_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"ssh_ingress_cidrs": ["0.0.0.0/0"]}, "ssh_ingress_cidrs"),
         ({"ssh_ingress_cidrs": ["::/0"]}, "ssh_ingress_cidrs"),
         ({"ssh_ingress_cidrs": ["10.0.0.0/8", "0.0.0.0/0"]}, "ssh_ingress_cidrs"),
-        ({"torch_index_url": "http://download.pytorch.org/whl/cpu"}, "torch_index_url"),
-        ({"torch_index_url": ""}, None),
-        ({"horovod_wheel_url": GOOD_WHEEL}, None),
-        ({"horovod_wheel_url": GOOD_WHEEL.replace("https", "http")}, "horovod_wheel_url"),
-        ({"horovod_wheel_url": GOOD_WHEEL.split("#")[0]}, "horovod_wheel_url"),
-        (
-            {
-                "spotring_package": "spotring[aws] @ http://example.com/spotring-0.1.0-py3-none-any.whl"
-            },
-            "spotring_package",
-        ),
+        *https_url_cases("aws"),
     ],
 )
 def test_terraform_validations(
@@ -569,12 +599,7 @@ def test_terraform_validations(
          f"-var-file={var_file}", f"-state={tmp_path / 'state'}"],
         cwd=aws_variables_only, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    output = done.stdout + done.stderr
-    if refused is None:
-        assert done.returncode == 0, output
-    else:
-        assert done.returncode != 0, output
-        assert "Invalid value for variable" in output and f"var.{refused}" in output, output
+    assert_plan_outcome(done, refused)
 
 
 def _templatefile_calls(aws: Module) -> list[tuple[str, list[str]]]:

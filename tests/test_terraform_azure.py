@@ -45,6 +45,9 @@ from tests.test_terraform import (
     _template_variables,
     _templatefile_calls,
     _tf_files,
+    assert_https_only_validations,
+    assert_plan_outcome,
+    https_url_cases,
 )
 from tests.test_terraform_gcp import TF_ENV, _only, _terraform, needs_terraform
 
@@ -723,6 +726,20 @@ def test_bad_inputs_are_refused(variables_only: Path, variable: str, value: Any)
     done = _plan_variables(variables_only, {**VALID_INPUTS, variable: value})
     assert done.returncode != 0, f"{variable} = {value!r} passed the validations"
     assert f"var.{variable}" in done.stderr, done.stderr
+
+
+def test_only_https_urls_for_wheels_and_indexes(azure: Module) -> None:
+    assert_https_only_validations(azure)
+
+
+@pytest.mark.parametrize(("overrides", "refused"), https_url_cases("azure"))
+def test_url_validations(
+    variables_only: Path, overrides: dict[str, Any], refused: str | None
+) -> None:
+    """http:// indexes and wheels, and a wheel without #sha256=, are refused at plan
+    time (the bootstrap checks them again at boot), as in terraform/aws."""
+    done = _plan_variables(variables_only, {**VALID_INPUTS, **overrides})
+    assert_plan_outcome(done, refused)
 
 
 def _evaluate_spotring_command(azure: Module, workdir: Path, inputs: dict[str, Any]) -> str:

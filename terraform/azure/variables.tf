@@ -269,8 +269,8 @@ variable "spotring_package" {
   type        = string
 
   validation {
-    condition     = length(trimspace(var.spotring_package)) > 0 && !strcontains(var.spotring_package, "'") && !strcontains(var.spotring_package, "\n") && can(regex("\\[[^\\]]*\\bazure\\b[^\\]]*\\]", var.spotring_package))
-    error_message = "spotring_package must be a pip requirement with the azure extra, e.g. spotring[azure] @ URL, without single quotes or newlines."
+    condition     = length(trimspace(var.spotring_package)) > 0 && !strcontains(var.spotring_package, "'") && !strcontains(var.spotring_package, "\n") && !strcontains(lower(var.spotring_package), "http://") && can(regex("\\[[^\\]]*\\bazure\\b[^\\]]*\\]", var.spotring_package))
+    error_message = "spotring_package must be a pip requirement with the azure extra, e.g. spotring[azure] @ URL, without single quotes, newlines or http:// URLs (use https://)."
   }
 }
 
@@ -286,13 +286,13 @@ variable "torch_version" {
 }
 
 variable "torch_index_url" {
-  description = "pip index to install torch from. The default is PyTorch's CPU index; set \"\" for PyPI's CUDA build on GPU workers."
+  description = "https pip index to install torch from. The default is PyTorch's CPU index; set \"\" for PyPI's CUDA build on GPU workers (regenerate worker_image/requirements-worker.txt for it)."
   type        = string
   default     = "https://download.pytorch.org/whl/cpu"
 
   validation {
-    condition     = var.torch_index_url == "" || can(regex("^https?://[^'\\s]+$", var.torch_index_url))
-    error_message = "torch_index_url must be \"\" or an http(s) URL."
+    condition     = var.torch_index_url == "" || can(regex("^https://[^'\\s]+$", var.torch_index_url))
+    error_message = "torch_index_url must be \"\" or an https:// URL (http:// is refused: anyone on the path could swap torch)."
   }
 }
 
@@ -308,13 +308,13 @@ variable "horovod_version" {
 }
 
 variable "horovod_wheel_url" {
-  description = "URL of a prebuilt Horovod wheel (built against the same torch, Python and architecture). Empty means build Horovod from source on each host, which takes several minutes."
+  description = "https URL of a prebuilt Horovod wheel (built against the same torch, Python and architecture) ending in #sha256=<its sha256>, which pip checks. Empty means build Horovod's hash-pinned sdist from source on each host, which takes several minutes."
   type        = string
   default     = ""
 
   validation {
-    condition     = var.horovod_wheel_url == "" || can(regex("^https?://[^'\\s]+\\.whl$", var.horovod_wheel_url))
-    error_message = "horovod_wheel_url must be \"\" or an http(s) URL of a .whl file."
+    condition     = var.horovod_wheel_url == "" || can(regex("^https://[^'\\s#]+\\.whl#sha256=[0-9a-f]{64}$", var.horovod_wheel_url))
+    error_message = "horovod_wheel_url must be \"\" or an https:// URL of a .whl file ending in #sha256=<64 hex digits> (http:// is refused)."
   }
 }
 
