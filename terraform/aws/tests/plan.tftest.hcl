@@ -134,6 +134,26 @@ run "sizes_out_of_order" {
   expect_failures = [aws_autoscaling_group.workers]
 }
 
+# Over EC2's 16 KiB even gzipped: 25 KiB of hex digits (they compress to about half).
+run "user_data_over_16_kib" {
+  command = plan
+
+  variables {
+    job_setup_commands = join("\n", [for i in range(400) : "echo ${sha256(tostring(i))}"])
+  }
+
+  expect_failures = [aws_launch_template.workers, aws_instance.driver]
+}
+
+# A job setup of some KiB fits.
+run "user_data_with_a_long_job_setup" {
+  command = plan
+
+  variables {
+    job_setup_commands = join("\n", [for i in range(80) : "echo ${sha256(tostring(i))}"])
+  }
+}
+
 run "bad_spot_strategy" {
   command = plan
 
