@@ -167,12 +167,21 @@ class Controller:
             )
             self._thread.start()
 
+    STOP_WAIT_SECONDS = 10.0
+
     def stop(self) -> None:
-        """Stop the controller thread and wait for it."""
+        """Stop the controller thread and wait for it, at most :data:`STOP_WAIT_SECONDS`:
+        a stop (Ctrl-C included) must not wait out a cloud call's retries. The thread is a
+        daemon; one still in a call ends with the process."""
         self._stopped.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(self.STOP_WAIT_SECONDS)
+            if self._thread.is_alive():
+                log.warning(
+                    "the controller is still in a call to %s; not waiting for it",
+                    self.provider.describe(),
+                )
         if self._pending_replacements:
             log.info(
                 "not replacing %s: the job ended before their grace period did",

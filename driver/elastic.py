@@ -239,7 +239,17 @@ def _address_towards(hosts: Sequence[str]) -> str:
 
 
 class _Stopper:
-    """Stops Horovod's driver once, remembering why (None: the job ended by itself)."""
+    """Stops Horovod's driver once, remembering why (None: the job ended by itself).
+
+    Never waits without a bound: on Ctrl-C it runs on the main thread, in place of a
+    signal handler. Horovod's ``stop`` joins its discovery thread, which may be inside
+    a host-change notice to a worker that does not answer (holding the hosts lock for
+    up to three attempts of 20 s), so it runs on a thread of its own. What stops the
+    workers comes first in it (the shutdown event the launcher watches): everything
+    after that may be left behind once :data:`STOP_WAIT_SECONDS` have passed.
+    """
+
+    STOP_WAIT_SECONDS = 5.0
 
     def __init__(self, driver: ElasticDriver) -> None:
         self._driver = driver
@@ -254,9 +264,27 @@ class _Stopper:
                 return
             self.stopped.set()
             self.reason, self.cause = reason, cause
-        self._driver.stop(error_message=reason)
-        with self._driver._wait_hosts_cond:  # wake a wait for slots: it sees the shutdown
-            self._driver._wait_hosts_cond.notify_all()
+        deadline = time.monotonic() + self.STOP_WAIT_SECONDS
+        stopping = threading.Thread(
+            target=self._driver.stop, args=(reason,), name="spotring-stop-horovod", daemon=True
+        )
+        stopping.start()
+        while not self._driver.finished() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # Wake a wait for slots (the start, a resume): it sees the shutdown and ends.
+        cond = self._driver._wait_hosts_cond
+        if cond.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            try:
+                cond.notify_all()
+            finally:
+                cond.release()
+        stopping.join(max(0.0, deadline - time.monotonic()))
+        if stopping.is_alive():
+            log.warning(
+                "Horovod's driver did not stop within %g s (its discovery thread is busy); "
+                "going on without waiting for it",
+                self.STOP_WAIT_SECONDS,
+            )
 
 
 def _stop_on_fatal_error(controller: JobController, stopper: _Stopper) -> None:

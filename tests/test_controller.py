@@ -506,3 +506,34 @@ def test_keep_size_is_asked_only_while_steering(provider: ScriptedProvider) -> N
     assert calls == []
     make_controller(provider, job=JOB).step()
     assert calls == ["keep"]
+
+
+class StuckProvider(ScriptedProvider):
+    """A provider whose listing blocks until released (a cloud call in its retries)."""
+
+    def __init__(self) -> None:
+        super().__init__([instance("a")])
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def list_instances(self) -> list[Instance]:
+        if self.list_calls:
+            self.entered.set()
+            self.release.wait(60)
+        return super().list_instances()
+
+
+def test_stop_does_not_wait_out_a_provider_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop (Ctrl-C included) waits for the controller thread a bounded time only."""
+    monkeypatch.setattr(Controller, "STOP_WAIT_SECONDS", 0.2)
+    provider = StuckProvider()
+    controller = make_controller(provider, job=JOB)
+    controller.start()
+    try:
+        assert provider.entered.wait(10), "the controller never listed again"
+        stopper = threading.Thread(target=controller.stop)
+        stopper.start()
+        stopper.join(5)
+        assert not stopper.is_alive(), "stop() waited for the provider call"
+    finally:
+        provider.release.set()

@@ -1,0 +1,83 @@
+"""Stopping Horovod's driver never waits without a bound (it runs on Ctrl-C's thread)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from spotring.driver.elastic import _Stopper
+
+
+class StuckDriver:
+    """Horovod's ``ElasticDriver`` as a stop finds it when its discovery thread is in a
+    host-change notice to a worker that does not answer: ``stop`` sets the shutdown,
+    then joins that thread (here: never returns), which holds the hosts lock."""
+
+    def __init__(self) -> None:
+        self._wait_hosts_cond = threading.Condition()
+        self._shutdown = threading.Event()
+        self.release = threading.Event()
+        self.stopped_with: list[str | None] = []
+
+    def stop(self, error_message: str | None = None) -> None:
+        self.stopped_with.append(error_message)
+        self._shutdown.set()
+        self.release.wait(60)
+
+    def finished(self) -> bool:
+        return self._shutdown.is_set()
+
+
+def _hold(cond: threading.Condition, release: threading.Event) -> threading.Thread:
+    held = threading.Event()
+
+    def hold() -> None:
+        with cond:
+            held.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert held.wait(5)
+    return thread
+
+
+def test_a_stop_returns_while_horovods_stop_hangs_and_its_lock_is_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_Stopper, "STOP_WAIT_SECONDS", 0.3)
+    driver = StuckDriver()
+    _hold(driver._wait_hosts_cond, driver.release)
+    stopper = _Stopper(driver)  # type: ignore[arg-type]
+    caller = threading.Thread(target=stopper.stop, args=("interrupted",))
+    try:
+        caller.start()
+        caller.join(5)
+        assert not caller.is_alive(), "the stop waited for Horovod's driver"
+        # What stops the workers happened, and the reason is kept.
+        assert driver.finished() and driver.stopped_with == ["interrupted"]
+        assert stopper.reason == "interrupted"
+    finally:
+        driver.release.set()
+
+
+def test_a_stop_wakes_a_wait_for_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread waiting for slots (the start, a resume) hears the shutdown at once."""
+    monkeypatch.setattr(_Stopper, "STOP_WAIT_SECONDS", 0.3)
+    driver = StuckDriver()
+    woken = threading.Event()
+
+    def wait_for_slots() -> None:
+        with driver._wait_hosts_cond:
+            while not driver.finished():
+                driver._wait_hosts_cond.wait(60)
+            woken.set()
+
+    waiter = threading.Thread(target=wait_for_slots, daemon=True)
+    waiter.start()
+    try:
+        _Stopper(driver).stop("interrupted")  # type: ignore[arg-type]
+        assert woken.wait(5)
+    finally:
+        driver.release.set()
