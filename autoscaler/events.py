@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.autoscaler.inventory import Inventory
+from spotring.driver.ring_progress import Hang, RingStatus, Stall
 from spotring.providers.base import Instance, InstanceState, InterruptionNotice
 
 VERSION = 1
@@ -70,7 +71,15 @@ class EventLog:
     # ------------------------------------------------------------ from the run
 
     def job_started(self, provider: str, num_proc: int, min_np: int, max_np: int) -> None:
-        self.write("job_started", provider=provider, np=num_proc, min_np=min_np, max_np=max_np)
+        # progress: this file records the rings' progress and stalls (older ones do not)
+        self.write(
+            "job_started",
+            provider=provider,
+            np=num_proc,
+            min_np=min_np,
+            max_np=max_np,
+            progress=True,
+        )
 
     def ring_formed(self, size: int, hosts: list[str]) -> None:
         """Horovod assigned ranks for a new ring (a reset, after the first)."""
@@ -80,6 +89,39 @@ class EventLog:
             size=size,
             hosts=hosts,
             since_change_s=None if since is None else round(since, 3),
+        )
+
+    def ring_progress(self, status: RingStatus) -> None:
+        """The current ring's progress (as it forms, then every 10 s)."""
+        self.write(
+            "progress",
+            ring=status.ring,
+            size=status.size,
+            steps=status.steps,
+            idle_s=status.idle_s,
+            slowest=status.slowest,
+        )
+
+    def ring_stalled(self, stall: Stall) -> None:
+        """The ring's longest time without a commit around a reset."""
+        self.write(
+            "stall",
+            ring=stall.ring,
+            start=stall.start,
+            end=stall.end,
+            seconds=round(stall.seconds, 3),
+        )
+
+    def ring_hung(self, hang: Hang) -> None:
+        """A ring made no progress for ``--hang-timeout``: its slowest member is failed."""
+        self.write(
+            "hang",
+            ring=hang.ring,
+            host=hang.host,
+            local_rank=hang.local_rank,
+            idle_s=hang.idle_s,
+            member_idle_s=hang.member_idle_s,
+            reason=hang.reason,
         )
 
     def job_finished(

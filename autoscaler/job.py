@@ -82,6 +82,7 @@ def run_job(
     # Horovod is imported here, not at the top: `spotring --help` stays fast.
     from spotring.driver.elastic import JobAborted, RingTracker, run_elastic
     from spotring.driver.launcher import ProcessLauncher
+    from spotring.driver.ring_progress import RingProgress
     from spotring.driver.worker_env import worker_base_environment
 
     shape = config.shape
@@ -110,6 +111,8 @@ def run_job(
     for observer in observers:
         pm.register(observer)
         rings.add_ring_listener(observer.ring_formed)
+    # The events file, the metrics and the progress lines hear each ring's commits.
+    progress = RingProgress(config.elastic.hang_timeout, [*observers, reporter])
     elastic = dataclasses.replace(
         config.elastic,
         nics=config.elastic.nics or (("lo",) if local else ()),
@@ -124,7 +127,7 @@ def run_job(
         inventory = controller.wait_for_inventory(elastic.start_timeout)
         reporter.started(provider, inventory)
         try:
-            run_elastic(config.command, controller, launcher, shape, elastic, rings)
+            run_elastic(config.command, controller, launcher, shape, elastic, rings, progress)
             outcome = JobOutcome(0)
         except JobAborted as aborted:
             if isinstance(aborted.cause, KeyboardInterrupt):

@@ -13,6 +13,7 @@ from typing import Any
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.autoscaler.inventory import Inventory
+from spotring.driver.ring_progress import Stall
 from spotring.providers.base import Instance, InstanceState, InterruptionNotice, Lifecycle
 
 _RUNNING = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
@@ -56,6 +57,17 @@ class Metrics:
             ["lifecycle"],
             registry=r,
         )
+        self.since_progress = Gauge(
+            "spotring_seconds_since_progress",
+            "Seconds since the ring's last commit (or its formation); 0 while none stands",
+            registry=r,
+        )
+        self.stall_seconds = Histogram(
+            "spotring_stall_seconds",
+            "The ring's longest time without a commit around each reset",
+            buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+            registry=r,
+        )
         self._provider = provider
         self._rings = 0
         self._running: dict[str, int] = {}  # lifecycle -> running instances at last refresh
@@ -87,8 +99,15 @@ class Metrics:
         if self._rings > 1:
             self.resets.inc()
 
+    def ring_idle(self, seconds: float) -> None:
+        self.since_progress.set(seconds)
+
+    def ring_stalled(self, stall: Stall) -> None:
+        self.stall_seconds.observe(stall.seconds)
+
     def job_finished(self, *args: Any, **kwargs: Any) -> None:
         self.world_size.set(0)
+        self.since_progress.set(0)
 
     # -------------------------------------------------------------- the hooks
 
@@ -125,9 +144,13 @@ class Metrics:
     @hookimpl
     def spotring_host_failed(self, instance: Instance, reason: str) -> None:
         # The reason's kind, not its text: labels must stay few.
-        self.failures.labels(
-            "worker_killed" if "exited with -" in reason else "worker_failed"
-        ).inc()
+        if reason.startswith("hung:"):
+            kind = "worker_hung"
+        elif "exited with -" in reason:
+            kind = "worker_killed"
+        else:
+            kind = "worker_failed"
+        self.failures.labels(kind).inc()
 
     @hookimpl
     def spotring_host_noticed(

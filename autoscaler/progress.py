@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import IO
+from typing import IO, Any
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.autoscaler.inventory import Inventory
@@ -83,6 +83,14 @@ class ProgressReporter:
             what = "left at a commit, 0 steps rolled back" if clean else "left"
             self.notices[address] += f": {what}"
             self.say(f"host {address} {what.replace('left', 'left the ring', 1)}")
+
+    def ring_hung(self, hang: Any) -> None:
+        """A ring made no progress for ``--hang-timeout`` (a ``ring_progress.Hang``)."""
+        self.say(
+            f"ring made no progress for {hang.idle_s:.1f} s: failing the worker on "
+            f"{hang.host}[{hang.local_rank}] (its last commit is the oldest, "
+            f"{hang.member_idle_s:.1f} s ago)"
+        )
 
     def summary(
         self,

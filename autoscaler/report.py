@@ -1,10 +1,14 @@
 """``spotring report FILE``: a run's events file drawn as one page.
 
 The chart shows the ring's world size, the READY hosts and the target size over time,
-with the notices, host failures and the spans the ring stood still (from the change
-that caused a new ring to its formation). The page adds the cost line (instance-hours
-by lifecycle, priced with ``--price-spot`` / ``--price-on-demand``) and every event
-but the per-refresh ones in a table. HTML embeds the chart; ``-o x.png`` writes only it.
+with the notices, host failures and the spans the ring stood still: the ``stall``
+records, each the ring's longest time without any commit around a reset (an events
+file written before spotring recorded progress has none, and the page says so: its
+``ring_formed.since_change_s`` measured the time to a new ring, during which the old
+one may well have trained on, so it is not drawn as a stall). The page adds the cost
+line (instance-hours by lifecycle, priced with ``--price-spot`` /
+``--price-on-demand``) and every event but the per-refresh ones in a table. HTML
+embeds the chart; ``-o x.png`` writes only it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ from spotring.autoscaler.events import VERSION
 _BILLED = frozenset({"pending", "ready", "draining"})
 _QUIET = frozenset({"refresh", "instance_state"})
 """Events left out of the table (there is one per refresh or state change)."""
+
+
+NO_PROGRESS_LABEL = "ring stood still: not recorded"
+NO_PROGRESS_NOTE = (
+    "This events file has no progress records (it was written before spotring recorded "
+    "the rings' commits): when the ring stood still is not shown."
+)
 
 
 class ReportError(Exception):
@@ -42,6 +53,8 @@ class Run:
     notices: list[tuple[float, str]] = field(default_factory=list)
     failures: list[tuple[float, str]] = field(default_factory=list)
     stalls: list[tuple[float, float]] = field(default_factory=list)
+    has_progress: bool = False
+    """Whether the file records the rings' progress (``stall`` records)."""
     instance_hours: dict[str, float] = field(default_factory=dict)
 
 
@@ -79,9 +92,12 @@ def _timelines(run: Run) -> None:
         at, kind = event["t"] - run.start, event.get("event")
         if kind == "ring_formed":
             run.world.append((at, int(event.get("size", 0))))
-            since = event.get("since_change_s")
-            if isinstance(since, (int, float)):
-                run.stalls.append((at - since, at))
+        elif kind == "stall":
+            start, end = event.get("start"), event.get("end")
+            if isinstance(start, (int, float)) and isinstance(end, (int, float)) and end >= start:
+                run.stalls.append((start - run.start, end - run.start))
+        elif kind == "job_started":
+            run.has_progress = run.has_progress or event.get("progress") is True
         elif kind == "refresh" and event.get("error") is None:
             run.ready.append((at, int(event.get("ready", 0))))
             if isinstance(event.get("target"), int):
@@ -92,6 +108,8 @@ def _timelines(run: Run) -> None:
             run.notices.append((at, f"{event.get('host')} {event.get('kind')}"))
         elif kind == "host_failed":
             run.failures.append((at, str(event.get("host"))))
+        elif kind == "progress":
+            run.has_progress = True
         elif kind == "job_finished":
             run.world.append((at, 0))
         elif kind == "instance_state":
@@ -156,7 +174,11 @@ def chart_png(run: Run) -> bytes:
     handles += [
         Line2D([], [], color="tab:orange", ls=":", label="interruption notice"),
         Line2D([], [], color="tab:red", label="host failure"),
-        Patch(color="tab:red", alpha=0.12, label="ring stood still"),
+        Patch(
+            color="tab:red",
+            alpha=0.12 if run.has_progress else 0.0,
+            label="ring stood still (no commit)" if run.has_progress else NO_PROGRESS_LABEL,
+        ),
     ]
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     axes.set_xlabel("seconds since the run started")
@@ -186,6 +208,10 @@ def render_html(run: Run, png: bytes, cost: str) -> str:
         if event.get("event") not in _QUIET
     )
     note = f"<p>{run.skipped_lines} unreadable line(s) skipped.</p>" if run.skipped_lines else ""
+    if not run.has_progress:
+        note += f'<p class="no-progress">{html.escape(NO_PROGRESS_NOTE)}</p>'
+    stood = sum(end - start for start, end in run.stalls)
+    stalls = f"; the ring stood still {stood:.1f} s in {len(run.stalls)} stall(s)"
     chart = base64.b64encode(png).decode()
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>spotring run report</title>
@@ -195,7 +221,7 @@ th{{text-align:left}}table{{border-collapse:collapse;font-size:90%}}</style></he
 <p>{len(run.world) and max(s for _, s in run.world)} workers at most;
 {len(run.notices)} notice(s), {len(run.failures)} host failure(s),
 {max(0, sum(1 for e in run.events if e.get("event") == "ring_formed") - 1)} reset(s)
-in {run.end - run.start:.0f} s.</p>
+in {run.end - run.start:.0f} s{stalls if run.has_progress else ""}.</p>
 <img alt="world size, READY and target hosts over time" src="data:image/png;base64,{chart}">
 <h2>Cost</h2><p class="cost">{html.escape(cost)}</p>{note}
 <h2>Events</h2><table><tr><th>s</th><th>event</th><th>details</th></tr>

@@ -26,6 +26,9 @@ blacklisting and resets. What we do instead of ``horovod.runner.gloo_run`` and w
 * A host that announced its interruption leaves discovery at once; Horovod re-forms
   the ring without it at the next commit (nothing restored), and only then are its
   workers stopped: a worker stopped mid-collective would force a rollback.
+* Every ring member's commits reach the driver (:mod:`spotring.driver.ring_progress`):
+  the run records when a ring stood still, and with ``hang_timeout`` a ring that made
+  no progress for that long has its slowest member failed like one that died.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.options import ElasticOptions
 from spotring.driver.peer_failure import PeerFailureNotifier
 from spotring.driver.rendezvous import RingTracker, rendezvous_handler, use_safe_worker_clients
+from spotring.driver.ring_progress import Hang, RingProgress
 from spotring.driver.warm_pool import WarmPool
 from spotring.providers.base import InterruptionNotice
 from spotring.worker_image.notices import Notice
@@ -95,12 +99,15 @@ def run_elastic(
     job: JobShape,
     options: ElasticOptions,
     rendezvous: RingTracker | None = None,
+    progress: RingProgress | None = None,
 ) -> None:
     """Run ``command`` as an elastic Horovod job of ``job``'s worker counts on the
     controller's hosts.
 
     Returns when the job succeeds; raises ``RuntimeError`` with Horovod's message when
-    it fails, and :class:`JobAborted` when the controller stopped it.
+    it fails, and :class:`JobAborted` when the controller stopped it. ``progress``
+    (default: one with ``options.hang_timeout`` and no listeners) hears every ring and
+    every member's commits while the job runs.
     """
     rendezvous = rendezvous or RingTracker(options.verbose)
     # Listen only where the workers reach the driver, not on every interface.
@@ -112,6 +119,16 @@ def run_elastic(
     launcher.add_listener(notices)
     rendezvous.add_ring_listener(notices.ring_formed)
     warm_pool = WarmPool(launcher) if options.warm_start else None
+    progress = progress or RingProgress(options.hang_timeout)
+    launcher.add_listener(progress)
+    rendezvous.add_ring_listener(progress.ring_formed)
+
+    def fail_hung(hang: Hang) -> None:
+        # The host leaves discovery first, then the worker's failed exit takes the
+        # path of a worker that died: peers told, Horovod blacklists, replacement.
+        controller.host_failed(hang.host, hang.reason)
+        if not launcher.fail_worker(hang.host, hang.local_rank, hang.reason):
+            log.warning("no worker runs on %s[%d] to fail", hang.host, hang.local_rank)
 
     driver = ElasticDriver(
         rendezvous,
@@ -159,6 +176,7 @@ def run_elastic(
                 host, local_rank, WARM_RANK, warm_worker_env(host, local_rank)
             )
         )
+    progress.start(fail_hung)
     try:
         driver.wait_for_available_slots(job.num_proc)
         driver.start(job.num_proc, create_worker)
@@ -168,6 +186,7 @@ def run_elastic(
             raise
     finally:
         stopper.stop()
+        progress.close()
         if warm_pool is not None:
             warm_pool.close()
     if stopper.reason is not None:
@@ -355,7 +374,7 @@ class _FailureRouter:
     def worker_exited(self, exit: WorkerExit, process_group: int) -> None:
         if not exit.failed:
             return
-        reason = f"worker rank {exit.rank} exited with {exit.exit_code}"
+        reason = exit.reason or f"worker rank {exit.rank} exited with {exit.exit_code}"
         self._controller.host_failed(exit.host, reason)
         self._notifier.notify(exit.host, exit.local_rank)
 

@@ -24,6 +24,10 @@ for its host as signed lines among the worker's output (see
 ``spotring.worker_image.notices``). The launcher takes those lines out of the output,
 checks them against the job key and the launch they belong to, and tells listeners of
 the good ones; a forged, replayed, oversized or malformed one is logged and dropped.
+Progress lines (each worker's commit count, ``spotring.worker_image.progress``) are
+checked the same way and told to listeners as ``worker_progress``.
+:meth:`ProcessLauncher.fail_worker` stops one worker and reports its exit as a failure
+(a hung worker: the failure path then runs as for one that died).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from typing import IO, Any, Literal, Protocol
 from spotring.providers.base import is_valid_address
 from spotring.worker_image.notices import MESSAGE_MARKER, Notice, NoticeMessage
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
+from spotring.worker_image.progress import MESSAGE_MARKER as PROGRESS_MARKER
+from spotring.worker_image.progress import ProgressMessage
 from spotring.worker_image.warm_start import READY_MARKER
 
 log = logging.getLogger(__name__)
@@ -95,6 +101,8 @@ class WorkerExit:
     exit_code: int
     stopped: bool
     """True when spotring/Horovod stopped the worker (host removed, job over)."""
+    reason: str = ""
+    """Why spotring failed a worker it stopped (:meth:`ProcessLauncher.fail_worker`)."""
 
     @property
     def failed(self) -> bool:
@@ -104,9 +112,11 @@ class WorkerExit:
 
 class WorkerListener(Protocol):
     """Told of Horovod workers' starts and exits; optionally of notices
-    (``worker_noticed``) and of every process group the launcher starts on a host,
+    (``worker_noticed``), of every process group the launcher starts on a host,
     including workers started ahead of their join (``process_started(host, pid)``,
-    ``process_exited(host, pid)``)."""
+    ``process_exited(host, pid)``), of the slot a worker runs
+    (``slot_started(host, local_rank)``, with ``worker_started``) and of its verified
+    progress (``worker_progress(host, local_rank, commits, age_seconds)``)."""
 
     def worker_started(self, host: str, process_group: int) -> None: ...
 
@@ -167,6 +177,7 @@ class ProcessLauncher:
         self._job_dir_lock = threading.Lock()
         self._host_stops: dict[str, threading.Event] = {}
         self._host_stops_lock = threading.Lock()
+        self._running: dict[tuple[str, int], _Launch] = {}  # (host, local_rank) -> launch
 
     def add_listener(self, listener: WorkerListener) -> None:
         self._listeners.append(listener)
@@ -176,6 +187,18 @@ class ProcessLauncher:
         are reported as stopped, not failed."""
         with self._host_stops_lock:
             self._host_stops.setdefault(host, threading.Event()).set()
+
+    def fail_worker(self, host: str, local_rank: int, reason: str) -> bool:
+        """Stop the worker of slot ``host[local_rank]`` and report its exit as a
+        failure, with ``reason`` (a hung worker: Horovod, the peers and the controller
+        then take it as they take a worker that died). Whether one was running."""
+        with self._host_stops_lock:
+            launch = self._running.get((host, local_rank))
+        if launch is None:
+            return False
+        launch.failure = reason
+        launch.fail.set()
+        return True
 
     def _stop_event(self, host: str) -> threading.Event:
         """The event that stops workers on ``host``; a fresh one if an earlier stop
@@ -221,7 +244,10 @@ class ProcessLauncher:
             launch = warm.hand_over(spec) if warm is not None else None
             if launch is None:
                 launch = self._start(spec, warm=False)
+            with self._host_stops_lock:
+                self._running[(spec.host, spec.local_rank)] = launch
             self._tell("worker_started", spec.host, launch.process.pid)
+            self._tell("slot_started", spec.host, spec.local_rank)
             exit_code, stopped = self._watch(launch, events, host_stop)
         except Exception as error:
             log.error(
@@ -234,7 +260,14 @@ class ProcessLauncher:
             if launch is not None and launch.process.poll() is None:
                 _kill_group(launch.process)
             exit_code, stopped = LAUNCH_FAILED_EXIT, False
-        result = WorkerExit(spec.host, spec.local_rank, spec.rank, exit_code, stopped)
+        reason = ""
+        if launch is not None:
+            with self._host_stops_lock:
+                if self._running.get((spec.host, spec.local_rank)) is launch:
+                    del self._running[(spec.host, spec.local_rank)]
+            if launch.failure is not None and not stopped:
+                reason = launch.failure
+        result = WorkerExit(spec.host, spec.local_rank, spec.rank, exit_code, stopped, reason)
         pid = launch.process.pid if launch is not None else -1
         self._tell("worker_exited", result, pid)
         if launch is not None:
@@ -267,9 +300,16 @@ class ProcessLauncher:
             line.update(launch=launch.id, notices=dict(spec.notices))
         if warm:
             line.update(launch=launch.id, warm=True)
+        progress = None
+        if spec.env.get(JOB_KEY_ENV):  # signed like notices: without a key, no progress
+            line.update(launch=launch.id, progress=True)
+            progress = _ProgressReader(launch, self._tell)
         notices = _NoticeReader(spec, launch.id, self._tell) if spec.notices is not None else None
         launch.pump = threading.Thread(
-            target=self._pump, args=(launch, notices), name="spotring-output", daemon=True
+            target=self._pump,
+            args=(launch, notices, progress),
+            name="spotring-output",
+            daemon=True,
         )
         launch.pump.start()
         try:
@@ -336,6 +376,9 @@ class ProcessLauncher:
         events = [*events, host_stop]
         stopped = False
         while process.poll() is None:
+            if launch.fail.is_set():  # spotring's own verdict: a failure, not a stop
+                _stop(process)
+                break
             if any(event.is_set() for event in events):
                 _stop(process)
                 stopped = True
@@ -346,18 +389,26 @@ class ProcessLauncher:
             launch.pump.join(timeout=2.0)
         # Its host had left the ring and it exited just before the stop reached it:
         # still a stop, not a failure.
-        stopped = stopped or host_stop.is_set()
-        if stopped and process.returncode == 0:
-            return STOPPED_EXIT, True
+        stopped = stopped or (host_stop.is_set() and not launch.fail.is_set())
+        if process.returncode == 0 and (stopped or launch.fail.is_set()):
+            return STOPPED_EXIT, stopped  # never a 0: Horovod would end the job
         return process.returncode, stopped
 
-    def _pump(self, launch: _Launch, notices: _NoticeReader | None) -> None:
+    def _pump(
+        self,
+        launch: _Launch,
+        notices: _NoticeReader | None,
+        progress: _ProgressReader | None = None,
+    ) -> None:
         stream = launch.process.stdout
         if stream is None:
             return
         for line in _bounded_lines(stream, launch):
             if notices is not None and line.startswith(MESSAGE_MARKER):
                 notices.read(line)
+                continue
+            if progress is not None and line.startswith(PROGRESS_MARKER):
+                progress.read(line)
                 continue
             if line.startswith(READY_MARKER):
                 if line[len(READY_MARKER) :].strip() == launch.id:
@@ -399,6 +450,9 @@ class _Launch:
         """Put before each line of its output: the worker's rank, host and slot."""
         self.held = threading.Event()
         """Set when a warm worker reports that it holds in ``hvd.init``."""
+        self.fail = threading.Event()
+        """Set to stop the worker as failed (:meth:`ProcessLauncher.fail_worker`)."""
+        self.failure: str | None = None
         self.pump: threading.Thread | None = None
         self._tell = tell
         self._exit_told = threading.Event()
@@ -536,6 +590,45 @@ class _NoticeReader:
         else:
             self._last_sequence = message.sequence
             self._tell("worker_noticed", self._host, message.notice)
+
+
+class _ProgressReader:
+    """Checks the progress lines of one worker launch and passes on the good ones.
+
+    The training script shares the output: a line it prints fails the MAC. Rejections
+    are logged once per launch and then every 1,000th, so a script printing them cannot
+    flood the driver's log."""
+
+    def __init__(self, launch: _Launch, tell: Callable[..., None]) -> None:
+        self._launch = launch
+        self._key = bytes.fromhex(launch.spec.env.get(JOB_KEY_ENV, ""))
+        self._tell = tell
+        self._last_sequence = 0
+        self.rejected = 0
+
+    def read(self, line: str) -> None:
+        launch = self._launch
+        try:
+            message = ProgressMessage.parse(line.rstrip("\n"))
+            if not self._key or not message.verify(self._key):
+                raise ValueError("bad signature")
+            if message.launch != launch.id:
+                raise ValueError("it belongs to another launch")
+            if message.sequence <= self._last_sequence:
+                raise ValueError("replayed")
+        except ValueError as error:
+            self.rejected += 1
+            if self.rejected % 1000 == 1:
+                log.warning(
+                    "rejected a progress line from %s (%d so far): %s",
+                    launch.spec.host,
+                    self.rejected,
+                    error,
+                )
+            return
+        self._last_sequence = message.sequence
+        spec = launch.spec  # a warm worker's slot once it joined
+        self._tell("worker_progress", spec.host, spec.local_rank, message.count, message.age)
 
 
 def _stop(process: subprocess.Popen[str]) -> None:

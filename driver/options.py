@@ -22,5 +22,8 @@ class ElasticOptions:
     verbose: int = 0
     warm_start: bool = True
     """Start a READY host's workers before it joins (:mod:`spotring.driver.warm_pool`)."""
+    hang_timeout: float | None = None
+    """``--hang-timeout``: fail the slowest member of a ring that made no progress (no
+    commit) for this many seconds since its last commit or its formation; None: off."""
     worker_env: Mapping[str, str] = field(default_factory=dict)
     """The allow-listed and user-forwarded environment every worker starts from."""

@@ -16,6 +16,7 @@ from spotring.autoscaler.events import VERSION, EventLog
 from spotring.autoscaler.metrics import Metrics
 from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.autoscaler.report import ReportError, read_events, write_report
+from spotring.driver.ring_progress import Stall
 from spotring.providers.base import InstanceState, InterruptionNotice
 from tests.fakes import ScriptedProvider, instance
 
@@ -81,6 +82,9 @@ def test_metrics_serve_the_documented_series(tmp_path: Path) -> None:
         controller.refresh()
         metrics.ring_formed(2, ["a", "b"])
         metrics.ring_formed(1, ["a"])
+        metrics.ring_idle(2.5)
+        metrics.ring_stalled(Stall(2, 1000.0, 1000.75))
+        metrics.spotring_host_failed(instance("a"), "hung: the ring made no progress ...")
         controller.host_noticed("b", InterruptionNotice("preempt"))
         controller._take_noticed_hosts()
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics") as answer:
@@ -96,6 +100,10 @@ def test_metrics_serve_the_documented_series(tmp_path: Path) -> None:
     assert 'spotring_refresh_duration_seconds_count{provider=""}' in samples
     assert 'spotring_instance_seconds_total{lifecycle="spot"}' in samples
     assert "spotring_target_hosts" in samples
+    assert samples["spotring_seconds_since_progress"] == "2.5"
+    assert samples["spotring_stall_seconds_sum"] == "0.75"
+    assert samples['spotring_stall_seconds_bucket{le="1.0"}'] == "1.0"
+    assert samples['spotring_host_failures_total{reason="worker_hung"}'] == "1.0"
 
 
 def test_a_taken_metrics_port_is_a_one_line_usage_error(
@@ -115,7 +123,9 @@ def test_report_renders_a_recorded_run(tmp_path: Path) -> None:
     run = read_events(RECORDED)
     assert [size for _, size in run.world] == [2, 3, 3, 0]
     assert [what for _, what in run.notices] == ["host-2 preempt"]
-    assert len(run.stalls) == 3 and run.instance_hours["spot"] > 0
+    assert run.instance_hours["spot"] > 0
+    # Written before progress was recorded: its since_change_s is no stall.
+    assert run.stalls == [] and not run.has_progress
 
     page = tmp_path / "report.html"
     message = write_report(RECORDED, page, price_spot=0.3, price_on_demand=1.0)
@@ -129,10 +139,41 @@ def test_report_renders_a_recorded_run(tmp_path: Path) -> None:
     assert "notice" in text and "host=host-2" in text
     assert re.search(r"spot and 0\.000 on-demand instance-hours: \$\d+\.\d\d at \$0\.3/h", text)
     assert "saved $" in text
+    assert "has no progress records" in text and "stood still" not in text.split("<h2>")[0]
 
     chart = tmp_path / "report.png"
     write_report(RECORDED, chart)
     assert chart.read_bytes().startswith(b"\x89PNG")
+
+
+def test_report_shades_the_recorded_stalls_only(tmp_path: Path) -> None:
+    """A join: ring_formed says 5.6 s since the change (the ring trained meanwhile);
+    the stall record says 0.6 s without a commit. Only that is shaded."""
+    t0 = 1_800_000_000.0
+    records = [
+        {"v": 1, "t": t0, "event": "job_started", "provider": "local", "np": 2,
+         "min_np": 1, "max_np": 3, "progress": True},
+        {"v": 1, "t": t0 + 1, "event": "ring_formed", "size": 2, "hosts": ["a", "b"],
+         "since_change_s": None},
+        {"v": 1, "t": t0 + 1, "event": "progress", "ring": 1, "size": 2, "steps": 0,
+         "idle_s": 0, "slowest": "a[0]"},
+        {"v": 1, "t": t0 + 20, "event": "ring_formed", "size": 3, "hosts": ["a", "b", "c"],
+         "since_change_s": 5.6},
+        {"v": 1, "t": t0 + 21.5, "event": "stall", "ring": 2, "start": t0 + 19.8,
+         "end": t0 + 20.4, "seconds": 0.6},
+        {"v": 1, "t": t0 + 30, "event": "job_finished", "ok": True, "exit_code": 0,
+         "seconds": 30, "world_sizes": [2, 3], "resets": 1},
+    ]  # fmt: skip
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = read_events(path)
+    assert run.has_progress
+    assert [(round(a, 3), round(b, 3)) for a, b in run.stalls] == [(19.8, 20.4)]
+    page = tmp_path / "report.html"
+    write_report(path, page)
+    text = page.read_text()
+    assert "the ring stood still 0.6 s in 1 stall(s)" in text
+    assert "has no progress records" not in text
 
 
 def test_report_skips_a_truncated_last_line_and_refuses_what_it_cannot_read(

@@ -34,6 +34,10 @@ Why a supervisor instead of ``env K=V ... command`` on a command line:
   When it is held, the supervisor prints a ready line with the launch id; the launcher's
   second stdin line, ``{"HOROVOD_RANK": ..., ...}``, is the slot's environment, which
   the supervisor passes on to the worker. Closing stdin before that stops it as usual.
+* With ``progress`` (and a ``launch`` id and the job key), the worker counts its
+  commits into a shared page the supervisor hands it (``SPOTRING_PROGRESS_FD``), and
+  the supervisor reports the count, at most twice a second, as a signed line on its
+  stdout (``spotring.worker_image.progress``): the driver sees when a ring stands still.
 
 The supervisor exits as its worker did: with its exit code, or killed by the same signal.
 """
@@ -54,6 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spotring.worker_image.peer_abort import JOB_KEY_ENV, JOB_KEY_FD_ENV, MAX_JOB_KEY_HEX
+from spotring.worker_image.progress import PROGRESS_FD_ENV, ProgressForwarder, ProgressPage
 from spotring.worker_image.warm_start import READY, READY_MARKER, WARM_FD_ENV
 
 if TYPE_CHECKING:
@@ -72,6 +77,7 @@ def worker_environment(base: Mapping[str, str], given: Mapping[str, str]) -> dic
     env = {**base, **given}
     env.pop(JOB_KEY_ENV, None)
     env.pop(JOB_KEY_FD_ENV, None)  # only ours names a descriptor the worker inherits
+    env.pop(PROGRESS_FD_ENV, None)
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = SITEHOOK_DIR + (os.pathsep + path if path else "")
     env.setdefault("SPOTRING_PEER_ABORT", "1")
@@ -163,6 +169,8 @@ def _read_spec(fd: int) -> dict[str, Any]:
         raise ValueError("'notices' must be an object, with a 'launch' id")
     if spec.get("warm") and not isinstance(spec.get("launch"), str):
         raise ValueError("'warm' needs a 'launch' id")
+    if spec.get("progress") and not isinstance(spec.get("launch"), str):
+        raise ValueError("'progress' needs a 'launch' id")
     return spec
 
 
@@ -210,6 +218,22 @@ def _notice_reporter(spec: dict[str, Any], output: _Output) -> NoticeReporter | 
         return NoticeReporter(watcher, bytes.fromhex(key), spec["launch"], output.line)
     except Exception as error:  # a bad watcher must not keep the worker from training
         print(f"spotring supervisor: no notice watcher: {error}", file=sys.stderr)
+        return None
+
+
+def _progress_forwarder(
+    spec: dict[str, Any], output: _Output
+) -> tuple[ProgressForwarder, int] | None:
+    """The forwarder of the worker's commit count and the page's descriptor for the
+    worker, as the spec asks (None: not asked, no job key to sign with, or no page)."""
+    key = spec.get("env", {}).get(JOB_KEY_ENV, "")
+    if not spec.get("progress") or not key or len(key) > MAX_JOB_KEY_HEX:
+        return None
+    try:
+        page, fd = ProgressPage.create()
+        return ProgressForwarder(page, bytes.fromhex(key), spec["launch"], output.line), fd
+    except (OSError, ValueError) as error:  # no progress must not keep a worker from training
+        print(f"spotring supervisor: no progress reports: {error}", file=sys.stderr)
         return None
 
 
@@ -288,8 +312,12 @@ def main() -> int:
     if key_fd is not None:
         env[JOB_KEY_FD_ENV] = str(key_fd)
         passed.append(key_fd)
-    # Our own lines (notices, ready) must start lines of their own: relay the output.
-    relayed = reporter is not None or warm is not None
+    progress = _progress_forwarder(spec, output)
+    if progress is not None:
+        env[PROGRESS_FD_ENV] = str(progress[1])
+        passed.append(progress[1])
+    # Our own lines (notices, ready, progress) must start lines of their own: relay.
+    relayed = reporter is not None or warm is not None or progress is not None
     relay_fd, worker_out = os.pipe() if relayed else (None, None)
     try:
         worker = subprocess.Popen(
@@ -308,6 +336,8 @@ def main() -> int:
     finally:
         if key_fd is not None:
             os.close(key_fd)  # the worker's now
+        if progress is not None:
+            os.close(progress[1])  # the worker's; our mapping stays
     relay = None
     if relay_fd is not None and worker_out is not None:
         os.close(worker_out)  # the worker holds it; EOF when the worker (group) is done
@@ -315,6 +345,8 @@ def main() -> int:
         relay.start()
     if reporter is not None:
         reporter.start()
+    if progress is not None:
+        progress[0].start()
     if warm is not None and worker_channel is not None:
         worker_channel.close()  # the worker's end
         threading.Thread(
@@ -332,6 +364,8 @@ def main() -> int:
             continue
     if relay is not None:
         relay.join(timeout=2.0)  # the worker's last lines (children may hold the pipe)
+    if progress is not None:
+        progress[0].stop()
     if code < 0:  # die the way the worker did, so the driver sees the signal
         with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
             signal.signal(-code, signal.SIG_DFL)

@@ -8,6 +8,8 @@ now, before the script runs, from the pipe the supervisor handed down (descripto
 path (the environment's own, if any) runs as it would have.
 In a worker started ahead of its join (``SPOTRING_WARM_FD`` set), Horovod's ``init``
 is held until the driver sends the worker its slot (``spotring.worker_image.warm_start``).
+With ``SPOTRING_PROGRESS_FD``, the state's commits are counted into the supervisor's
+shared page (``spotring.worker_image.progress``); the descriptor is closed here too.
 """
 
 import contextlib
@@ -26,6 +28,17 @@ def _prepare_worker() -> None:
             print(f"spotring: a warm worker cannot wait for its slot: {error}", file=sys.stderr)
             sys.stderr.flush()
             os._exit(3)  # warm_start.CANNOT_HOLD_EXIT
+    if os.environ.get("SPOTRING_PROGRESS_FD"):  # progress.PROGRESS_FD_ENV
+        try:
+            from spotring.worker_image import progress
+
+            progress.install_when_imported()  # maps the page, closes its descriptor
+        except Exception as error:  # never stop the user's script over this
+            print(f"spotring: commits not counted: {error}", file=sys.stderr)
+            fd = os.environ.pop("SPOTRING_PROGRESS_FD", "")
+            if fd.isdigit():
+                with contextlib.suppress(OSError):
+                    os.close(int(fd))
     key_fd = os.environ.get("SPOTRING_JOB_KEY_FD", "")  # peer_abort.JOB_KEY_FD_ENV
     if not key_fd and os.environ.get("SPOTRING_PEER_ABORT") != "1":
         return

@@ -1,0 +1,295 @@
+"""Whether the ring trains: each member's last commit, the stalls around resets, hangs.
+
+The launcher tells this tracker every ring member's verified progress (its commit
+count and the age of its last commit, :mod:`spotring.worker_image.progress`); the
+rendezvous server tells it of every ring formed. From that it reports, to listeners
+with any of these methods (each optional, called on the tracker's own thread):
+
+* ``ring_progress(progress: RingStatus)``: every :data:`RECORD_INTERVAL_SECONDS` while a
+  ring stands, and once as it forms;
+* ``ring_idle(seconds: float)``: every tick (about twice a second): seconds since the
+  ring's last commit (or its formation, if later), 0 while no ring stands;
+* ``ring_stalled(stall: Stall)``: once per reset, when the new ring has committed: the
+  ring's longest time without any commit around that reset, from the last commit before
+  it to the first commit after it;
+* ``ring_hung(hang: Hang)``: with ``hang_timeout``, a ring that made no progress for
+  that long, measured from its formation or its last commit, whichever is later (a new
+  ring's rendezvous, state sync and first step count: keep the timeout above them and
+  above the longest gap between commits the script has, an evaluation, a checkpoint).
+  The member whose last commit is oldest (a worker stuck on a filesystem or a GPU,
+  while its peers wait in a collective) is then failed through ``on_hang``, which takes
+  the same path as a worker that died (its host leaves, the peers are told, Horovod
+  blacklists it and the controller replaces it). At most once per ring.
+
+Times are the driver's monotonic clock; the ages the supervisors send are turned into
+times on it, so hosts' clocks never matter. Epoch seconds (``wall``) only for records.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.5
+RECORD_INTERVAL_SECONDS = 10.0
+SETTLE_SECONDS = 1.0
+"""How long a stall's end waits for late reports of commits before it (supervisors
+report every 0.5 s) before the stall is told."""
+
+Slot = tuple[str, int]
+
+
+@dataclass
+class _Member:
+    commits: int = 0
+    at_formation: int = 0  # its count when the current ring formed
+    last_commit: float | None = None
+
+
+@dataclass(frozen=True)
+class RingStatus:
+    """The current ring's progress."""
+
+    ring: int
+    """Its generation: 1 for the first ring, +1 per reset."""
+    size: int
+    steps: int
+    """The most commits any member made since the ring formed."""
+    idle_s: float
+    """Seconds since the ring's last commit (or its formation, if later)."""
+    slowest: str
+    """The member (``host[local_rank]``) whose last commit is oldest; "" if none."""
+
+
+@dataclass(frozen=True)
+class Stall:
+    """The ring's longest time without a commit around one reset (epoch seconds)."""
+
+    ring: int
+    """The generation of the ring whose first commit ended it."""
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A ring that made no progress for ``hang_timeout``: the member to fail."""
+
+    ring: int
+    host: str
+    local_rank: int
+    idle_s: float
+    """Seconds since the ring's last commit or its formation."""
+    member_idle_s: float
+    """Seconds since the chosen member's last commit (or the ring's formation)."""
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"hung: the ring made no progress for {self.idle_s:.1f} s; this worker's last "
+            f"commit is the oldest ({self.member_idle_s:.1f} s ago)"
+        )
+
+
+class RingProgress:
+    """Tracks each ring member's progress; reports stalls; fails a hung member.
+
+    :param hang_timeout: seconds without progress after which a ring's slowest member is
+        failed (None: never).
+    :param listeners: objects with any of the methods in the module's docstring.
+    :param clock: monotonic seconds; :param wall: epoch seconds (tests pass fakes).
+    """
+
+    def __init__(
+        self,
+        hang_timeout: float | None = None,
+        listeners: Sequence[Any] = (),
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.hang_timeout = hang_timeout
+        self._listeners = list(listeners)
+        self._clock = clock
+        self._wall = wall
+        self._on_hang: Callable[[Hang], None] | None = None
+        self._lock = threading.Lock()
+        self._members: dict[Slot, _Member] = {}
+        self._ring = 0
+        self._size = 0
+        self._hosts: frozenset[str] = frozenset()
+        self._formed_at: float | None = None
+        self._standing = False  # a ring formed and none of its members has left it
+        self._last_commit: float | None = None  # any member's, any ring
+        self._stall_start: float | None = None  # last commit before a pending reset
+        self._stall_end: float | None = None  # the new ring's first commit
+        self._next_record = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add_listener(self, listener: Any) -> None:
+        self._listeners.append(listener)
+
+    # ------------------------------------------------------------ inputs
+
+    def ring_formed(self, size: int, hosts: list[str]) -> None:
+        """Horovod planned a new ring (the rendezvous server's listener)."""
+        now = self._clock()
+        with self._lock:
+            self._ring += 1
+            self._size, self._hosts = size, frozenset(hosts)
+            self._formed_at, self._standing = now, True
+            for member in self._members.values():
+                member.at_formation = member.commits
+            if self._ring > 1 and self._stall_start is None:
+                self._stall_start = self._last_commit
+            self._stall_end = None
+            self._next_record = now  # one record as it forms
+
+    def slot_started(self, host: str, local_rank: int) -> None:
+        """A worker took slot ``host[local_rank]`` (the launcher's listener)."""
+        with self._lock:
+            self._members[(host, local_rank)] = _Member()
+
+    def worker_started(self, host: str, process_group: int) -> None:
+        pass
+
+    def worker_exited(self, exit: Any, process_group: int) -> None:
+        """A member left: its ring is about to reset (or the job ends); until the next
+        ring forms, the lack of progress is no hang."""
+        with self._lock:
+            self._members.pop((exit.host, exit.local_rank), None)
+            if exit.host in self._hosts:
+                self._standing = False
+                if self._stall_start is None and self._stall_end is None:
+                    self._stall_start = self._last_commit
+
+    def worker_progress(self, host: str, local_rank: int, commits: int, age: float) -> None:
+        """A verified progress report: ``commits`` so far, the last ``age`` s ago."""
+        now = self._clock()
+        at = now - max(0.0, age)
+        with self._lock:
+            member = self._members.get((host, local_rank))
+            if member is None or commits <= member.commits:
+                return  # not a member now, or nothing new
+            member.commits, member.last_commit = commits, at
+            if self._last_commit is None or at > self._last_commit:
+                self._last_commit = at
+            formed = self._formed_at
+            if formed is not None and at <= formed and self._stall_start is not None:
+                self._stall_start = max(self._stall_start, at)  # a late report
+            ends_stall = formed is not None and at > formed and self._stall_start is not None
+            if ends_stall and (self._stall_end is None or at < self._stall_end):
+                self._stall_end = at
+
+    # ------------------------------------------------------------ the thread
+
+    def start(self, on_hang: Callable[[Hang], None] | None = None) -> None:
+        """Tick on a thread of its own until :meth:`close`; ``on_hang`` fails a member."""
+        self._on_hang = on_hang
+        self._thread = threading.Thread(target=self._run, name="spotring-progress", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.wait(TICK_SECONDS):
+            try:
+                self.tick()
+            except Exception:  # never die silently; log, and keep watching
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.exception("ring progress tracker failed (%d times)", failures)
+
+    def tick(self) -> None:
+        """One look: tell stalls, records and idle time; fail a hung ring's slowest member."""
+        now = self._clock()
+        stall = status = hang = None
+        with self._lock:
+            if self._stall_end is not None and now >= self._stall_end + SETTLE_SECONDS:
+                if self._stall_start is not None:
+                    start, end = self._stall_start, self._stall_end
+                    stall = Stall(self._ring, self._to_wall(start, now), self._to_wall(end, now))
+                self._stall_start = self._stall_end = None
+            idle = self._idle(now)
+            if self._standing and now >= self._next_record:
+                self._next_record = now + RECORD_INTERVAL_SECONDS
+                status = self._status(now, idle or 0.0)
+            timeout = self.hang_timeout
+            if self._standing and timeout is not None and idle is not None and idle >= timeout:
+                hang = self._slowest_hang(now, idle)
+                self._standing = False  # once per ring: the next ring is watched anew
+        self._tell("ring_idle", idle or 0.0)
+        if stall is not None:
+            self._tell("ring_stalled", stall)
+        if status is not None:
+            self._tell("ring_progress", status)
+        if hang is not None:
+            log.warning("ring %d: %s: failing %s[%d]", hang.ring, hang.reason, hang.host,
+                        hang.local_rank)  # fmt: skip
+            self._tell("ring_hung", hang)
+            if self._on_hang is not None:
+                self._on_hang(hang)
+
+    # ------------------------------------------------------------ helpers (locked)
+
+    def _idle(self, now: float) -> float | None:
+        if not self._standing or self._formed_at is None:
+            return None
+        latest = max(
+            [self._formed_at]
+            + [m.last_commit for s, m in self._ring_members() if m.last_commit is not None]
+        )
+        return max(0.0, now - latest)
+
+    def _ring_members(self) -> list[tuple[Slot, _Member]]:
+        return sorted((s, m) for s, m in self._members.items() if s[0] in self._hosts)
+
+    def _member_since(self, member: _Member) -> float:
+        assert self._formed_at is not None
+        if member.last_commit is None:
+            return self._formed_at
+        return max(self._formed_at, member.last_commit)
+
+    def _status(self, now: float, idle: float) -> RingStatus:
+        members = self._ring_members()
+        steps = max((m.commits - m.at_formation for _, m in members), default=0)
+        slowest = ""
+        if members:
+            (host, slot), _ = min(members, key=lambda i: (self._member_since(i[1]), i[0]))
+            slowest = f"{host}[{slot}]"
+        return RingStatus(self._ring, self._size, steps, round(idle, 3), slowest)
+
+    def _slowest_hang(self, now: float, idle: float) -> Hang | None:
+        members = self._ring_members()
+        if not members:
+            return None
+        (host, slot), member = min(members, key=lambda i: (self._member_since(i[1]), i[0]))
+        member_idle = now - self._member_since(member)
+        return Hang(self._ring, host, slot, round(idle, 3), round(member_idle, 3))
+
+    def _to_wall(self, at: float, now: float) -> float:
+        return round(self._wall() - (now - at), 3)
+
+    def _tell(self, method: str, *args: Any) -> None:
+        for listener in self._listeners:
+            call = getattr(listener, method, None)
+            if call is None:
+                continue
+            try:
+                call(*args)
+            except Exception:
+                log.exception("ring progress listener %r failed in %s", listener, method)

@@ -1,0 +1,330 @@
+"""Training progress, from a worker to the driver: how many commits, and how long ago.
+
+The driver cannot see whether a ring trains: a ring whose members all live can still
+stand still (a reset, a rendezvous, a hung rank). Each worker counts its state's
+``commit`` calls; the driver learns the count, and the age of the last commit, per
+ring member, and from that when and for how long a ring made no progress.
+
+How it travels, and what it costs:
+
+* **Worker -> supervisor: a shared page, no syscall per commit.** The supervisor makes
+  an anonymous memory file (``memfd``) and hands its descriptor to the worker, named by
+  ``SPOTRING_PROGRESS_FD`` (:data:`PROGRESS_FD_ENV`), as it hands the job key's pipe.
+  spotring's ``sitecustomize`` maps it and closes the descriptor before the script
+  runs, and wraps ``commit`` of ``horovod.common.elastic.State`` (and of any subclass
+  that overrides it, as spotring's ``TorchState`` does) so that each outermost call
+  stores its count and ``time.monotonic()`` in the page: two stores into memory.
+* **Supervisor -> driver: a signed line.** The supervisor reads the page every
+  :data:`INTERVAL_SECONDS` and, when the count has changed, writes a
+  :class:`ProgressMessage` line on its stdout (the pipe or ssh channel the driver reads
+  the worker's output from): count and the last commit's age in seconds (ages, not
+  clock readings: hosts' clocks differ), HMAC-SHA256 under the job key, bound to the
+  worker launch, with a sequence number, exactly as interruption notices are
+  (:mod:`spotring.worker_image.notices`). At most two lines a second per worker.
+
+Who can forge what: the training script prints on the same stdout, but a progress line
+it prints fails the MAC and is dropped, so printing can neither fake progress nor hide
+it. The script itself can write into its own process's page (as it can corrupt its own
+model): it is the job's own code, and the most it can do is make its own worker look
+busier than it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import math
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+PROGRESS_FD_ENV = "SPOTRING_PROGRESS_FD"
+"""The number of the descriptor of the worker's progress page (not secret)."""
+
+MESSAGE_MARKER = "\x1espotring-progress "
+"""Starts a progress line on the supervisor's stdout (ASCII record separator first)."""
+
+MAX_MESSAGE_BYTES = 512
+"""Longer lines with the marker are rejected unread."""
+
+INTERVAL_SECONDS = 0.5
+"""How often the supervisor reads the page (and at most how often it writes a line)."""
+
+MAX_AGE_SECONDS = 1e7
+_RECORD = struct.Struct("=dQ")  # last commit's time.monotonic(), commits so far
+PAGE_BYTES = mmap.PAGESIZE
+
+
+# ------------------------------------------------------------------ the message
+
+
+@dataclass(frozen=True)
+class ProgressMessage:
+    """A worker's progress on its way from its supervisor to the driver.
+
+    ``count``: the worker's ``commit`` calls since it started; ``age``: seconds since
+    the last of them, when the supervisor wrote the line. ``launch`` and ``sequence``
+    as for notices; the MAC covers everything else.
+    """
+
+    launch: str
+    sequence: int
+    count: int
+    age: float
+    mac: str = ""
+
+    def _payload(self) -> bytes:
+        body = ["progress", self.launch, self.sequence, self.count, self.age]
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    def signed(self, key: bytes) -> ProgressMessage:
+        """This message with its MAC under ``key``."""
+        mac = hmac.new(key, self._payload(), hashlib.sha256).hexdigest()
+        return ProgressMessage(self.launch, self.sequence, self.count, self.age, mac)
+
+    def verify(self, key: bytes) -> bool:
+        """Whether the MAC is valid under ``key``."""
+        expected = hmac.new(key, self._payload(), hashlib.sha256).hexdigest()
+        return hmac.compare_digest(expected, self.mac)
+
+    def line(self) -> str:
+        """The message as one stdout line (marker, JSON, newline)."""
+        body = {"launch": self.launch, "seq": self.sequence, "count": self.count}
+        body.update(age=self.age, mac=self.mac)
+        return MESSAGE_MARKER + json.dumps(body, separators=(",", ":")) + "\n"
+
+    @classmethod
+    def parse(cls, line: str) -> ProgressMessage:
+        """The message of a line that starts with :data:`MESSAGE_MARKER`.
+
+        Raises ``ValueError`` for an oversized or malformed one.
+        """
+        if len(line.encode(errors="replace")) > MAX_MESSAGE_BYTES:
+            raise ValueError("oversized")
+        try:
+            body = json.loads(line.removeprefix(MESSAGE_MARKER))
+        except json.JSONDecodeError:
+            raise ValueError("not JSON") from None
+        if not isinstance(body, dict):
+            raise ValueError("not a JSON object")
+        launch, sequence, count = body.get("launch"), body.get("seq"), body.get("count")
+        age, mac = body.get("age"), body.get("mac")
+        if not (isinstance(launch, str) and isinstance(mac, str)):
+            raise ValueError("missing launch or mac")
+        for name, value in (("sequence", sequence), ("count", count)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+                raise ValueError(f"bad {name}")
+        if sequence < 1:
+            raise ValueError("bad sequence")
+        if not isinstance(age, (int, float)) or isinstance(age, bool):
+            raise ValueError("bad age")
+        if not (math.isfinite(age) and 0 <= age <= MAX_AGE_SECONDS):
+            raise ValueError("bad age")
+        return cls(launch, sequence, count, float(age), mac)
+
+
+# ------------------------------------------------------------------ the page
+
+
+class ProgressPage:
+    """A worker's commit count and last commit time in shared memory."""
+
+    def __init__(self, memory: mmap.mmap) -> None:
+        self._memory = memory
+
+    @classmethod
+    def create(cls) -> tuple[ProgressPage, int]:
+        """A new page (zero commits) and its descriptor, for the worker to inherit.
+        The descriptor is not inheritable: pass it in ``pass_fds``, then close it."""
+        fd = os.memfd_create("spotring-progress", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, PAGE_BYTES)
+            return cls(mmap.mmap(fd, PAGE_BYTES)), fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def attach(cls, fd: int) -> ProgressPage:
+        """Map the page behind ``fd`` (closed here). Raises ``OSError`` or ``ValueError``
+        for anything but a page of the right size."""
+        try:
+            if os.fstat(fd).st_size != PAGE_BYTES:
+                raise ValueError("not a progress page")
+            return cls(mmap.mmap(fd, PAGE_BYTES))
+        finally:
+            os.close(fd)
+
+    def record(self, count: int, at: float) -> None:
+        """Store a commit: its time, then the count (the reader checks the count)."""
+        _RECORD.pack_into(self._memory, 0, at, count)
+
+    def read(self) -> tuple[int, float]:
+        """(count, time of the last commit); a torn read is read again."""
+        for _ in range(100):
+            at, count = _RECORD.unpack_from(self._memory, 0)
+            again = _RECORD.unpack_from(self._memory, 0)
+            if again == (at, count):
+                return count, at
+        return again[1], again[0]
+
+
+# ------------------------------------------------------------------ in the worker
+
+
+class CommitCounter:
+    """Counts outermost ``commit`` calls into a :class:`ProgressPage`."""
+
+    def __init__(self, page: ProgressPage, clock: Callable[[], float] = time.monotonic) -> None:
+        self.page = page
+        self.count = 0
+        self._clock = clock
+        self._depth = threading.local()
+
+    def wrap(self, commit: Callable[..., Any]) -> Callable[..., Any]:
+        """``commit`` counting each call that is not inside another counted one (an
+        override calling ``super().commit()`` counts once). A commit that raises
+        (``HostsUpdatedInterrupt`` after its save) counts too."""
+        if getattr(commit, "_spotring_counted", False):
+            return commit
+        counter = self
+
+        def counted_commit(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(counter._depth, "value", 0)
+            counter._depth.value = depth + 1
+            try:
+                return commit(*args, **kwargs)
+            finally:
+                counter._depth.value = depth
+                if depth == 0:
+                    counter.count += 1
+                    counter.page.record(counter.count, counter._clock())
+
+        counted_commit._spotring_counted = True  # type: ignore[attr-defined]
+        counted_commit.__wrapped__ = commit  # type: ignore[attr-defined]
+        counted_commit.__doc__ = commit.__doc__
+        return counted_commit
+
+    def install(self, elastic: ModuleType) -> None:
+        """Count ``elastic.State.commit`` and every subclass's own ``commit``."""
+        state = elastic.State
+        state.commit = self.wrap(state.commit)
+        wrap = self.wrap
+        previous = state.__dict__.get("__init_subclass__")
+
+        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+            if previous is not None:
+                previous.__func__(cls, **kwargs)
+            else:
+                super(state, cls).__init_subclass__(**kwargs)
+            if "commit" in cls.__dict__:
+                cls.commit = wrap(cls.__dict__["commit"])  # type: ignore[attr-defined]
+
+        state.__init_subclass__ = classmethod(__init_subclass__)
+        for subclass in _subclasses(state):  # defined before we were installed
+            if "commit" in subclass.__dict__:
+                subclass.commit = wrap(subclass.__dict__["commit"])
+
+
+def _subclasses(cls: type) -> list[type]:
+    found, stack = [], list(cls.__subclasses__())
+    while stack:
+        sub = stack.pop()
+        found.append(sub)
+        stack.extend(sub.__subclasses__())
+    return found
+
+
+def take_progress_page() -> ProgressPage | None:
+    """The page named in :data:`PROGRESS_FD_ENV` (the descriptor then closed, so the
+    script's children never inherit it); None without one."""
+    fd_text = os.environ.pop(PROGRESS_FD_ENV, "")
+    if not fd_text.isdigit():
+        return None
+    return ProgressPage.attach(int(fd_text))
+
+
+def install_when_imported() -> CommitCounter | None:
+    """In a worker: count commits into the supervisor's page, once
+    ``horovod.common.elastic`` is imported. None without a page."""
+    from spotring.worker_image.after_import import call_after_import
+
+    page = take_progress_page()
+    if page is None:
+        return None
+    counter = CommitCounter(page)
+
+    def install(module: ModuleType) -> None:
+        try:
+            counter.install(module)
+        except Exception as error:  # never stop the user's script over this
+            print(f"spotring: commits not counted: {error}", file=sys.stderr)
+
+    call_after_import("horovod.common.elastic", install)
+    return counter
+
+
+# ------------------------------------------------------------------ in the supervisor
+
+
+class ProgressForwarder:
+    """Reads a worker's page every :data:`INTERVAL_SECONDS`; writes a signed line
+    when the count has changed.
+
+    :param write: writes one line to the driver (the supervisor's stdout).
+    """
+
+    def __init__(
+        self,
+        page: ProgressPage,
+        key: bytes,
+        launch: str,
+        write: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._page = page
+        self._key = key
+        self._launch = launch
+        self._write = write
+        self._clock = clock
+        self._sequence = 0
+        self._sent = 0
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="spotring-progress", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def forward(self) -> bool:
+        """One look at the page; whether a line was written."""
+        count, at = self._page.read()
+        if count == self._sent:
+            return False
+        self._sent = count
+        self._sequence += 1
+        age = min(MAX_AGE_SECONDS, max(0.0, self._clock() - at))
+        message = ProgressMessage(self._launch, self._sequence, count, round(age, 3))
+        self._write(message.signed(self._key).line())
+        return True
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.wait(INTERVAL_SECONDS):
+            try:
+                self.forward()
+            except Exception as error:  # never die silently; say so, and go on
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    with contextlib.suppress(OSError, ValueError):
+                        print(f"spotring supervisor: progress: {error!r}", file=sys.stderr)
