@@ -276,6 +276,15 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "once they wait in hvd.init, so a join stalls the ring for the join only)",
     )
     control.add_argument(
+        "--hang-timeout",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="treat a ring that made no progress (no commit) for this long, since its last "
+        "commit or its formation, as failed on the member whose last commit is the "
+        "oldest: that worker is stopped and its host replaced (default: off; set it above "
+        "the longest gap between commits, and a ring's formation and first step)",
+    )
+    control.add_argument(
         "--no-replace",
         action="store_true",
         help="do not ask the provider to replace hosts whose workers failed",
@@ -500,6 +509,7 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
             nics=options.nics,
             verbose=options.verbose,
             warm_start=not options.cold_start,
+            hang_timeout=options.hang_timeout,
         ),
         refresh_interval=options.refresh_interval,
         launcher=options.launcher,

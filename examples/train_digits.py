@@ -15,7 +15,9 @@ resume and the end of training (tests and the summary read them). ``--audit-samp
 adds an ``epoch_audit`` line per epoch: how many training samples the ring processed
 once, twice or never, counted in the committed state so that a rollback uncounts what
 it undoes (``bench/soak`` checks it under chaos). ``--stop-file FILE`` ends training
-at the next epoch end once FILE exists.
+at the next epoch end once FILE exists. ``--hang-file FILE`` makes the last rank hang
+(sleep for good, as on a stuck filesystem) before its next commit once FILE exists;
+it removes FILE, so one worker hangs once (``spotring run --hang-timeout`` replaces it).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="count how often each training sample is processed per epoch (epoch_audit events)",
     )
     parser.add_argument("--stop-file", help="finish at the next epoch end once this file exists")
+    parser.add_argument(
+        "--hang-file",
+        help="the last rank hangs before its next commit once this file exists (removed)",
+    )
     return parser.parse_args(argv)
 
 
@@ -181,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 state.step += 1
                 if args.step_seconds:
                     time.sleep(args.step_seconds)
+                if args.hang_file and hvd.rank() == hvd.size() - 1:
+                    hang_if_asked(args.hang_file)
                 if state.step % args.commit_every == 0:
                     commit(loss=round(loss.item(), 4))
             if args.audit_samples:
@@ -230,6 +238,17 @@ def audit(seen: torch.Tensor) -> dict[str, int]:
         "missing": int((seen == 0).sum()),
         "repeated": int((seen > 1).sum()),
     }
+
+
+def hang_if_asked(path: str) -> None:
+    """Hang for good once ``path`` exists (removed first: one hang per file)."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return
+    print(f"rank {hvd.rank()} hangs before its commit of step", flush=True)
+    while True:
+        time.sleep(3600)
 
 
 def stop_requested(path: str) -> bool:

@@ -292,20 +292,39 @@ def test_a_joining_host_is_offered_once_its_worker_waits_in_init(
     repo: Path, tmp_path: Path
 ) -> None:
     """The new host's worker starts while the ring trains on; Horovod hears of the host
-    only once that worker waits in hvd.init, and hands it its rank at the reset."""
+    only once that worker waits in hvd.init, and hands it its rank at the reset.
+
+    Then that worker hangs (alive, before a commit): after --hang-timeout the driver
+    fails it as the member whose last commit is the oldest, and its host is replaced."""
     events, control = tmp_path / "events.jsonl", tmp_path / "control"
+    hang, stop, run_events = tmp_path / "hang", tmp_path / "stop", tmp_path / "run.jsonl"
     argv = [
         *(SPOTRING, "--log-level", "info", "run", "--provider", "local"),
         *("-np", "2", "--min-np", "2", "--max-np", "3", "--hosts", "2"),
         *("--refresh-interval", "0.5", "--boot-seconds", "1", "--control", str(control)),
-        *job(repo, events, "--epochs", "4", "--step-seconds", "0.05"),
-        "--audit-samples",
+        *("--hang-timeout", "10", "--events", str(run_events)),
+        *job(repo, events, "--epochs", "40", "--step-seconds", "0.05"),
+        *("--audit-samples", "--hang-file", str(hang), "--stop-file", str(stop)),
     ]
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
         wait_for_events(process, events, commits(size=2, steps=10), "10 commits at size 2")
         control.write_text("scale 3\n")
+        wait_for_events(process, events, commits(size=3, steps=5), "5 commits at size 3")
+        hang.touch()  # rank 2, host-2's worker, hangs before its next commit
+        wait_for_events(process, events, regrown, "a ring of 3 again after the hang")
+        stop.touch()
         log = job_output(process, JOB_TIMEOUT)
     assert process.returncode == 0, log[-4000:]
+    assert not hang.exists(), "no worker hung"
+    assert "failing the worker on host-2[0] (its last commit is the oldest" in log
+    story = [json.loads(line) for line in run_events.read_text().splitlines()]
+    (hung,) = [e for e in story if e["event"] == "hang"]
+    assert hung["host"] == "host-2" and hung["idle_s"] >= 10
+    failed = [e for e in story if e["event"] == "host_failed"]
+    assert [(e["host"], e["reason"][:5]) for e in failed] == [("host-2", "hung:")]
+    assert "+host-3" in log  # its replacement joined
+    stalls = [e for e in story if e["event"] == "stall"]
+    assert len(stalls) >= 3 and max(e["seconds"] for e in stalls) >= 10, stalls
     started = log.index("host host-2: started 1 workers ahead of its join")
     offered = log.index("host host-2: its workers wait in hvd.init; offered to Horovod")
     grown = log.index("ring of 3 workers")
@@ -315,6 +334,15 @@ def test_a_joining_host_is_offered_once_its_worker_waits_in_init(
     assert_no_committed_step_lost(recorded)
     assert_every_sample_once(recorded)
     assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 3
+
+
+def regrown(recorded: list[dict]) -> bool:
+    """Rank 0 resumed at size 3, then at a smaller size, then at size 3 again."""
+    sizes = [e["size"] for e in recorded if e["event"] == "resume"]
+    return any(
+        sizes[i] == 3 and 3 in sizes[j + 1 :] for i in range(len(sizes)) for j in
+        range(i + 1, len(sizes)) if sizes[j] < 3
+    )  # fmt: skip
 
 
 WAITS_FOR_TRAINING = """import os, runpy, sys, time

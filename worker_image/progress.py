@@ -13,7 +13,8 @@ How it travels, and what it costs:
   spotring's ``sitecustomize`` maps it and closes the descriptor before the script
   runs, and wraps ``commit`` of ``horovod.common.elastic.State`` (and of any subclass
   that overrides it, as spotring's ``TorchState`` does) so that each outermost call
-  stores its count and ``time.monotonic()`` in the page: two stores into memory.
+  stores its count and ``time.monotonic()`` in the page as it starts: two stores into
+  memory.
 * **Supervisor -> driver: a signed line.** The supervisor reads the page every
   :data:`INTERVAL_SECONDS` and, when the count has changed, writes a
   :class:`ProgressMessage` line on its stdout (the pipe or ssh channel the driver reads
@@ -192,22 +193,25 @@ class CommitCounter:
 
     def wrap(self, commit: Callable[..., Any]) -> Callable[..., Any]:
         """``commit`` counting each call that is not inside another counted one (an
-        override calling ``super().commit()`` counts once). A commit that raises
-        (``HostsUpdatedInterrupt`` after its save) counts too."""
+        override calling ``super().commit()`` counts once), as it starts: the step
+        before it is done. Not as it ends: a commit ends with a collective (Horovod's
+        host check broadcasts), in which every member waits for a hung one, and which
+        a reset ends with an error; counted at its end, the member that never got
+        there would look no slower than the ones waiting for it."""
         if getattr(commit, "_spotring_counted", False):
             return commit
         counter = self
 
         def counted_commit(*args: Any, **kwargs: Any) -> Any:
             depth = getattr(counter._depth, "value", 0)
+            if depth == 0:
+                counter.count += 1
+                counter.page.record(counter.count, counter._clock())
             counter._depth.value = depth + 1
             try:
                 return commit(*args, **kwargs)
             finally:
                 counter._depth.value = depth
-                if depth == 0:
-                    counter.count += 1
-                    counter.page.record(counter.count, counter._clock())
 
         counted_commit._spotring_counted = True  # type: ignore[attr-defined]
         counted_commit.__wrapped__ = commit  # type: ignore[attr-defined]
