@@ -65,7 +65,7 @@ from horovod.runner.http.http_server import (
     RendezvousServer,
 )
 
-from spotring.worker_image.peer_abort import RING_KEY, RING_SCOPE
+from spotring.worker_image.peer_abort import ABANDONED_KEY, RING_KEY, RING_SCOPE
 
 log = logging.getLogger(__name__)
 
@@ -893,9 +893,15 @@ class RingTracker(RendezvousServer):
         the dead member's address until Gloo's timeout (30 s). A member asking for an
         address that is not there gets an empty one, which Gloo rejects; spotring's
         Horovod build turns that into a failed ``hvd.init``, which the worker retries
-        in the next ring. A ring already formed makes no such requests."""
+        in the next ring. A ring already formed makes no such requests. Members past
+        the store (connecting to their peers) that the driver cannot message yet ask
+        for ``spotring/abandoned``, published here until the next ring clears it."""
         if generation == self.generation:
-            self._httpd.abandoned = True
+            httpd = self._httpd
+            httpd.abandoned = True
+            with httpd.cache_lock:
+                value = str(generation).encode("ascii")
+                httpd.cache.setdefault(RING_SCOPE, {})[ABANDONED_KEY] = value
 
     def init(self, host_alloc_plan):  # type: ignore[no-untyped-def]
         httpd = self._httpd

@@ -330,3 +330,123 @@ def test_own_tcp_sockets_are_this_process_tcp_connections_only() -> None:
         for sock in (ours, peer, unix_a, unix_b, udp):
             sock.close()
     assert not tcp & own_tcp_sockets()  # closed ones are gone
+
+
+class FormingRing:
+    """A worker forming ring 4 (ring 3 formed), as Gloo does it: connected to the
+    rendezvous server, with a connection accepted by its notification service, and
+    blocked in the accept of a pair whose peer never connects (it died)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.rendezvous = socket.create_server(("127.0.0.1", 0))
+        monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
+        monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", str(self.rendezvous.getsockname()[1]))
+        self.notification_service = socket.create_server(("127.0.0.1", 0))  # before init
+        # The driver's end of a message it sends while the ring forms (another process
+        # in real life: here it exists before init, so it is not the init's).
+        self.driver_end = socket.create_connection(self.notification_service.getsockname())
+        self.guard = CollectiveAbort(KEY, lambda: 4)
+        self.guard.context_formed((), 3)
+        self.listening = threading.Event()
+        self.ended: list[str] = []
+        self.kept: list[socket.socket] = []
+
+    def init(self) -> None:
+        store = socket.create_connection(self.rendezvous.getsockname())
+        driver, _ = self.notification_service.accept()
+        self.kept += [store, driver]
+        with socket.create_server(("127.0.0.1", 0)) as pair:
+            self.listening.set()
+            try:
+                pair.accept()
+                self.ended.append("a peer connected")
+            except OSError as error:
+                self.ended.append(f"failed: {error}")
+
+    def start(self, init: object) -> threading.Thread:
+        thread = threading.Thread(target=init, daemon=True)
+        thread.start()
+        assert self.listening.wait(5)
+        return thread
+
+    def assert_only_gloo_was_shut_down(self) -> None:
+        store, driver = self.kept
+        for sock in (store, driver):  # still connected: a send works, nothing was shut
+            sock.sendall(b"x")
+        self.close()
+
+    def close(self) -> None:
+        for sock in (*self.kept, self.driver_end, self.rendezvous, self.notification_service):
+            sock.close()
+
+
+def test_a_message_for_the_ring_being_formed_frees_a_member_waiting_for_a_dead_peer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ring = FormingRing(monkeypatch)
+    thread = ring.start(ring.guard.track_init(ring.init))
+    # A late message for the ring already formed leaves the formation alone.
+    assert ring.guard.handle(PeerFailedRequest.sign(KEY, 3, 1, "host-8[0]"))
+    thread.join(0.3)
+    assert thread.is_alive() and ring.ended == []
+    assert ring.guard.handle(PeerFailedRequest.sign(KEY, 4, 2, "host-9[0]"))
+    thread.join(5)
+    assert not thread.is_alive() and ring.ended[0].startswith("failed")
+    ring.assert_only_gloo_was_shut_down()
+
+
+def test_a_message_for_a_ring_newer_than_the_last_formed_is_refused_outside_init() -> None:
+    guard = CollectiveAbort(KEY, lambda: 4)
+    guard.context_formed((), 3)
+    assert guard.check(PeerFailedRequest.sign(KEY, 4, 1, "host-9[0]")) is not None
+
+
+def test_a_first_init_leaves_a_ring_abandoned_while_it_formed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member the driver cannot message yet (its first init) asks the rendezvous
+    server, and leaves the ring it forms once a member of it died."""
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    from spotring.driver.elastic import RingTracker
+    from spotring.worker_image.peer_abort import ABANDONED_KEY, read_generation_key
+    from spotring.worker_image.ring_formation import watch_abandoned_formation
+
+    tracker = RingTracker()
+    port = tracker.start(address="127.0.0.1")
+    ring = FormingRing(monkeypatch)
+    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", str(port))
+    asked: list[int | None] = []
+
+    def read_abandoned() -> int | None:
+        asked.append(read_generation_key(ABANDONED_KEY))
+        return asked[-1]
+
+    try:
+        plan = [SlotInfo(f"host-{i}", i, 0, i, 2, 1, 2) for i in range(2)]
+        tracker.init(plan)
+        watched = watch_abandoned_formation(
+            ring.init, ring.guard.abort_formation, read_abandoned, lambda: True, 0.05, 0.05
+        )
+        thread = ring.start(ring.guard.track_init(watched))
+        thread.join(0.5)
+        assert thread.is_alive() and ring.ended == [] and asked and set(asked) == {None}
+        tracker.abandon(tracker.generation)
+        thread.join(5)
+        assert not thread.is_alive() and ring.ended[0].startswith("failed")
+        assert asked[-1] == tracker.generation
+        tracker.init(plan)  # the next ring: nothing abandoned
+        assert read_generation_key(ABANDONED_KEY) is None
+    finally:
+        ring.close()
+        tracker.stop()
+
+
+def test_a_formation_the_driver_can_message_is_not_watched() -> None:
+    from spotring.worker_image.ring_formation import watch_abandoned_formation
+
+    asked: list[int] = []
+    watched = watch_abandoned_formation(
+        lambda: "formed", lambda: 0, lambda: asked.append(1), lambda: False, 0.0, 0.01
+    )
+    assert watched() == "formed" and asked == []

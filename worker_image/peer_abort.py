@@ -39,14 +39,17 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from spotring.worker_image import sampler_reset
 from spotring.worker_image.after_import import call_after_import
-from spotring.worker_image.ring_formation import retry_failed_formation
+from spotring.worker_image.ring_formation import (
+    retry_failed_formation,
+    watch_abandoned_formation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +68,13 @@ MAX_JOB_KEY_HEX = 256
 
 RING_SCOPE = "spotring"
 RING_KEY = "ring"
+ABANDONED_KEY = "abandoned"
 """Where the driver's rendezvous server publishes the current ring generation, as
 ASCII digits (read-only from outside)."""
 
 MAX_RING_BYTES = 18
 RING_READ_TIMEOUT_SECONDS = 10.0
+WATCH_READ_TIMEOUT_SECONDS = 2.0
 
 NOTIFICATION_DEADLINE_SECONDS = 10.0
 """How long a connection to the worker's notification service may last."""
@@ -144,17 +149,96 @@ def own_tcp_sockets() -> set[int]:
     so after a few ring formations on one machine the table held thousands of lines and
     a read took 0.2 s, twice per ``init``, inside the ring's stall.)
     """
-    inodes: set[int] = set()
-    for inode, fd in _socket_inodes().items():
+    return {inode for inode, _ in _tcp_sockets()}
+
+
+def _tcp_sockets(inodes: Iterable[int] | None = None) -> Iterator[tuple[int, socket.socket]]:
+    """``(inode, socket)`` for this process's TCP sockets (of ``inodes``, if given),
+    each a duplicate that is closed once the caller moves on."""
+    fds = _socket_inodes()
+    for inode in fds if inodes is None else inodes:
+        fd = fds.get(inode)
+        if fd is None:
+            continue
         try:
-            with socket.socket(fileno=os.dup(fd)) as sock:  # closes the duplicate only
-                if sock.family in (socket.AF_INET, socket.AF_INET6) and (
-                    sock.type == socket.SOCK_STREAM
-                ):
-                    inodes.add(inode)
+            sock = socket.socket(fileno=os.dup(fd))
         except OSError:  # closed meanwhile
             continue
-    return inodes
+        with sock:  # closes the duplicate only
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and (
+                sock.type == socket.SOCK_STREAM
+            ):
+                yield inode, sock
+
+
+def _listening_ports(inodes: Iterable[int]) -> frozenset[int]:
+    """Local ports of those of ``inodes`` that are listening sockets."""
+    ports: set[int] = set()
+    for _, sock in _tcp_sockets(inodes):
+        with contextlib.suppress(OSError):
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                ports.add(sock.getsockname()[1])
+    return frozenset(ports)
+
+
+def _rendezvous_endpoint() -> tuple[str, int] | None:
+    """The driver's rendezvous server, as the worker's environment names it."""
+    try:
+        return os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(
+            os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class _Forming:
+    """An ``init`` in progress: what was open when it began."""
+
+    before: frozenset[int]
+    """Inodes of the TCP sockets open then."""
+    listening_ports: frozenset[int]
+    """Ports listening then (the notification service): connections accepted on them
+    are the driver's, not Gloo's."""
+
+    def gloo_sockets(self) -> set[int]:
+        """Sockets the ``init`` opened for Gloo's pairs (listening, connecting or
+        connected), leaving out connections to the rendezvous server: Horovod retries
+        a failed store request on a new connection, and a rank request asked twice
+        counts twice at the driver's barrier."""
+        rendezvous = _rendezvous_endpoint()
+        found: set[int] = set()
+        for inode, sock in _tcp_sockets():
+            if inode in self.before:
+                continue
+            try:
+                if sock.getsockname()[1] in self.listening_ports:
+                    continue
+                peer_port = sock.getpeername()[1]
+            except OSError:  # listening or still connecting: Gloo's
+                peer_port = None
+            if rendezvous is None or peer_port != rendezvous[1]:
+                found.add(inode)
+        return found
+
+
+def _shutdown(inodes: Iterable[int]) -> int:
+    """Shut down these sockets (a listening or connecting one too: Linux then wakes
+    whoever polls it with an error); how many were open."""
+    fds = _socket_inodes()
+    count = 0
+    for inode in inodes:
+        fd = fds.get(inode)
+        if fd is None:
+            continue
+        try:
+            # Shutdown acts on the connection, which the dup shares with Gloo's fd.
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+            count += 1
+        except OSError:
+            continue
+    return count
 
 
 # ------------------------------------------------------------------- the abort
@@ -166,6 +250,12 @@ class CollectiveAbort:
     :param key: the job key messages must be signed with; None rejects every message.
     :param read_generation: returns the ring generation of the context just formed
         (None when it cannot be learned: then messages for that context are rejected).
+
+    While an ``init`` is in progress (the ring forming), a message for a ring newer
+    than the last one formed is for the ring being formed: a member died while it
+    formed, and those still connecting to it, or listening for its connection, would
+    wait out Gloo's connect timeout (five times ``HOROVOD_GLOO_TIMEOUT_SECONDS``). The
+    abort then shuts down the sockets that ``init`` opened for Gloo's pairs.
     """
 
     def __init__(
@@ -176,6 +266,7 @@ class CollectiveAbort:
         self._lock = threading.Lock()
         self._context_sockets: set[int] = set()
         self._generation: int | None = None
+        self._forming: _Forming | None = None
         self._last_sequence = -1
         self.rejected = 0
         """Messages rejected so far (forged, replayed, stale, malformed)."""
@@ -185,7 +276,13 @@ class CollectiveAbort:
 
         def tracked_init(*args: Any, **kwargs: Any) -> Any:
             before = own_tcp_sockets()
-            result = init(*args, **kwargs)
+            with self._lock:
+                self._forming = _Forming(frozenset(before), _listening_ports(before))
+            try:
+                result = init(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self._forming = None
             self.context_formed(own_tcp_sockets() - before, self._read_generation())
             return result
 
@@ -209,29 +306,31 @@ class CollectiveAbort:
         with self._lock:
             if request.sequence <= self._last_sequence:
                 return f"replayed (sequence {request.sequence})"
-            if self._generation is None or request.generation != self._generation:
+            formed = self._generation is not None and request.generation == self._generation
+            forming = self._forming is not None and request.generation > (self._generation or 0)
+            if not (formed or forming):
                 return f"for ring {request.generation}, this worker is in ring {self._generation}"
             self._last_sequence = request.sequence
         return None
 
-    def abort(self) -> int:
-        """Shut down the current context's sockets; returns how many were open."""
+    def abort(self, generation: int | None = None) -> int:
+        """Shut down the current context's sockets, and those of the ring being formed
+        when ``generation`` (the dead member's ring) is newer than the last one formed;
+        returns how many were open."""
         with self._lock:
             targets, self._context_sockets = self._context_sockets, set()
-        fds = _socket_inodes()
-        count = 0
-        for inode in targets:
-            fd = fds.get(inode)
-            if fd is None:
-                continue
-            try:
-                # Shutdown acts on the connection, which the dup shares with Gloo's fd.
-                with socket.socket(fileno=os.dup(fd)) as sock:
-                    sock.shutdown(socket.SHUT_RDWR)
-                count += 1
-            except OSError:
-                continue
-        return count
+            forming = self._forming
+            newer = generation is not None and generation > (self._generation or 0)
+        if forming is not None and newer:
+            targets |= forming.gloo_sockets()
+        return _shutdown(targets)
+
+    def abort_formation(self) -> int:
+        """Shut down the sockets of the ring being formed (none when no ``init`` is in
+        progress); how many were open."""
+        with self._lock:
+            forming = self._forming
+        return _shutdown(forming.gloo_sockets()) if forming is not None else 0
 
     def handle(self, request: object) -> bool:
         """Abort the collective if ``request`` is a valid, fresh message. True if so."""
@@ -240,7 +339,7 @@ class CollectiveAbort:
             self.rejected += 1
             log.warning("spotring: rejected a peer-failure message: %s", reason)
             return False
-        count = self.abort()
+        count = self.abort(getattr(request, "generation", None))
         if count:  # zero when this worker's own collective had already failed
             log.warning(
                 "spotring: peer %s died: shut down %d sockets of the collective to fail fast",
@@ -302,33 +401,56 @@ def _read_key_pipe(fd: int) -> bytes | None:
         return None
 
 
-def _read_ring_generation() -> int | None:
-    """The ring generation the driver published on its rendezvous server.
+def read_generation_key(key: str, timeout: float = RING_READ_TIMEOUT_SECONDS) -> int | None:
+    """A ring generation the driver published on its rendezvous server under ``key``
+    (:data:`RING_KEY`: the current ring; :data:`ABANDONED_KEY`: the current ring, once
+    a member of it died while it formed); None when it is not there.
 
     A plain GET whose answer must be ASCII digits: nothing read over the network is
-    unpickled, so whoever can reach the server cannot run code in the worker.
+    unpickled, so whoever can reach the server cannot run code in the worker. Raises
+    ``OSError`` (or ``ValueError`` for a malformed answer) when it cannot be read.
     """
     import http.client
 
+    endpoint = _rendezvous_endpoint()
+    if endpoint is None:
+        raise ValueError("no rendezvous server in the environment")
+    connection = http.client.HTTPConnection(*endpoint, timeout=timeout)
     try:
-        addr = os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
-        port = int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
-        connection = http.client.HTTPConnection(addr, port, timeout=RING_READ_TIMEOUT_SECONDS)
-        try:
-            connection.request("GET", f"/{RING_SCOPE}/{RING_KEY}")
-            answer = connection.getresponse()
-            body = answer.read(MAX_RING_BYTES + 1)
-        finally:
-            connection.close()
-        if answer.status != 200:
-            raise RuntimeError(f"the rendezvous server answered {answer.status}")
+        connection.request("GET", f"/{RING_SCOPE}/{key}")
+        answer = connection.getresponse()
+        body = answer.read(MAX_RING_BYTES + 1)
+    finally:
+        connection.close()
+    if answer.status == 404:
+        return None
+    if answer.status != 200:
+        raise ValueError(f"the rendezvous server answered {answer.status}")
+    generation = parse_ring_generation(body)
+    if generation is None:
+        raise ValueError("the ring generation is not a number")
+    return generation
+
+
+def _read_ring_generation() -> int | None:
+    """The current ring's generation; None (no fast abort) when it cannot be learned."""
+    try:
+        generation = read_generation_key(RING_KEY)
     except Exception as error:  # no driver of ours, or it is gone: no aborts
         log.warning("spotring: cannot learn the ring generation (%s); no fast abort", error)
         return None
-    generation = parse_ring_generation(body)
     if generation is None:
-        log.warning("spotring: the ring generation is not a number; no fast abort")
+        log.warning("spotring: the driver published no ring generation; no fast abort")
     return generation
+
+
+def _unregistered() -> bool:
+    """Whether the driver cannot message this worker yet: Horovod starts the worker's
+    notification service (and registers it) in ``hvd.elastic.run``, after the
+    script's first ``hvd.init``."""
+    from horovod.common.elastic import notification_manager
+
+    return getattr(notification_manager, "_service", None) is None
 
 
 def parse_ring_generation(body: bytes) -> int | None:
@@ -356,7 +478,13 @@ def install() -> CollectiveAbort:
         import horovod.torch.mpi_ops as mpi_ops
 
         guard = CollectiveAbort(take_job_key(), _read_ring_generation)
-        tracked = guard.track_init(retry_failed_formation(mpi_ops.init, mpi_ops.shutdown))
+        formation = watch_abandoned_formation(
+            retry_failed_formation(mpi_ops.init, mpi_ops.shutdown),
+            guard.abort_formation,
+            lambda: read_generation_key(ABANDONED_KEY, timeout=WATCH_READ_TIMEOUT_SECONDS),
+            _unregistered,
+        )
+        tracked = guard.track_init(formation)
         for module in (mpi_ops, hvd_torch, hvd_elastic):
             module.init = tracked  # type: ignore[attr-defined]
 
