@@ -18,8 +18,9 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from spotring.providers.loopback_http import LoopbackHandler, LoopbackHTTPServer
 
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
@@ -30,11 +31,34 @@ def iso_time(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
-class FakeImds:
-    """The metadata service of a group of simulated hosts.
+class _Handler(LoopbackHandler):
+    def _serve(self, method: str) -> None:
+        imds: FakeImds = self.server.owner
+        status, body = imds.answer(method, self.path, self.headers)
+        imds.requests.append((method, self.path, status))
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+
+class FakeImds(LoopbackHTTPServer):
+    """The metadata service of a group of simulated hosts (``start()`` serves it on
+    127.0.0.1, a free port, on a daemon thread; a context manager too).
 
     :param max_token_ttl: tokens live at most this long (seconds), whatever was asked.
     """
+
+    handler_class = _Handler
+    thread_name = "spotring-imds"
 
     def __init__(self, *, max_token_ttl: float = 21600.0, clock: Callable[[], float] = time.time):
         self.max_token_ttl = max_token_ttl
@@ -44,35 +68,10 @@ class FakeImds:
         self._documents: dict[tuple[str, str], str] = {}  # (host, path) -> body
         self.requests: list[tuple[str, str, int]] = []
         """(method, path, status) of every request, for tests."""
-        self._server: ThreadingHTTPServer | None = None
-
-    # ---------------------------------------------------------------- serving
-
-    def start(self) -> FakeImds:
-        """Serve on 127.0.0.1, a free port, on a daemon thread."""
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        server.daemon_threads = True
-        server.imds = self  # type: ignore[attr-defined]
-        self._server = server
-        threading.Thread(target=server.serve_forever, name="spotring-imds", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> FakeImds:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def endpoint(self, host: str) -> str:
         """The metadata base URL of ``host`` (what the watcher's ``endpoint`` is)."""
-        assert self._server is not None, "not started"
-        return f"http://127.0.0.1:{self._server.server_address[1]}/{host}"
+        return f"{self.url}/{host}"
 
     # ---------------------------------------------------------------- events
 
@@ -125,25 +124,3 @@ class FakeImds:
                 return 200, "InService"
             body = self._documents.get((host, document))
             return (200, body) if body is not None else (404, "")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _serve(self, method: str) -> None:
-        imds: FakeImds = self.server.imds  # type: ignore[attr-defined]
-        status, body = imds.answer(method, self.path, self.headers)
-        imds.requests.append((method, self.path, status))
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        self._serve("GET")
-
-    def do_PUT(self) -> None:
-        self._serve("PUT")

@@ -80,21 +80,20 @@ import enum
 import json
 import random
 import re
-import socket
-import threading
 import time
 import traceback
 import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from azure.mgmt.compute import models as cm
 from azure.mgmt.compute._utils.model_base import SdkJSONEncoder
 from azure.mgmt.network import models as nm
+
+from tests import fake_server
 
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
 PAGE_SIZE = 100  # the fake's choice; ARM's page sizes are per resource provider
@@ -907,18 +906,11 @@ class RecordedRequest:
 
 
 @dataclass
-class Fault:
-    """An injected fault: ``error`` (an ARM error), ``drop`` or ``hang``."""
+class Fault(fake_server.Fault):
+    """An injected fault: ``error`` (an ARM error), ``drop`` or ``hang``; ``match`` is an
+    API name (e.g. "virtualMachineScaleSets.get") or a path substring."""
 
-    kind: str = "error"
-    status: int = 503
-    match: str | None = None  # API name (e.g. "virtualMachineScaleSets.get") or path substring
-    seconds: float = 30.0  # for hang
-    retry_after: float | None = None
-
-    def matches(self, path: str, api: str | None) -> bool:
-        """Whether this fault applies to a request for ``path`` (API ``api``)."""
-        return self.match is None or self.match == api or self.match in path
+    retry_after: float | None = None  # an error's Retry-After (a 429 always has one)
 
 
 _FAULT_BODIES = {
@@ -1019,20 +1011,8 @@ _SKU_FILTER_RE = re.compile(r"^\s*location\s+eq\s+'(?P<location>[^']*)'\s*$", re
 # ----------------------------------------------------------------------------- HTTP
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(fake_server.KeepAliveHandler):
     """ARM calls; see :meth:`FakeArm.handle`."""
-
-    protocol_version = "HTTP/1.1"
-    server: Any
-
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body go out in two writes: without this, Nagle's algorithm and the
-        # client's delayed ACK add 40 ms to every keep-alive response.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # quiet: tests read the request log instead
 
     def do_GET(self) -> None:
         self._serve()
@@ -1073,7 +1053,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)  # the client may have given up (a hang fault)
 
     def _serve(self) -> None:
-        fake: FakeArm = self.server.fake
+        fake: FakeArm = self.server.owner
         split = urlsplit(self.path)
         path = split.path
         query = {k: v[0] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
@@ -1089,19 +1069,17 @@ class _Handler(BaseHTTPRequestHandler):
             api_version=query.get("api-version"),
             client_request_id=self.headers.get("x-ms-client-request-id"),
         )
-        with fake._lock:
-            fake._requests.append(record)
+        fake._record(record)
         fault = fake._take_fault(path, api)
         if fault is not None:
             record.fault = fault.kind
             if fault.kind == "drop":
-                self.close_connection = True
-                with contextlib.suppress(OSError):
-                    self.connection.shutdown(socket.SHUT_RDWR)
+                self.drop_connection()
                 return
             if fault.kind == "hang":
                 time.sleep(fault.seconds)
             else:
+                assert isinstance(fault, Fault)
                 error = fault_error(fault.status, fault.retry_after)
                 record.status = error.status
                 self._send(error.status, error.body(), error.headers)
@@ -1133,12 +1111,24 @@ _DEFAULT_SKUS = (
 )
 
 
-class FakeArm:
-    """The fake ARM API; ``start()`` serves it on 127.0.0.1 on a free port."""
+class FakeArm(fake_server.FakeServer[RecordedRequest]):
+    """The fake ARM API; ``start()`` serves it on 127.0.0.1 on a free port (``url`` is the
+    clients' ``base_url``).
+
+    Faults (``fail_next``, ``fail_rate``): a fault's ``match`` is an API name
+    (``virtualMachineScaleSets.get``, see PERMISSIONS) or a path substring; an ``error``
+    answers an ARM error body and, with ``retry_after=`` (seconds), ``Retry-After`` (a 429
+    always has one).
+    """
+
+    handler_class = _Handler
+    fault_type = Fault
+    thread_name = "azure-fake"
 
     def __init__(
         self, subscription: str = SUBSCRIPTION, location: str = "eastus", *, seed: int | None = 0
     ) -> None:
+        super().__init__(seed=seed)
         self.subscription = subscription
         self.location = location
         self.page_size = PAGE_SIZE
@@ -1157,20 +1147,12 @@ class FakeArm:
         self.resource_groups: dict[str, str] = {}  # lower -> as created
         self.skus: list[dict[str, Any]] = []
         self.denied: set[str] = set()
-        self._lock = threading.RLock()
         self._rng = random.Random(seed)
-        self._fault_rng = random.Random(seed)
-        self._faults: list[Fault] = []
-        self._fault_rate = 0.0
-        self._fault_rate_kinds: list[Fault] = []
-        self._requests: list[RecordedRequest] = []
         self._operations: dict[str, Operation] = {}
         self._pages: dict[str, list[dict[str, Any]]] = {}
         self._names: set[str] = set()
         self._seq = 0
         self._next_ip = 4
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
         for name, vcpus, memory, gpus, family in _DEFAULT_SKUS:
             self.add_sku(name, vcpus=vcpus, memory_gb=memory, gpus=gpus, family=family)
         self.skus.append(
@@ -1184,45 +1166,6 @@ class FakeArm:
                 "restricted": False,
             }
         )
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def start(self, port: int = 0) -> FakeArm:
-        """Serve on 127.0.0.1:``port`` (0: a free one) on a background thread."""
-        server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
-        server.daemon_threads = True
-        server.block_on_close = False  # hung requests must not hold up stop()
-        server.fake = self  # type: ignore[attr-defined]
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> FakeArm:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        """The port it serves on."""
-        assert self._server is not None, "not started"
-        return self._server.server_address[1]
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT``: the clients' ``base_url``."""
-        return f"http://127.0.0.1:{self.port}"
 
     # ------------------------------------------------------------------ setup
 
@@ -1344,7 +1287,7 @@ class FakeArm:
             f"Microsoft.Network/virtualNetworks/{resource_group}-vnet/subnets/default"
         )
 
-    # ------------------------------------------------------------------ permissions/faults
+    # ------------------------------------------------------------------ permissions
 
     def deny(self, *actions: str) -> None:
         """Calls needing any of ``actions`` (see PERMISSIONS) answer 403 from now on."""
@@ -1359,89 +1302,7 @@ class FakeArm:
             else:
                 self.denied.clear()
 
-    def fail_next(
-        self,
-        count: int = 1,
-        status: int = 503,
-        *,
-        match: str | None = None,
-        kind: str = "error",
-        seconds: float = 30.0,
-        retry_after: float | None = None,
-    ) -> None:
-        """The next ``count`` requests matching ``match`` fail.
-
-        ``match``: an API name (``virtualMachineScaleSets.get``, see PERMISSIONS) or a path
-        substring; None: any request. ``kind``: ``error`` (answer ``status`` with an ARM error
-        body and, if given, ``Retry-After: retry_after``; a 429 always has one), ``drop``
-        (close the connection without answering) or ``hang`` (sleep ``seconds``, then answer
-        normally).
-        """
-        if kind not in ("error", "drop", "hang"):
-            raise ValueError(f"unknown fault kind {kind!r}")
-        with self._lock:
-            self._faults.extend(
-                Fault(kind, status, match, seconds, retry_after) for _ in range(count)
-            )
-
-    def fail_rate(
-        self,
-        p: float,
-        kinds: Iterable[str | int] = (503,),
-        *,
-        seed: int | None = None,
-        match: str | None = None,
-        seconds: float = 30.0,
-        retry_after: float | None = None,
-    ) -> None:
-        """Each request fails with probability ``p``, with a kind drawn from ``kinds``.
-
-        A kind is an HTTP status (answered as an error), ``"drop"`` or ``"hang"``.
-        """
-        with self._lock:
-            self._fault_rate = p
-            if seed is not None:
-                self._fault_rng = random.Random(seed)
-            self._fault_rate_kinds = [
-                Fault("error", k, match, seconds, retry_after)
-                if isinstance(k, int)
-                else Fault(k, 503, match, seconds, retry_after)
-                for k in kinds
-            ]
-
-    def clear_faults(self) -> None:
-        """No more injected faults."""
-        with self._lock:
-            self._faults.clear()
-            self._fault_rate = 0.0
-
-    def _take_fault(self, path: str, api: str | None) -> Fault | None:
-        with self._lock:
-            for i, fault in enumerate(self._faults):
-                if fault.matches(path, api):
-                    return self._faults.pop(i)
-            if self._fault_rate and self._fault_rng.random() < self._fault_rate:
-                fault = self._fault_rng.choice(self._fault_rate_kinds)
-                if fault.matches(path, api):
-                    return fault
-        return None
-
-    # ------------------------------------------------------------------ request log
-
-    @property
-    def requests(self) -> list[RecordedRequest]:
-        """Every request so far, oldest first."""
-        with self._lock:
-            return list(self._requests)
-
-    def calls(self, api: str) -> list[RecordedRequest]:
-        """Recorded requests of one API, e.g. ``virtualMachineScaleSets.update``."""
-        return [r for r in self.requests if r.api == api]
-
-    def clear_requests(self) -> None:
-        """Forget the request log."""
-        with self._lock:
-            self._requests.clear()
+    # ------------------------------------------------------------------ operations
 
     @property
     def operations(self) -> list[Operation]:

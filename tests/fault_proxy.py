@@ -75,10 +75,12 @@ import uuid
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 from xml.etree import ElementTree
+
+from spotring.providers.loopback_http import LoopbackHTTPServer
+from tests.fake_server import KeepAliveHandler
 
 KINDS: tuple[str, ...] = (
     "throttle",
@@ -170,7 +172,7 @@ class Entry(NamedTuple):
     """What the fault did, e.g. the fields deleted or the bytes sent."""
 
 
-class FaultProxy:
+class FaultProxy(LoopbackHTTPServer):
     """A threaded reverse proxy on 127.0.0.1 that injects faults; see the module docstring.
 
     :param upstream: the server's base URL, ``http://host:port``.
@@ -183,6 +185,8 @@ class FaultProxy:
     :param upstream_timeout: seconds to wait for the upstream.
     :param port: where to listen (0: a free port).
     """
+
+    thread_name = "fault-proxy"
 
     def __init__(
         self,
@@ -217,49 +221,20 @@ class FaultProxy:
         self._rate_match: str | None = None
         self._log: list[Entry] = []
         self._stopping = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> FaultProxy:
-        """Serve on a background thread; returns self."""
-        server = ThreadingHTTPServer(("127.0.0.1", self._port), _Handler)
-        server.daemon_threads = True
-        server.block_on_close = False  # a hung request must not hold up stop()
-        server.proxy = self  # type: ignore[attr-defined]
+    def start(self, port: int | None = None) -> FaultProxy:
+        """Serve on 127.0.0.1:``port`` (default: the one given to the constructor) on a
+        daemon thread; returns self. ``url`` is what the client gets instead of the
+        upstream's."""
         self._stopping.clear()
-        self._server = server
-        threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="fault-proxy",
-            daemon=True,
-        ).start()
-        return self
+        return super().start(self._port if port is None else port)
 
     def stop(self) -> None:
         """Stop serving; requests held by ``hang`` end at once."""
         self._stopping.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None, "not started"
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT``: give this to the client instead of the upstream's."""
-        return f"http://127.0.0.1:{self.port}"
+        super().stop()
 
     # ------------------------------------------------------------------ faults
 
@@ -530,23 +505,14 @@ def _delete_xml(root: ElementTree.Element, fault: Fault, rng: random.Random) -> 
 # ---------------------------------------------------------------------- handler
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: Any
+class _Handler(KeepAliveHandler):
     _upstream: http.client.HTTPConnection | None = None
-
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def finish(self) -> None:
         with contextlib.suppress(OSError):
             super().finish()
         if self._upstream is not None:
             self._upstream.close()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # the proxy's own log records every request
 
     def handle_one_request(self) -> None:
         with contextlib.suppress(ConnectionError, TimeoutError):  # the client gave up
@@ -573,7 +539,7 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ serving
 
     def _serve(self) -> None:
-        proxy: FaultProxy = self.server.proxy
+        proxy: FaultProxy = self.server.owner
         body = self._read_body()
         action = self._aws_action(body)
         fault, rng = proxy._take_fault(f"{self.command} {self.path}", action)
@@ -605,12 +571,12 @@ class _Handler(BaseHTTPRequestHandler):
         """Log this request, once, before its answer's first byte: a test reads the log as
         soon as it has the answer."""
         if self._entry is not None:
-            self.server.proxy._record(self._entry._replace(detail=detail))
+            self.server.owner._record(self._entry._replace(detail=detail))
             self._entry = None
 
     def _mangle(self, fault: Fault, rng: random.Random, body: bytes | None) -> None:
         """Forward, then answer with the upstream's answer broken as ``fault`` says."""
-        proxy: FaultProxy = self.server.proxy
+        proxy: FaultProxy = self.server.owner
         status, reason, headers, data = self._forward(body)
         if fault.kind == "truncate":
             cut = rng.randrange(len(data)) if data else 0
@@ -682,7 +648,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _forward(self, body: bytes | None) -> tuple[int, str, list[tuple[str, str]], bytes]:
         """The upstream's answer to this request: status, reason, headers, body."""
-        proxy: FaultProxy = self.server.proxy
+        proxy: FaultProxy = self.server.owner
         headers = {}
         for name, value in self.headers.items():
             if name.lower() not in _HOP_BY_HOP:
@@ -744,6 +710,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self.connection.close()
             else:
                 self.connection.shutdown(socket.SHUT_RDWR)
+
+
+FaultProxy.handler_class = _Handler
 
 
 # ------------------------------------------------------------------------ main

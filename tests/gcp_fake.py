@@ -38,12 +38,10 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import json
 import random
 import re
 import secrets
-import socket
 import string
 import sys
 import threading
@@ -52,12 +50,15 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from google.cloud import compute_v1
+
+if not __package__:  # run as a script (python tests/gcp_fake.py): find tests.fake_server
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fake_server import FakeServer, KeepAliveHandler
 
 API = "https://www.googleapis.com/compute/v1"
 MAX_RESULTS = 500  # the real API's default and maximum page size
@@ -650,20 +651,6 @@ class RecordedRequest:
         return asdict(self)
 
 
-@dataclass
-class Fault:
-    """An injected fault: ``error`` (an HTTP error), ``drop`` or ``hang``."""
-
-    kind: str = "error"
-    status: int = 503
-    match: str | None = None  # substring of the path; None: any compute call
-    seconds: float = 30.0  # for hang
-
-    def matches(self, path: str) -> bool:
-        """Whether this fault applies to a compute call on ``path``."""
-        return self.match is None or self.match in path
-
-
 _FAULT_BODIES = {
     400: ("Invalid request (injected)", "invalid"),
     401: ("Request had invalid authentication credentials.", "authError"),
@@ -691,10 +678,18 @@ def fault_error(status: int) -> ApiError:
 # ----------------------------------------------------------------------------- the server
 
 
-class FakeCompute:
-    """The fake Compute Engine API; ``start()`` serves it on 127.0.0.1 on a free port."""
+class FakeCompute(FakeServer[RecordedRequest]):
+    """The fake Compute Engine API; ``start()`` serves it on 127.0.0.1 on a free port
+    (``url`` is the clients' api_endpoint).
+
+    Faults (``fail_next``, ``fail_rate``) hit compute calls, never the token endpoint; a
+    fault's ``match`` is a substring of the path.
+    """
+
+    thread_name = "gcp-fake"
 
     def __init__(self, project: str = "test-project", *, seed: int | None = 0) -> None:
+        super().__init__(seed=seed)
         self.project = project
         self.projects = {project}
         self.require_auth = False
@@ -707,60 +702,12 @@ class FakeCompute:
         self.refresh_token = "fake-refresh-" + secrets.token_hex(8)
         self.client_id = "fake-client.apps.googleusercontent.com"
         self.client_secret = "fake-secret"
-        self._lock = threading.RLock()
         self._rng = random.Random(seed)
-        self._fault_rng = random.Random(seed)
-        self._faults: list[Fault] = []
-        self._fault_rate = 0.0
-        self._fault_rate_kinds: list[Fault] = []
-        self._requests: list[RecordedRequest] = []
         self._operations: dict[tuple[str, str], dict[str, Any]] = {}
         self._pages: dict[str, list[dict[str, Any]]] = {}
         self._names: set[str] = set()
         self._seq = 0
         self._next_ip = 2
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def start(self, port: int = 0) -> FakeCompute:
-        """Serve on 127.0.0.1:``port`` (0: a free one) on a background thread."""
-        server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
-        server.daemon_threads = True
-        server.block_on_close = False  # hung requests must not hold up stop()
-        server.fake = self  # type: ignore[attr-defined]
-        self._server = server
-        # A short poll interval keeps stop() (shutdown) fast.
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> FakeCompute:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        """The port it serves on."""
-        assert self._server is not None, "not started"
-        return self._server.server_address[1]
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT``: the api_endpoint for the clients."""
-        return f"http://127.0.0.1:{self.port}"
 
     # ------------------------------------------------------------------ setup
 
@@ -883,7 +830,7 @@ class FakeCompute:
             }
         raise ValueError(f"unknown credentials kind {kind!r}")
 
-    # ------------------------------------------------------------------ permissions/faults
+    # ------------------------------------------------------------------ permissions
 
     def deny(self, *permissions: str) -> None:
         """Calls needing any of ``permissions`` answer 403 from now on."""
@@ -897,83 +844,6 @@ class FakeCompute:
                 self.denied.difference_update(permissions)
             else:
                 self.denied.clear()
-
-    def fail_next(
-        self,
-        count: int = 1,
-        status: int = 503,
-        *,
-        match: str | None = None,
-        kind: str = "error",
-        seconds: float = 30.0,
-    ) -> None:
-        """The next ``count`` compute calls whose path contains ``match`` fail.
-
-        ``kind``: ``error`` (answer ``status`` with Google's error body), ``drop`` (close
-        the connection without answering) or ``hang`` (sleep ``seconds``, then answer).
-        """
-        if kind not in ("error", "drop", "hang"):
-            raise ValueError(f"unknown fault kind {kind!r}")
-        with self._lock:
-            self._faults.extend(Fault(kind, status, match, seconds) for _ in range(count))
-
-    def fail_rate(
-        self,
-        p: float,
-        kinds: Iterable[str | int] = (503,),
-        *,
-        seed: int | None = None,
-        match: str | None = None,
-        seconds: float = 30.0,
-    ) -> None:
-        """Each compute call fails with probability ``p``, with a kind drawn from ``kinds``.
-
-        A kind is an HTTP status (answered as an error), ``"drop"`` or ``"hang"``.
-        """
-        with self._lock:
-            self._fault_rate = p
-            if seed is not None:
-                self._fault_rng = random.Random(seed)
-            self._fault_rate_kinds = [
-                Fault("error", k, match, seconds)
-                if isinstance(k, int)
-                else Fault(k, 503, match, seconds)
-                for k in kinds
-            ]
-
-    def clear_faults(self) -> None:
-        """No more injected faults."""
-        with self._lock:
-            self._faults.clear()
-            self._fault_rate = 0.0
-
-    def _take_fault(self, path: str) -> Fault | None:
-        with self._lock:
-            for i, fault in enumerate(self._faults):
-                if fault.matches(path):
-                    return self._faults.pop(i)
-            if self._fault_rate and self._fault_rng.random() < self._fault_rate:
-                fault = self._fault_rng.choice(self._fault_rate_kinds)
-                if fault.matches(path):
-                    return fault
-        return None
-
-    # ------------------------------------------------------------------ request log
-
-    @property
-    def requests(self) -> list[RecordedRequest]:
-        """Every compute and token request so far, oldest first."""
-        with self._lock:
-            return list(self._requests)
-
-    def calls(self, api: str) -> list[RecordedRequest]:
-        """Recorded requests of one API method, e.g. ``instanceGroupManagers.resize``."""
-        return [r for r in self.requests if r.api == api]
-
-    def clear_requests(self) -> None:
-        """Forget the request log."""
-        with self._lock:
-            self._requests.clear()
 
     # ------------------------------------------------------------------ internals
 
@@ -1397,7 +1267,7 @@ def _filter_and_order(items: list[dict[str, Any]], query: dict[str, str]) -> lis
 # ----------------------------------------------------------------------------- HTTP
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(KeepAliveHandler):
     """Compute calls under /compute/v1/, the token endpoint, and the control API.
 
     Control API (JSON in, JSON out):
@@ -1424,18 +1294,6 @@ class _Handler(BaseHTTPRequestHandler):
     - ``PATCH /_fake/config``: ``require_auth``, ``operations_start_done``.
     - ``GET /_fake/credentials``: the authorized_user credentials document.
     """
-
-    protocol_version = "HTTP/1.1"
-    server: Any
-
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body go out in two writes: without this, Nagle's algorithm and the
-        # client's delayed ACK add 40 ms to every keep-alive response.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # quiet: tests read the request log instead
 
     def do_GET(self) -> None:
         self._serve()
@@ -1471,7 +1329,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _serve(self) -> None:
-        fake: FakeCompute = self.server.fake
+        fake: FakeCompute = self.server.owner
         split = urlsplit(self.path)
         path = split.path
         query = {k: v[0] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
@@ -1493,15 +1351,12 @@ class _Handler(BaseHTTPRequestHandler):
             api=_api_name(self.command, path),
             authorization=self.headers.get("Authorization"),
         )
-        with fake._lock:
-            fake._requests.append(record)
+        fake._record(record)
         fault = fake._take_fault(path) if path != "/token" else None
         if fault is not None:
             record.fault = fault.kind
             if fault.kind == "drop":
-                self.close_connection = True
-                with contextlib.suppress(OSError):
-                    self.connection.shutdown(socket.SHUT_RDWR)
+                self.drop_connection()
                 return
             if fault.kind == "hang":
                 time.sleep(fault.seconds)
@@ -1520,6 +1375,9 @@ class _Handler(BaseHTTPRequestHandler):
             status, answer = error.code, error.body()
         record.status = status
         self._send(status, answer)
+
+
+FakeCompute.handler_class = _Handler
 
 
 def _control(

@@ -1,0 +1,175 @@
+"""What the fake cloud APIs (tests/gcp_fake.py, tests/azure_fake.py) share.
+
+- :class:`KeepAliveHandler`: an HTTP/1.1 keep-alive handler with Nagle's algorithm off
+  (the fault proxy's too).
+- :class:`Fault` and :class:`FakeServer`'s fault injection: ``fail_next`` (the next
+  requests that match), ``fail_rate`` (each request with a probability, from a seeded
+  RNG), ``clear_faults``; a fault is ``error`` (the cloud's own error answer), ``drop``
+  (close the connection without an answer) or ``hang`` (sleep, then answer normally).
+- :class:`FakeServer`'s request log: ``requests``, ``calls(api)``, ``clear_requests``.
+
+Each fake keeps its own request record (the fields its cloud's requests have), error
+bodies, routes and what a fault's ``match`` is matched against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from spotring.providers.loopback_http import LoopbackHandler, LoopbackHTTPServer
+
+FAULT_KINDS = ("error", "drop", "hang")
+
+
+class KeepAliveHandler(LoopbackHandler):
+    """HTTP/1.1 (keep-alive), answers without Nagle's delay; quiet (tests read the log)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in two writes: without this, Nagle's algorithm and the
+        # client's delayed ACK add 40 ms to every keep-alive response.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def drop_connection(self) -> None:
+        """Close the connection without an answer (a ``drop`` fault)."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass
+class Fault:
+    """An injected fault: ``error`` (an HTTP error in the cloud's own body), ``drop`` or
+    ``hang``."""
+
+    kind: str = "error"
+    status: int = 503
+    match: str | None = None  # None: any request; else see matches
+    seconds: float = 30.0  # for hang
+
+    def matches(self, path: str, api: str | None = None) -> bool:
+        """Whether this fault applies to a request for ``path``: ``match`` is a substring
+        of the path or (when the fake names it) the request's API name."""
+        return self.match is None or self.match == api or self.match in path
+
+
+class _Record(Protocol):
+    api: str | None
+
+
+R = TypeVar("R", bound=_Record)
+
+
+class FakeServer(LoopbackHTTPServer, Generic[R]):
+    """A fake cloud API served on loopback, with fault injection and a request log.
+
+    Everything here runs under ``self._lock`` (an RLock the fake's own state shares).
+    ``fault_type`` is the fake's :class:`Fault` (a subclass may add fields, which
+    ``fail_next``/``fail_rate`` take as keywords).
+    """
+
+    fault_type: ClassVar[type[Fault]] = Fault
+
+    def __init__(self, *, seed: int | None) -> None:
+        self._lock = threading.RLock()
+        self._fault_rng = random.Random(seed)
+        self._faults: list[Fault] = []
+        self._fault_rate = 0.0
+        self._fault_rate_kinds: list[Fault] = []
+        self._requests: list[R] = []
+
+    # ------------------------------------------------------------------ faults
+
+    def fail_next(
+        self,
+        count: int = 1,
+        status: int = 503,
+        *,
+        match: str | None = None,
+        kind: str = "error",
+        seconds: float = 30.0,
+        **fields: Any,
+    ) -> None:
+        """The next ``count`` requests matching ``match`` (None: any) fail.
+
+        ``kind``: ``error`` (answer ``status`` with the cloud's error body), ``drop`` (close
+        the connection without answering) or ``hang`` (sleep ``seconds``, then answer
+        normally). ``fields``: the fake's further Fault fields.
+        """
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        with self._lock:
+            self._faults.extend(
+                self.fault_type(kind, status, match, seconds, **fields) for _ in range(count)
+            )
+
+    def fail_rate(
+        self,
+        p: float,
+        kinds: Iterable[str | int] = (503,),
+        *,
+        seed: int | None = None,
+        match: str | None = None,
+        seconds: float = 30.0,
+        **fields: Any,
+    ) -> None:
+        """Each request fails with probability ``p``, with a kind drawn from ``kinds``.
+
+        A kind is an HTTP status (answered as an error), ``"drop"`` or ``"hang"``.
+        """
+        with self._lock:
+            self._fault_rate = p
+            if seed is not None:
+                self._fault_rng = random.Random(seed)
+            self._fault_rate_kinds = [
+                self.fault_type("error", k, match, seconds, **fields)
+                if isinstance(k, int)
+                else self.fault_type(k, 503, match, seconds, **fields)
+                for k in kinds
+            ]
+
+    def clear_faults(self) -> None:
+        """No more injected faults."""
+        with self._lock:
+            self._faults.clear()
+            self._fault_rate = 0.0
+
+    def _take_fault(self, path: str, api: str | None = None) -> Fault | None:
+        with self._lock:
+            for i, fault in enumerate(self._faults):
+                if fault.matches(path, api):
+                    return self._faults.pop(i)
+            if self._fault_rate and self._fault_rng.random() < self._fault_rate:
+                fault = self._fault_rng.choice(self._fault_rate_kinds)
+                if fault.matches(path, api):
+                    return fault
+        return None
+
+    # ------------------------------------------------------------------ request log
+
+    def _record(self, record: R) -> None:
+        with self._lock:
+            self._requests.append(record)
+
+    @property
+    def requests(self) -> list[R]:
+        """Every request logged so far, oldest first."""
+        with self._lock:
+            return list(self._requests)
+
+    def calls(self, api: str) -> list[R]:
+        """Logged requests of one API method (the fake's name for it)."""
+        return [r for r in self.requests if r.api == api]
+
+    def clear_requests(self) -> None:
+        """Forget the request log."""
+        with self._lock:
+            self._requests.clear()
