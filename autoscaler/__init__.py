@@ -1,5 +1,5 @@
 """spotring's controller: plugin manager, inventory, reconcile loop and CLI."""
 
-from spotring.autoscaler.hookspecs import hookimpl
+from spotring.core.hooks import hookimpl
 
 __all__ = ["hookimpl"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from spotring.autoscaler.plugins import ProviderRegistry
 from spotring.driver.compat import HorovodSetupError, require_horovod
+from spotring.providers.base import ProviderRegistry
 
 
 @dataclass(frozen=True)

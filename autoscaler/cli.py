@@ -17,16 +17,17 @@ from collections.abc import Sequence
 
 import pluggy
 
-from spotring.autoscaler.inventory import Inventory
 from spotring.autoscaler.job import EXIT_FAILURE, EXIT_USAGE, JobConfig, run_job
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
-from spotring.autoscaler.policy import JobShape
 from spotring.autoscaler.progress import ProgressReporter
+from spotring.core import ConfigurationError, ProviderError
+from spotring.core.inventory import Inventory
+from spotring.core.job import JobShape
 from spotring.driver.compat import HorovodSetupError
 from spotring.driver.launcher import SshOptions
 from spotring.driver.options import ElasticOptions
 from spotring.driver.worker_env import parse_forwarded
-from spotring.providers.base import ConfigurationError, Provider, ProviderError
+from spotring.providers.base import Provider
 from spotring.providers.options import (
     non_negative_int,
     non_negative_seconds,

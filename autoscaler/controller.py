@@ -25,16 +25,16 @@ from typing import Any, TypeVar
 
 import pluggy
 
-from spotring.autoscaler.inventory import Inventory
-from spotring.autoscaler.policy import JobShape
-from spotring.providers.base import (
+from spotring.core import (
     Instance,
     InstanceState,
     InterruptionNotice,
-    Provider,
     ProviderError,
     is_valid_address,
 )
+from spotring.core.inventory import Inventory
+from spotring.core.job import JobShape
+from spotring.providers.base import Provider
 
 log = logging.getLogger(__name__)
 

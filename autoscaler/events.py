@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from spotring.autoscaler.hookspecs import hookimpl
-from spotring.autoscaler.inventory import Inventory
+from spotring.core import Instance, InstanceState, InterruptionNotice
+from spotring.core.inventory import Inventory
 from spotring.driver.ring_progress import Hang, RingStatus, Stall
-from spotring.providers.base import Instance, InstanceState, InterruptionNotice
 
 VERSION = 1
 """Bumped when a field changes meaning or goes away; new fields do not bump it."""

@@ -17,19 +17,15 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import pluggy
+# The markers live in spotring.core so plugins mark hooks without importing the
+# controller; they are re-exported here under their old names.
+from spotring.core.hooks import PROJECT as PROJECT
+from spotring.core.hooks import hookimpl as hookimpl
+from spotring.core.hooks import hookspec
 
 if TYPE_CHECKING:
-    from spotring.autoscaler.inventory import Inventory
-    from spotring.autoscaler.plugins import ProviderRegistry
-    from spotring.autoscaler.policy import JobShape
-    from spotring.providers.base import Instance, InterruptionNotice, Provider
-
-PROJECT = "spotring"
-
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
-"""Marks a plugin's function as an implementation of one of the hooks below."""
+    from spotring.core import Instance, InterruptionNotice, Inventory, JobShape
+    from spotring.providers.base import Provider, ProviderRegistry
 
 
 # -------------------------------------------------------------------- registration

@@ -20,11 +20,12 @@ from typing import Any
 import pluggy
 
 from spotring.autoscaler.controller import Controller
-from spotring.autoscaler.policy import JobShape
 from spotring.autoscaler.progress import ProgressReporter
+from spotring.core import ConfigurationError, ProviderError
+from spotring.core.job import JobShape
 from spotring.driver.launcher import SshOptions
 from spotring.driver.options import ElasticOptions
-from spotring.providers.base import ConfigurationError, Provider, ProviderError
+from spotring.providers.base import Provider
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from spotring.autoscaler.hookspecs import hookimpl
-from spotring.autoscaler.inventory import Inventory
+from spotring.core import Instance, InstanceState, InterruptionNotice, Lifecycle
+from spotring.core.inventory import Inventory
 from spotring.driver.ring_progress import Stall
-from spotring.providers.base import Instance, InstanceState, InterruptionNotice, Lifecycle
 
 _RUNNING = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
 """States in which an instance is billed."""

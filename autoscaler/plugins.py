@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import pluggy
 
 from spotring.autoscaler import hookspecs, policy
-from spotring.providers.base import Provider
+from spotring.core.hooks import hookimpl
+from spotring.providers.base import Provider, ProviderRegistry
+
+__all__ = [
+    "BUILTIN_PLUGINS",
+    "DISABLE_ENV",
+    "ENTRY_POINT_GROUP",
+    "TRACE_ENV",
+    "ProviderRegistry",
+    "SpotringPluginManager",
+    "get_plugin_manager",
+    "hookimpl",
+    "provider_registry",
+]
 
 ENTRY_POINT_GROUP = "spotring.providers"
 """Entry-point group third-party provider plugins register under."""
@@ -28,50 +41,6 @@ TRACE_ENV = "SPOTRING_TRACE_HOOKS"
 
 DISABLE_ENV = "SPOTRING_DISABLE_PLUGINS"
 """Comma-separated plugin names (entry-point names or built-in module names) to skip."""
-
-hookimpl = hookspecs.hookimpl
-
-
-class ProviderRegistry:
-    """Provider classes by name, filled through ``spotring_register_providers``."""
-
-    def __init__(self) -> None:
-        self._providers: dict[str, type[Provider]] = {}
-
-    def add(self, provider: type[Provider]) -> None:
-        """Register ``provider`` under its ``name``.
-
-        Raises ``TypeError`` for a class that is not a :class:`Provider` and
-        ``ValueError`` for a name already taken.
-        """
-        if not (isinstance(provider, type) and issubclass(provider, Provider)):
-            raise TypeError(f"{provider!r} is not a spotring Provider subclass")
-        name = getattr(provider, "name", None)
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"{provider.__qualname__} has no 'name' class attribute")
-        if name in self._providers and self._providers[name] is not provider:
-            taken = self._providers[name]
-            raise ValueError(
-                f"provider name {name!r} is taken by {taken.__module__}.{taken.__qualname__}"
-            )
-        self._providers[name] = provider
-
-    def get(self, name: str) -> type[Provider]:
-        """The provider registered as ``name``; ``KeyError`` naming the choices if none."""
-        try:
-            return self._providers[name]
-        except KeyError:
-            choices = ", ".join(sorted(self._providers)) or "none installed"
-            raise KeyError(f"unknown provider {name!r} (choose from: {choices})") from None
-
-    def names(self) -> list[str]:
-        return sorted(self._providers)
-
-    def __iter__(self) -> Iterator[type[Provider]]:
-        return iter(self._providers[name] for name in self.names())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._providers
 
 
 class SpotringPluginManager(pluggy.PluginManager):

@@ -7,33 +7,14 @@ non-None answer wins, as in pytest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from spotring.core.hooks import hookimpl
+from spotring.core.instance import Instance, InstanceState, InterruptionNotice
+from spotring.core.inventory import Inventory
+from spotring.core.job import JobShape, hosts_for_slots
 
-from spotring.autoscaler.hookspecs import hookimpl
-from spotring.autoscaler.inventory import Inventory
-from spotring.providers.base import Instance, InstanceState, InterruptionNotice, hosts_for_slots
+__all__ = ["JobShape", "group_slots", "size_bounds"]  # JobShape: its home before spotring.core
 
 _LIVE = (InstanceState.PENDING, InstanceState.READY)
-
-
-@dataclass(frozen=True)
-class JobShape:
-    """What the job asks of the group: the elastic limits and the steering options."""
-
-    num_proc: int
-    """Workers to start with (``-np``)."""
-    min_num_proc: int
-    max_num_proc: int
-    slots_per_host: int | None = None
-    """``--slots-per-host``; None: the slots the group's members report."""
-    target_hosts: int | None = None
-    """``--target-hosts``: the size to ask for at start instead of enough for ``-np``."""
-    resize: bool = True
-    """False with ``--no-resize``: never change the group's size."""
-    replace_failed: bool = True
-    """False with ``--no-replace``: leave failed hosts to the cloud."""
-    drain_on_rebalance: bool = False
-    """``--drain-on-rebalance``: leave a host at a rebalance recommendation already."""
 
 
 def group_slots(inventory: Inventory) -> int | None:

@@ -13,8 +13,9 @@ from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 from spotring.autoscaler.hookspecs import hookimpl
-from spotring.autoscaler.inventory import Inventory
-from spotring.providers.base import Instance, InterruptionNotice, Provider
+from spotring.core import Instance, InterruptionNotice
+from spotring.core.inventory import Inventory
+from spotring.providers.base import Provider
 
 
 class ProgressReporter:

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from horovod.runner.elastic.discovery import HostDiscovery
 
-from spotring.autoscaler.controller import Controller
+from spotring.core.inventory import Inventory
 from spotring.driver.warm_pool import WarmPool
+
+
+class InventorySource(Protocol):
+    """What discovery needs of spotring's controller: its latest good inventory."""
+
+    @property
+    def inventory(self) -> Inventory | None:
+        """The inventory of the last successful refresh; None before the first."""
+        ...
 
 
 class InventoryHostDiscovery(HostDiscovery):
@@ -21,7 +32,7 @@ class InventoryHostDiscovery(HostDiscovery):
     once the workers started ahead for it wait in ``hvd.init``.
     """
 
-    def __init__(self, controller: Controller, warm_pool: WarmPool | None = None) -> None:
+    def __init__(self, controller: InventorySource, warm_pool: WarmPool | None = None) -> None:
         self._controller = controller
         self._warm_pool = warm_pool
 

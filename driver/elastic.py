@@ -46,16 +46,15 @@ from horovod.runner.elastic.worker import HostUpdateResult
 from horovod.runner.gloo_run import create_slot_env_vars
 from horovod.runner.util.network import get_driver_ip
 
-from spotring.autoscaler.inventory import Inventory
-from spotring.autoscaler.policy import JobShape
-from spotring.driver.discovery import InventoryHostDiscovery
+from spotring.core import InterruptionNotice
+from spotring.core.job import JobShape
+from spotring.driver.discovery import InventoryHostDiscovery, InventorySource
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.options import ElasticOptions
 from spotring.driver.peer_failure import PeerFailureNotifier
 from spotring.driver.rendezvous import RingTracker, rendezvous_handler, use_safe_worker_clients
 from spotring.driver.ring_progress import Hang, RingProgress
 from spotring.driver.warm_pool import WarmPool
-from spotring.providers.base import InterruptionNotice
 from spotring.worker_image.notices import Notice
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
 from spotring.worker_image.supervisor import local_address_towards
@@ -67,11 +66,8 @@ WARM_RANK = -1
 """The rank logged for a worker started ahead, before it joins a ring."""
 
 
-class JobController(Protocol):
-    """What the driver needs of spotring's controller."""
-
-    @property
-    def inventory(self) -> Inventory | None: ...
+class JobController(InventorySource, Protocol):
+    """What the driver needs of spotring's controller (its ``inventory`` among it)."""
 
     def host_failed(self, address: str, reason: str) -> object: ...
 

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal, Protocol
 
-from spotring.providers.base import is_valid_address
+from spotring.core import is_valid_address
 from spotring.worker_image.notices import MESSAGE_MARKER, Notice, NoticeMessage
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
 from spotring.worker_image.progress import MESSAGE_MARKER as PROGRESS_MARKER

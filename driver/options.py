@@ -11,7 +11,7 @@ class ElasticOptions:
     """The elastic options of ``horovodrun``, by the same names, and the worker env.
 
     The worker counts (``-np``, ``--min-np``, ``--max-np``) are the job's
-    :class:`~spotring.autoscaler.policy.JobShape`, which the controller sizes by too.
+    :class:`~spotring.core.JobShape`, which the controller sizes by too.
     """
 
     reset_limit: int | None = None

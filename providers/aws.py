@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from spotring.autoscaler.hookspecs import hookimpl
+from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
     Instance,
@@ -37,7 +37,7 @@ from spotring.providers.cloud import (
 )
 
 if TYPE_CHECKING:
-    from spotring.autoscaler.plugins import ProviderRegistry
+    from spotring.providers.base import ProviderRegistry
 
 log = logging.getLogger(__name__)
 

@@ -28,124 +28,33 @@ from __future__ import annotations
 
 import abc
 import argparse
-import enum
-import ipaddress
-import math
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
+# The value types a provider reports and the errors it raises live in spotring.core;
+# they are re-exported here, where plugin authors have always imported them.
+from spotring.core.errors import ConfigurationError, ProviderError
+from spotring.core.instance import (
+    Instance,
+    InstanceState,
+    InterruptionNotice,
+    Lifecycle,
+    is_valid_address,
+)
+from spotring.core.job import hosts_for_slots
 
-class InstanceState(enum.Enum):
-    """Lifecycle of a group member, as spotring sees it.
-
-    Each provider maps its cloud's own states onto these with a plain mapping
-    (see ``STATE_MAP`` in the built-in providers).
-    """
-
-    PENDING = "pending"
-    """Launching or booting: not yet able to run a worker."""
-    READY = "ready"
-    """Running and healthy: Horovod may place workers on it."""
-    DRAINING = "draining"
-    """Still running but about to go (spot notice, scale-in, unhealthy): take no new work."""
-    TERMINATING = "terminating"
-    """Being shut down by the cloud."""
-    GONE = "gone"
-    """Terminated, detached or otherwise no longer part of the group."""
-
-
-class Lifecycle(enum.Enum):
-    """How an instance is billed, which tells how likely it is to be taken away."""
-
-    SPOT = "spot"
-    ON_DEMAND = "on-demand"
-
-
-@dataclass(frozen=True)
-class InterruptionNotice:
-    """The cloud's warning that an instance will be taken away."""
-
-    kind: str
-    """What the cloud announced, e.g. ``"terminate"``, ``"rebalance"``, ``"preempt"``."""
-    deadline: float | None = None
-    """Wall-clock time (epoch seconds) by which the instance will be gone, if known."""
-
-
-@dataclass(frozen=True)
-class Instance:
-    """One member of an instance group, as last reported by its provider."""
-
-    id: str
-    """The cloud's id for the member; unique and stable for its life."""
-    address: str
-    """Host name or IP address Horovod uses to reach the member. May be empty while PENDING."""
-    state: InstanceState
-    slots: int = 1
-    """Worker processes the member runs (typically its GPU count)."""
-    lifecycle: Lifecycle = Lifecycle.ON_DEMAND
-    zone: str = ""
-    instance_type: str = ""
-    launch_time: float | None = None
-    """Epoch seconds at which the cloud launched the member, if known."""
-    notice: InterruptionNotice | None = None
-    cloud_state: str = ""
-    """The cloud's own state string(s), kept for logs and debugging."""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    failure: str = ""
-    """Why the cloud says this member failed for good, or empty: it will not run again
-    by itself and the group does not replace it (a spot VM evicted and kept
-    deallocated, a VM whose provisioning failed). A listing only reports it; the
-    controller takes such a member for a failed host, and the ``spotring_replace_host``
-    decision says whether :meth:`Provider.replace_instance` is called."""
-
-    @property
-    def is_ready(self) -> bool:
-        """True when Horovod may place workers on this member.
-
-        A member whose address is not a host name or IP address never is: the address
-        goes to ssh and into Horovod's host list.
-        """
-        return (
-            self.state is InstanceState.READY
-            and self.notice is None
-            and is_valid_address(self.address)
-        )
-
-
-_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?:\.(?!-)[A-Za-z0-9_-]{1,63})*\.?")
-
-
-def is_valid_address(address: str) -> bool:
-    """Whether ``address`` is an IP address or a DNS host name (nothing ssh could read
-    as an option, no spaces, no shell or URL syntax)."""
-    if not address or len(address) > 253:
-        return False
-    try:
-        ipaddress.ip_address(address)
-        return True
-    except ValueError:
-        return _HOST_NAME.fullmatch(address) is not None
-
-
-def hosts_for_slots(num_proc: int, slots_per_host: int) -> int:
-    """Hosts needed to run ``num_proc`` workers at ``slots_per_host`` each (at least 1)."""
-    return max(1, math.ceil(num_proc / max(1, slots_per_host)))
-
-
-class ProviderError(Exception):
-    """A provider could not do what was asked. Raised for every cloud API failure."""
-
-    retryable: bool = True
-    """Whether trying again later may succeed (throttling, 5xx, network)."""
-
-
-class ConfigurationError(ProviderError):
-    """The request can never succeed as configured: missing group, bad credentials,
-    missing permissions. The message names what the user must fix."""
-
-    retryable = False
+__all__ = [
+    "ConfigurationError",
+    "Instance",
+    "InstanceState",
+    "InterruptionNotice",
+    "Lifecycle",
+    "Provider",
+    "ProviderError",
+    "ProviderRegistry",
+    "hosts_for_slots",
+    "is_valid_address",
+]
 
 
 class Provider(abc.ABC):
@@ -253,3 +162,45 @@ class Provider(abc.ABC):
 
         Providers use it for clean-up a user asked for, e.g. scaling the group down.
         """
+
+
+class ProviderRegistry:
+    """Provider classes by name, filled through ``spotring_register_providers``."""
+
+    def __init__(self) -> None:
+        self._providers: dict[str, type[Provider]] = {}
+
+    def add(self, provider: type[Provider]) -> None:
+        """Register ``provider`` under its ``name``.
+
+        Raises ``TypeError`` for a class that is not a :class:`Provider` and
+        ``ValueError`` for a name already taken.
+        """
+        if not (isinstance(provider, type) and issubclass(provider, Provider)):
+            raise TypeError(f"{provider!r} is not a spotring Provider subclass")
+        name = getattr(provider, "name", None)
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{provider.__qualname__} has no 'name' class attribute")
+        if name in self._providers and self._providers[name] is not provider:
+            taken = self._providers[name]
+            raise ValueError(
+                f"provider name {name!r} is taken by {taken.__module__}.{taken.__qualname__}"
+            )
+        self._providers[name] = provider
+
+    def get(self, name: str) -> type[Provider]:
+        """The provider registered as ``name``; ``KeyError`` naming the choices if none."""
+        try:
+            return self._providers[name]
+        except KeyError:
+            choices = ", ".join(sorted(self._providers)) or "none installed"
+            raise KeyError(f"unknown provider {name!r} (choose from: {choices})") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._providers)
+
+    def __iter__(self) -> Iterator[type[Provider]]:
+        return iter(self._providers[name] for name in self.names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._providers

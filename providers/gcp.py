@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from spotring.autoscaler.hookspecs import hookimpl
+from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
     Instance,
@@ -42,7 +42,7 @@ from spotring.providers.cloud import (
 )
 
 if TYPE_CHECKING:
-    from spotring.autoscaler.plugins import ProviderRegistry
+    from spotring.providers.base import ProviderRegistry
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotring.autoscaler.hookspecs import hookimpl
+from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
     Instance,

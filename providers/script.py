@@ -29,7 +29,7 @@ import signal
 import subprocess
 from collections.abc import Sequence
 
-from spotring.autoscaler.hookspecs import hookimpl
+from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
     Instance,

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from spotring.providers.base import Instance, InstanceState
+from spotring.core.instance import Instance, InstanceState
 
 
 @dataclass(frozen=True)
