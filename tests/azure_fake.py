@@ -1146,7 +1146,6 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
         self.scale_sets: dict[tuple[str, str], FakeScaleSet] = {}  # (rg lower, name lower)
         self.resource_groups: dict[str, str] = {}  # lower -> as created
         self.skus: list[dict[str, Any]] = []
-        self.denied: set[str] = set()
         self._rng = random.Random(seed)
         self._operations: dict[str, Operation] = {}
         self._pages: dict[str, list[dict[str, Any]]] = {}
@@ -1286,21 +1285,6 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
             f"/subscriptions/{self.subscription}/resourceGroups/{resource_group}/providers/"
             f"Microsoft.Network/virtualNetworks/{resource_group}-vnet/subnets/default"
         )
-
-    # ------------------------------------------------------------------ permissions
-
-    def deny(self, *actions: str) -> None:
-        """Calls needing any of ``actions`` (see PERMISSIONS) answer 403 from now on."""
-        with self._lock:
-            self.denied.update(actions)
-
-    def allow(self, *actions: str) -> None:
-        """Undo ``deny`` (all of them when none are named)."""
-        with self._lock:
-            if actions:
-                self.denied.difference_update(actions)
-            else:
-                self.denied.clear()
 
     # ------------------------------------------------------------------ operations
 

@@ -7,6 +7,8 @@
   RNG), ``clear_faults``; a fault is ``error`` (the cloud's own error answer), ``drop``
   (close the connection without an answer) or ``hang`` (sleep, then answer normally).
 - :class:`FakeServer`'s request log: ``requests``, ``calls(api)``, ``clear_requests``.
+- :class:`FakeServer`'s permissions: ``deny``/``allow`` fill ``denied``, the permissions
+  (the fake's ``PERMISSIONS`` values) whose calls answer 403.
 
 Each fake keeps its own request record (the fields its cloud's requests have), error
 bodies, routes and what a fault's ``match`` is matched against.
@@ -69,7 +71,8 @@ R = TypeVar("R", bound=_Record)
 
 
 class FakeServer(LoopbackHTTPServer, Generic[R]):
-    """A fake cloud API served on loopback, with fault injection and a request log.
+    """A fake cloud API served on loopback, with permissions, fault injection and a
+    request log.
 
     Everything here runs under ``self._lock`` (an RLock the fake's own state shares).
     ``fault_type`` is the fake's :class:`Fault` (a subclass may add fields, which
@@ -80,11 +83,28 @@ class FakeServer(LoopbackHTTPServer, Generic[R]):
 
     def __init__(self, *, seed: int | None) -> None:
         self._lock = threading.RLock()
+        self.denied: set[str] = set()
         self._fault_rng = random.Random(seed)
         self._faults: list[Fault] = []
         self._fault_rate = 0.0
         self._fault_rate_kinds: list[Fault] = []
         self._requests: list[R] = []
+
+    # ------------------------------------------------------------------ permissions
+
+    def deny(self, *permissions: str) -> None:
+        """Calls needing any of ``permissions`` (see the fake's PERMISSIONS) answer 403
+        from now on."""
+        with self._lock:
+            self.denied.update(permissions)
+
+    def allow(self, *permissions: str) -> None:
+        """Undo ``deny`` (all of them when none are named)."""
+        with self._lock:
+            if permissions:
+                self.denied.difference_update(permissions)
+            else:
+                self.denied.clear()
 
     # ------------------------------------------------------------------ faults
 

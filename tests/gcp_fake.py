@@ -697,7 +697,6 @@ class FakeCompute(FakeServer[RecordedRequest]):
         # True: answer DONE at once (the ExtendedOperation then never polls).
         self.operations_start_done = False
         self.groups: dict[tuple[str, str], FakeGroup] = {}  # (location, name)
-        self.denied: set[str] = set()
         self.tokens: set[str] = set()
         self.refresh_token = "fake-refresh-" + secrets.token_hex(8)
         self.client_id = "fake-client.apps.googleusercontent.com"
@@ -829,21 +828,6 @@ class FakeCompute(FakeServer[RecordedRequest]):
                 "token_url": f"{self.url}/token",
             }
         raise ValueError(f"unknown credentials kind {kind!r}")
-
-    # ------------------------------------------------------------------ permissions
-
-    def deny(self, *permissions: str) -> None:
-        """Calls needing any of ``permissions`` answer 403 from now on."""
-        with self._lock:
-            self.denied.update(permissions)
-
-    def allow(self, *permissions: str) -> None:
-        """Undo ``deny`` (all of them when none are named)."""
-        with self._lock:
-            if permissions:
-                self.denied.difference_update(permissions)
-            else:
-                self.denied.clear()
 
     # ------------------------------------------------------------------ internals
 
