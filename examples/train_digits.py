@@ -36,7 +36,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from spotring.driver.state import TorchState
+from spotring.torch import TorchState
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -2,6 +2,7 @@
 
     autoscaler                  the controller, on top
     driver                      the Horovod side
+    torch                       the training scripts' public import (TorchState)
     providers | worker_image    beside each other: neither imports the other
     core                        shared value types and hook markers: imports no spotring
 
@@ -26,6 +27,7 @@ FLOORS: dict[str, int] = {
     "spotring.core": 0,
     "spotring.providers": 1,
     "spotring.worker_image": 1,
+    "spotring.torch": 2,
     "spotring.driver": 3,
     "spotring.autoscaler": 4,
 }
@@ -36,6 +38,7 @@ FOLDERS: dict[str, str] = {
     "spotring.core": "core",
     "spotring.providers": "providers",
     "spotring.worker_image": "worker_image",
+    "spotring.torch": "torch_state",
     "spotring.driver": "driver",
     "spotring.autoscaler": "autoscaler",
 }
@@ -176,3 +179,27 @@ def test_an_upward_import_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         "providers/b.py",
         "driver/c.py",
     ], found
+
+
+def test_the_public_import_paths_still_work() -> None:
+    """What users and plugin authors write keeps working after the move to core."""
+    import spotring.core as core
+    from spotring.autoscaler import hookimpl
+    from spotring.autoscaler.plugins import ProviderRegistry
+    from spotring.autoscaler.policy import JobShape
+    from spotring.providers import base
+
+    assert hookimpl is core.hookimpl
+    assert JobShape is core.JobShape
+    assert ProviderRegistry is base.ProviderRegistry
+    for name in ("Instance", "InstanceState", "InterruptionNotice", "ProviderError"):
+        assert getattr(base, name) is getattr(core, name)
+
+
+def test_torch_state_has_a_short_public_import() -> None:
+    pytest.importorskip("horovod.torch")
+    from spotring.driver.state import TorchState as old_path
+    from spotring.torch import TorchState
+    from spotring.worker_image.state import TorchState as home
+
+    assert TorchState is old_path is home
