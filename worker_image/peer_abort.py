@@ -75,6 +75,10 @@ ASCII digits (read-only from outside)."""
 MAX_RING_BYTES = 18
 RING_READ_TIMEOUT_SECONDS = 10.0
 WATCH_READ_TIMEOUT_SECONDS = 2.0
+REAP_EVERY_SECONDS = 0.02
+REAP_SECONDS = 120.0
+"""An aborted formation's new Gloo sockets are shut down this often, at most this long
+(the attempt ends long before: Gloo gives up at its first failed pair)."""
 
 NOTIFICATION_DEADLINE_SECONDS = 10.0
 """How long a connection to the worker's notification service may last."""
@@ -267,27 +271,40 @@ class CollectiveAbort:
         self._context_sockets: set[int] = set()
         self._generation: int | None = None
         self._forming: _Forming | None = None
+        self._reaping: _Forming | None = None
         self._last_sequence = -1
         self.rejected = 0
         """Messages rejected so far (forged, replayed, stale, malformed)."""
 
     def track_init(self, init: Callable[..., Any]) -> Callable[..., Any]:
-        """Wrap Horovod's ``init`` so each new context's sockets and ring are known."""
+        """Wrap Horovod's ``init`` (with its retries) so each new context's sockets and
+        ring are known."""
 
         def tracked_init(*args: Any, **kwargs: Any) -> Any:
             before = own_tcp_sockets()
-            with self._lock:
-                self._forming = _Forming(frozenset(before), _listening_ports(before))
-            try:
-                result = init(*args, **kwargs)
-            finally:
-                with self._lock:
-                    self._forming = None
+            result = init(*args, **kwargs)
             self.context_formed(own_tcp_sockets() - before, self._read_generation())
             return result
 
         tracked_init.__wrapped__ = init  # type: ignore[attr-defined]
         return tracked_init
+
+    def track_attempt(self, init: Callable[..., Any]) -> Callable[..., Any]:
+        """Wrap one attempt of Horovod's ``init`` (a ring being formed): what it opens
+        for Gloo can be aborted, until it returns or fails."""
+
+        def attempt(*args: Any, **kwargs: Any) -> Any:
+            before = own_tcp_sockets()
+            with self._lock:
+                self._forming = _Forming(frozenset(before), _listening_ports(before))
+            try:
+                return init(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self._forming = None
+
+        attempt.__wrapped__ = init  # type: ignore[attr-defined]
+        return attempt
 
     def context_formed(self, sockets: Iterable[int], generation: int | None) -> None:
         """A new context: these sockets are Gloo's, and it belongs to ``generation``."""
@@ -314,23 +331,40 @@ class CollectiveAbort:
         return None
 
     def abort(self, generation: int | None = None) -> int:
-        """Shut down the current context's sockets, and those of the ring being formed
+        """Shut down the current context's sockets, and abort the ring being formed
         when ``generation`` (the dead member's ring) is newer than the last one formed;
         returns how many were open."""
         with self._lock:
             targets, self._context_sockets = self._context_sockets, set()
-            forming = self._forming
             newer = generation is not None and generation > (self._generation or 0)
-        if forming is not None and newer:
-            targets |= forming.gloo_sockets()
-        return _shutdown(targets)
+        return _shutdown(targets) + (self.abort_formation() if newer else 0)
 
     def abort_formation(self) -> int:
-        """Shut down the sockets of the ring being formed (none when no ``init`` is in
-        progress); how many were open."""
+        """Make the ring being formed (if an ``init`` attempt is in progress) fail: shut
+        down the sockets it opened for Gloo's pairs, and go on shutting down those it
+        opens next until the attempt ends (Gloo forms six contexts one after another:
+        one formed after the abort would leave its ring half-formed, its members
+        waiting on each other until Gloo's timeout). How many were open at first."""
         with self._lock:
             forming = self._forming
-        return _shutdown(forming.gloo_sockets()) if forming is not None else 0
+            if forming is None:
+                return 0
+            reaping, self._reaping = self._reaping, forming
+        count = _shutdown(forming.gloo_sockets())
+        if reaping is not forming:
+            threading.Thread(
+                target=self._reap, args=(forming,), name="spotring-abort-formation", daemon=True
+            ).start()
+        return count
+
+    def _reap(self, forming: _Forming) -> None:
+        deadline = time.monotonic() + REAP_SECONDS
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._forming is not forming:
+                    return
+            _shutdown(forming.gloo_sockets())
+            time.sleep(REAP_EVERY_SECONDS)
 
     def handle(self, request: object) -> bool:
         """Abort the collective if ``request`` is a valid, fresh message. True if so."""
@@ -479,7 +513,7 @@ def install() -> CollectiveAbort:
 
         guard = CollectiveAbort(take_job_key(), _read_ring_generation)
         formation = watch_abandoned_formation(
-            retry_failed_formation(mpi_ops.init, mpi_ops.shutdown),
+            retry_failed_formation(guard.track_attempt(mpi_ops.init), mpi_ops.shutdown),
             guard.abort_formation,
             lambda: read_generation_key(ABANDONED_KEY, timeout=WATCH_READ_TIMEOUT_SECONDS),
             _unregistered,
