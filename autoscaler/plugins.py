@@ -40,11 +40,15 @@ TRACE_ENV = "SPOTRING_TRACE_HOOKS"
 """Set to 1 to print every hook call and result to stderr."""
 
 DISABLE_ENV = "SPOTRING_DISABLE_PLUGINS"
-"""Comma-separated plugin names (entry-point names or built-in module names) to skip."""
+"""Comma-separated names to skip: provider names, as ``spotring providers`` shows them,
+or plugin names (an entry point's name, a built-in's module name)."""
 
 
 class SpotringPluginManager(pluggy.PluginManager):
     """A pluggy manager that takes only ``spotring_``-prefixed functions as hooks."""
+
+    disabled: frozenset[str] = frozenset()
+    """Provider names that :func:`provider_registry` leaves out."""
 
     def parse_hookimpl_opts(self, plugin: object, name: str) -> pluggy.HookimplOpts | None:
         if not name.startswith("spotring_"):
@@ -57,21 +61,25 @@ def get_plugin_manager(
 ) -> SpotringPluginManager:
     """Build a plugin manager with the built-in and installed plugins registered.
 
-    :param disable: plugin names to skip, on top of those in ``$SPOTRING_DISABLE_PLUGINS``.
+    :param disable: names to skip, on top of those in ``$SPOTRING_DISABLE_PLUGINS``:
+        a provider's name (as ``spotring providers`` shows it) leaves that provider out,
+        and a plugin that offers no other provider is not registered at all; a plugin's
+        name (its entry point's, or a built-in's module name) skips the plugin.
     :param load_entry_points: load third-party plugins from the ``spotring.providers``
         entry-point group (tests turn this off for isolation).
     """
     pm = SpotringPluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    blocked = set(disable) | {
+    disabled = {name.strip() for name in disable if name.strip()} | {
         name.strip() for name in os.environ.get(DISABLE_ENV, "").split(",") if name.strip()
     }
-    for name in blocked:
-        pm.set_blocked(name)
     # spotring's own hook implementations (below, and its default policy) cannot be
     # disabled; the policy's are trylast, so a plugin's answer comes first.
-    pm.register(sys.modules[__name__], name=__name__)
-    pm.register(policy, name=policy.__name__)
+    own = (sys.modules[__name__], policy)
+    for name in disabled - {plugin.__name__ for plugin in own}:
+        pm.set_blocked(name)
+    for plugin in own:
+        pm.register(plugin, name=plugin.__name__)
     for module_name in BUILTIN_PLUGINS:
         if pm.is_blocked(module_name):
             continue
@@ -79,6 +87,11 @@ def get_plugin_manager(
         pm.register(sys.modules[module_name], name=module_name)
     if load_entry_points:
         pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    if disabled:
+        pm.disabled = frozenset(disabled)
+        for plugin, offered in _providers_by_plugin(pm).items():
+            if offered and offered <= pm.disabled:
+                pm.unregister(plugin)
     pm.check_pending()
     if os.environ.get(TRACE_ENV) == "1":
         pm.trace.root.setwriter(lambda message: print(message, end="", file=sys.stderr))
@@ -86,11 +99,29 @@ def get_plugin_manager(
     return pm
 
 
+def _providers_by_plugin(pm: pluggy.PluginManager) -> dict[object, set[str]]:
+    """The names of the providers each plugin registers, asked of one plugin at a time."""
+    offered = {}
+    for impl in pm.hook.spotring_register_providers.get_hookimpls():
+        others = [plugin for plugin in pm.get_plugins() if plugin is not impl.plugin]
+        registry = ProviderRegistry()
+        pm.subset_hook_caller("spotring_register_providers", others)(registry=registry)
+        offered[impl.plugin] = set(registry.names())
+    return offered
+
+
 def provider_registry(pm: pluggy.PluginManager) -> ProviderRegistry:
-    """Collect every provider the registered plugins offer."""
+    """Collect every provider the registered plugins offer, less the disabled ones."""
     registry = ProviderRegistry()
     pm.hook.spotring_register_providers(registry=registry)
-    return registry
+    disabled = pm.disabled if isinstance(pm, SpotringPluginManager) else frozenset()
+    if not disabled.intersection(registry.names()):
+        return registry
+    kept = ProviderRegistry()
+    for provider in registry:
+        if provider.name not in disabled:
+            kept.add(provider)
+    return kept
 
 
 @hookimpl

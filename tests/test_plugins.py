@@ -80,6 +80,60 @@ def test_entry_point_plugin_can_be_disabled(
     assert "fakecloud" not in provider_registry(get_plugin_manager())
 
 
+def test_disable_takes_the_names_spotring_providers_shows(
+    fake_distribution: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spotring.autoscaler.cli import main
+
+    # The entry point is named "fakecloud-plugin": the user knows only the provider name.
+    (fake_distribution / "spotring_fakecloud-1.0.dist-info" / "entry_points.txt").write_text(
+        "[spotring.providers]\nfakecloud-plugin = spotring_fakecloud\n"
+    )
+    monkeypatch.setenv("SPOTRING_DISABLE_PLUGINS", "aws, fakecloud")
+    pm = get_plugin_manager()
+    names = provider_registry(pm).names()
+    assert "aws" not in names and "fakecloud" not in names
+    assert {"azure", "gcp", "local", "script"} <= set(names)
+    # A plugin left with no provider is not registered: none of its hooks run.
+    assert pm.get_plugin("spotring.providers.aws") is None
+    assert pm.get_plugin("fakecloud-plugin") is None
+    assert main(["providers"]) == 0
+    shown = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert shown == names
+    assert main(["discover", "--provider", "aws"]) != 0
+    assert "unknown provider 'aws'" in capsys.readouterr().err
+
+
+def test_disabling_one_provider_keeps_the_plugins_others() -> None:
+    from spotring.autoscaler import hookimpl
+
+    class Second(ScriptedProvider):
+        name = "second"
+
+    class TwoProviders:
+        @hookimpl
+        def spotring_register_providers(self, registry: ProviderRegistry) -> None:
+            registry.add(ScriptedProvider)
+            registry.add(Second)
+
+    pm = get_plugin_manager(["scripted"], load_entry_points=False)
+    pm.register(TwoProviders())
+    registry = provider_registry(pm)
+    assert "second" in registry and "scripted" not in registry
+
+
+@pytest.mark.parametrize("name", ["spotring.providers.aws", "aws"])
+def test_a_builtin_is_disabled_by_module_or_provider_name(name: str) -> None:
+    pm = get_plugin_manager([name], load_entry_points=False)
+    assert "aws" not in provider_registry(pm)
+    assert pm.get_plugin("spotring.providers.aws") is None
+
+
+def test_spotrings_own_hooks_cannot_be_disabled() -> None:
+    pm = get_plugin_manager(["spotring.autoscaler.policy"], load_entry_points=False)
+    assert pm.get_plugin("spotring.autoscaler.policy") is not None
+
+
 def test_unprefixed_functions_are_not_hooks(fake_distribution: Path) -> None:
     # check_pending() would raise for an unknown spotring_ hook; the helper is
     # rejected by name: it must not be taken as a hook at all.
