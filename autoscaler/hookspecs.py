@@ -1,8 +1,9 @@
 """Hook specifications: every way a plugin can extend spotring.
 
-Plugins implement these with ``@spotring.autoscaler.hookimpl`` and are found through the
-``spotring.providers`` entry-point group. Only functions whose names start with
-``spotring_`` are taken as hook implementations.
+Plugins implement these with ``@spotring.autoscaler.hookimpl``, the same marker as
+``spotring.core.hookimpl`` (which the built-in providers use: they stand below the
+controller), and are found through the ``spotring.providers`` entry-point group. Only
+functions whose names start with ``spotring_`` are taken as hook implementations.
 
 Threading: the decision and event hooks are called on the controller's thread only,
 one call at a time, in the order things happened; never on Horovod's threads or the
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
 def spotring_register_providers(registry: ProviderRegistry) -> None:
     """Register provider classes.
 
-    Called once, when the plugin manager is built, on every plugin.
+    Called on every plugin each time spotring collects its providers (``spotring
+    providers``, ``--provider``), and on one plugin at a time when a provider is
+    disabled (``SPOTRING_DISABLE_PLUGINS``): register and do nothing else.
 
     :param registry: call ``registry.add(ProviderClass)`` for each provider the plugin
         offers; the class's ``name`` attribute is the key users pass to ``--provider``.

@@ -8,6 +8,7 @@ from spotring.providers.base import (
     Lifecycle,
     Provider,
     ProviderError,
+    ProviderRegistry,
 )
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "Lifecycle",
     "Provider",
     "ProviderError",
+    "ProviderRegistry",
 ]
