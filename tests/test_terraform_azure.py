@@ -18,8 +18,6 @@ hashicorp/azurerm, ``test_terraform_cli`` also runs the module's own `terraform 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import re
@@ -32,9 +30,22 @@ from typing import Any
 import pytest
 
 from tests import test_terraform as generic
+from tests.terraform_support import (
+    assert_formatted,
+    assert_software_versions_match_the_setup_script,
+    evaluate_output,
+    needs_terraform,
+    only,
+    parse_run,
+    plan_variables,
+    provider_class,
+    provider_iam,
+    run_module_tests,
+    spotring_argv,
+    variables_only_copy,
+)
 from tests.test_terraform import (
     _IDENT,
-    PLUGIN_DIR,
     REPO,
     TERRAFORM,
     Module,
@@ -49,12 +60,12 @@ from tests.test_terraform import (
     assert_plan_outcome,
     https_url_cases,
 )
-from tests.test_terraform_gcp import TF_ENV, _only, _terraform, needs_terraform
 
 AZURE = TERRAFORM / "azure"
 BOOTSTRAP = REPO / "worker_image" / "bootstrap.sh.tftpl"
 
-# What spotring's Azure provider calls, until providers/azure.py exports IAM_ACTIONS:
+# What spotring's Azure provider calls (providers/azure.py's IAM_ACTIONS, checked to be
+# the same: a change there comes with the roles in iam.tf):
 # the set's get, update (capacity) and deleteInstances, a Uniform set's VM and NIC lists,
 # a Flexible set's members as ordinary VMs (list, delete) and NICs (list), and the
 # resource SKU list (GPU counts of VM sizes).
@@ -87,21 +98,6 @@ EVERYWHERE = {"*", "internet", "any", "0.0.0.0/0", "0.0.0.0", "::/0"}
 @pytest.fixture(scope="module")
 def azure() -> Module:
     return Module(AZURE)
-
-
-def _azure_provider_module() -> Any | None:
-    if importlib.util.find_spec("spotring.providers.azure") is None:
-        return None
-    return importlib.import_module("spotring.providers.azure")
-
-
-def _azure_provider_class() -> type | None:
-    """The provider registered as 'azure', or None before providers/azure.py registers one."""
-    if _azure_provider_module() is None:
-        return None
-    plugins = importlib.import_module("spotring.autoscaler.plugins")
-    registry = plugins.provider_registry(plugins.get_plugin_manager(load_entry_points=False))
-    return registry.get("azure") if "azure" in registry else None
 
 
 # ------------------------------------------------------------------ the module as a whole
@@ -252,10 +248,8 @@ def test_slots_tag_is_set_on_the_scale_set(azure: Module) -> None:
     slots = rf'"{SLOTS_TAG}" = tostring\(var\.slots_per_host\)'
     assert re.fullmatch(rf"\$\{{merge\(local\.tags, \{{\s*{slots}\s*\}}\)\}}", tags), tags
     assert azure.variables["slots_per_host"]["default"] == 1
-    provider = _azure_provider_class()
-    if provider is not None:
-        label = getattr(provider, "default_slots_label", SLOTS_TAG)
-        assert label == SLOTS_TAG, f"the provider reads {label!r}, the module writes {SLOTS_TAG}"
+    label = getattr(provider_class("azure"), "default_slots_label", SLOTS_TAG)
+    assert label == SLOTS_TAG, f"the provider reads {label!r}, the module writes {SLOTS_TAG}"
 
 
 def test_gpus_are_a_matter_of_size_and_image(azure: Module) -> None:
@@ -272,22 +266,12 @@ def test_gpus_are_a_matter_of_size_and_image(azure: Module) -> None:
 
 
 def _expected_actions() -> tuple[frozenset[str], str]:
-    provider = _azure_provider_module()
-    if provider is None:
-        return ASSUMED_IAM_ACTIONS, "assumed list (providers/azure.py does not exist yet)"
-    actions = getattr(provider, "IAM_ACTIONS", None)
-    if actions is None:
-        pytest.fail(
-            "spotring.providers.azure exists but exports no IAM_ACTIONS; the driver's "
-            "custom roles in terraform/azure/iam.tf are checked against it"
-        )
-    assert isinstance(actions, tuple) and all(isinstance(a, str) for a in actions)
-    return frozenset(actions), "spotring.providers.azure.IAM_ACTIONS"
+    return provider_iam("azure", "IAM_ACTIONS")
 
 
 def _roles(azure: Module) -> dict[str, list[str]]:
     roles = {}
-    for name, body in _only(azure, "azurerm_role_definition"):
+    for name, body in only(azure, "azurerm_role_definition"):
         (permissions,) = body["permissions"]
         assert not permissions.get("not_actions"), f"{name}: use actions, not not_actions"
         assert not permissions.get("data_actions"), f"{name}: no data actions"
@@ -296,7 +280,7 @@ def _roles(azure: Module) -> dict[str, list[str]]:
 
 
 def _assignments(azure: Module) -> dict[str, dict]:
-    return dict(_only(azure, "azurerm_role_assignment"))
+    return dict(only(azure, "azurerm_role_assignment"))
 
 
 def _assigned_role(assignment: dict) -> str:
@@ -323,10 +307,7 @@ def test_custom_roles_grant_exactly_the_provider_actions(azure: Module) -> None:
 
 
 def test_role_actions_match_the_provider_module(azure: Module) -> None:
-    """The assertion against the provider's own list, once providers/azure.py exists."""
-    provider = _azure_provider_module()
-    if provider is None:
-        pytest.skip("providers/azure.py does not exist yet; compared with the assumed list")
+    """The roles against the provider's own list, and that list against ours."""
     actions, _ = _expected_actions()
     assert frozenset(a for r in _roles(azure).values() for a in r) == actions
     assert actions == ASSUMED_IAM_ACTIONS, (
@@ -353,7 +334,7 @@ def test_roles_are_assigned_at_the_narrowest_scope(azure: Module) -> None:
     assert all(a.startswith(set_prefix) for a in roles["driver_set"])
     assert not any("virtualMachineScaleSets" in a for a in roles["driver_members"])
     assert roles["driver_sizes"] == ["Microsoft.Compute/skus/read"]
-    for name, body in _only(azure, "azurerm_role_definition"):
+    for name, body in only(azure, "azurerm_role_definition"):
         scope = SUBSCRIPTION_SCOPE if name == "driver_sizes" else RG_ID
         assert body["scope"] == scope and body["assignable_scopes"] == [scope], name
     assert azure.locals["subscription_scope"] == "/subscriptions/${var.subscription_id}"
@@ -415,7 +396,7 @@ def test_security_group_allows_the_network_and_ssh_to_the_driver_only(azure: Mod
         "subnet_id": "${azurerm_subnet.cluster.id}",
         "network_security_group_id": "${azurerm_network_security_group.cluster.id}",
     }
-    rules = dict(_only(azure, "azurerm_network_security_rule"))
+    rules = dict(only(azure, "azurerm_network_security_rule"))
     assert set(rules) == {"cluster_internal", "driver_ssh", "deny_other_inbound"}, set(rules)
     for name, rule in rules.items():
         assert rule["network_security_group_name"] == (
@@ -443,7 +424,7 @@ def test_security_group_allows_the_network_and_ssh_to_the_driver_only(azure: Mod
     ]
     # No rule at all without admin_cidrs.
     assert ssh["count"] == "${length(var.admin_cidrs) > 0 ? 1 : 0}"
-    (member,) = _only(azure, "azurerm_network_interface_application_security_group_association")
+    (member,) = only(azure, "azurerm_network_interface_application_security_group_association")
     assert member[1]["network_interface_id"] == "${azurerm_network_interface.driver.id}"
     assert "default" not in azure.variables["admin_cidrs"], "admin_cidrs must have no default"
     condition = azure.variables["admin_cidrs"]["validation"][0]["condition"]
@@ -542,20 +523,10 @@ def test_apt_waits_for_the_first_boot_updates() -> None:
 
 
 def test_software_versions_match_the_setup_script(azure: Module) -> None:
-    setup = (REPO / "scripts" / "setup.sh").read_text(encoding="utf-8")
-    for variable in ("torch_version", "horovod_version"):
-        pinned = re.search(rf"^{variable}=(\S+)$", setup, re.MULTILINE)
-        assert pinned, f"scripts/setup.sh sets no {variable}"
-        assert azure.variables[variable]["default"] == pinned.group(1), variable
+    assert_software_versions_match_the_setup_script(azure)
 
 
 # ------------------------------------------------------------------ spotring_command
-
-
-def _spotring_argv(azure: Module) -> list[str]:
-    command = azure.outputs["spotring_command"]["value"]
-    # Interpolations become "2": a valid name, resource group, subscription and count.
-    return shlex.split(re.sub(r"\$\{[^}]*\}", "2", command))
 
 
 def test_outputs(azure: Module) -> None:
@@ -567,7 +538,7 @@ def test_outputs(azure: Module) -> None:
 
 
 def test_spotring_command_shape(azure: Module) -> None:
-    argv = _spotring_argv(azure)
+    argv = spotring_argv(azure)
     assert argv[:4] == ["spotring", "run", "--provider", "azure"]
     assert "--" in argv and argv[argv.index("--") + 1 :], "no training command after --"
     command = azure.outputs["spotring_command"]["value"]
@@ -585,34 +556,12 @@ def test_spotring_command_shape(azure: Module) -> None:
         )
 
 
-def _azure_parser() -> Any:
-    cli = importlib.import_module("spotring.autoscaler.cli")
-    if not hasattr(cli, "build_parser"):
-        pytest.skip("spotring.autoscaler.cli has no build_parser() yet")
-    if _azure_provider_module() is None:
-        pytest.skip(
-            "providers/azure.py does not exist yet; --group/--resource-group/--subscription "
-            "are its options"
-        )
-    plugins = importlib.import_module("spotring.autoscaler.plugins")
-    pm = plugins.get_plugin_manager(load_entry_points=False)
-    registry = plugins.provider_registry(pm)
-    if "azure" not in registry:
-        pytest.skip("providers/azure.py exists but no provider named 'azure' is registered yet")
-    return cli.build_parser(pm, registry.get("azure"))
-
-
 def _parse_run(argv: list[str]) -> Any:
-    parser = _azure_parser()
-    dashes = argv.index("--")
-    try:
-        return parser.parse_args(argv[:dashes])
-    except (SystemExit, Exception) as error:  # the CLI's parser raises UsageError
-        pytest.fail(f"spotring_command does not parse: {shlex.join(argv)}: {error}")
+    return parse_run("azure", argv)
 
 
 def test_spotring_command_parses_with_the_cli(azure: Module) -> None:
-    options = _parse_run(_spotring_argv(azure)[1:])
+    options = _parse_run(spotring_argv(azure)[1:])
     assert options.command == "run"
     assert options.provider == "azure"
     assert options.num_proc == 2 and options.min_num_proc == 2 and options.max_num_proc == 2
@@ -629,15 +578,7 @@ def test_spotring_command_parses_with_the_cli(azure: Module) -> None:
 
 @needs_terraform
 def test_terraform_fmt() -> None:
-    done = subprocess.run(
-        ["terraform", "fmt", "-check", "-recursive", "-diff", str(AZURE)],
-        env=TF_ENV,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"terraform fmt would change:\n{done.stdout}"
+    assert_formatted(AZURE)
 
 
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
@@ -656,24 +597,13 @@ VALID_INPUTS: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def variables_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of variables.tf alone: `terraform plan` there checks the validations."""
-    if shutil.which("terraform") is None:
-        pytest.skip("no terraform binary on PATH")
-    workdir = tmp_path_factory.mktemp("azure-variables")
-    shutil.copy(AZURE / "variables.tf", workdir / "variables.tf")
-    done = _terraform(workdir, "init", "-input=false", "-backend=false")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return workdir
-
-
-def _plan_variables(workdir: Path, inputs: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    (workdir / "inputs.tfvars.json").write_text(json.dumps(inputs), encoding="utf-8")
-    return _terraform(workdir, "plan", "-input=false", "-var-file=inputs.tfvars.json")
+    return variables_only_copy(tmp_path_factory, AZURE)
 
 
 def test_valid_inputs_pass_the_validations(variables_only: Path) -> None:
-    done = _plan_variables(variables_only, VALID_INPUTS)
+    done = plan_variables(variables_only, VALID_INPUTS)
     assert done.returncode == 0, done.stdout + done.stderr
-    done = _plan_variables(
+    done = plan_variables(
         variables_only,
         {
             **VALID_INPUTS,
@@ -723,7 +653,7 @@ def test_valid_inputs_pass_the_validations(variables_only: Path) -> None:
     ],
 )
 def test_bad_inputs_are_refused(variables_only: Path, variable: str, value: Any) -> None:
-    done = _plan_variables(variables_only, {**VALID_INPUTS, variable: value})
+    done = plan_variables(variables_only, {**VALID_INPUTS, variable: value})
     assert done.returncode != 0, f"{variable} = {value!r} passed the validations"
     assert f"var.{variable}" in done.stderr, done.stderr
 
@@ -738,14 +668,12 @@ def test_url_validations(
 ) -> None:
     """http:// indexes and wheels, and a wheel without #sha256=, are refused at plan
     time (the bootstrap checks them again at boot), as in terraform/aws."""
-    done = _plan_variables(variables_only, {**VALID_INPUTS, **overrides})
+    done = plan_variables(variables_only, {**VALID_INPUTS, **overrides})
     assert_plan_outcome(done, refused)
 
 
 def _evaluate_spotring_command(azure: Module, workdir: Path, inputs: dict[str, Any]) -> str:
     """The output's own expression, with the names the resources are given for them."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(AZURE / "variables.tf", workdir / "variables.tf")
     assert azure.resource(SET, "workers")["name"] == "${var.name}"
     group = azure.resource("azurerm_resource_group", "cluster")["name"]
     assert group == "${local.resource_group_name}"
@@ -756,22 +684,12 @@ def _evaluate_spotring_command(azure: Module, workdir: Path, inputs: dict[str, A
     )
     local = azure.locals["resource_group_name"]
     assert local.startswith("${") and local.endswith("}"), local
-    (workdir / "main.tf").write_text(
+    main_tf = (
         # The local's expression as written (a quoted copy would escape its quotes).
         f"locals {{\n  resource_group_name = {local[2:-1]}\n}}\n"
-        f'output "spotring_command" {{\n  value = {json.dumps(value)}\n}}\n',
-        encoding="utf-8",
+        f'output "spotring_command" {{\n  value = {json.dumps(value)}\n}}\n'
     )
-    (workdir / "terraform.tfvars.json").write_text(json.dumps(inputs), encoding="utf-8")
-    for args in (
-        ("init", "-input=false", "-backend=false"),
-        ("apply", "-auto-approve", "-input=false"),
-    ):
-        done = _terraform(workdir, *args)
-        assert done.returncode == 0, done.stdout + done.stderr
-    done = _terraform(workdir, "output", "-raw", "spotring_command")
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return evaluate_output(AZURE, workdir, main_tf, inputs, "spotring_command")
 
 
 @needs_terraform
@@ -809,29 +727,10 @@ def test_spotring_command_renders(
 ) -> None:
     command = _evaluate_spotring_command(azure, tmp_path, {**VALID_INPUTS, **inputs})
     assert command == expected
-    if _azure_provider_class() is not None:
-        options = _parse_run(shlex.split(command)[1:])
-        assert options.azure_subscription == SUBSCRIPTION
-
-
-def _azurerm_in_mirror() -> bool:
-    return (PLUGIN_DIR / "registry.terraform.io" / "hashicorp" / "azurerm").is_dir()
+    options = _parse_run(shlex.split(command)[1:])
+    assert options.azure_subscription == SUBSCRIPTION
 
 
 def test_terraform_cli(tmp_path: Path) -> None:
     """`terraform test` of the module (tests/plan.tftest.hcl, mocked azurerm provider)."""
-    reason = generic._terraform_cli_available()
-    if reason:
-        pytest.skip(reason)
-    if not _azurerm_in_mirror():
-        pytest.skip(f"no hashicorp/azurerm provider in the mirror at {PLUGIN_DIR}")
-    shutil.copytree(AZURE, tmp_path / "terraform" / "azure")
-    shutil.copytree(REPO / "worker_image", tmp_path / "worker_image")
-    workdir = tmp_path / "terraform" / "azure"
-    for args in (
-        ("init", "-backend=false", "-input=false", f"-plugin-dir={PLUGIN_DIR}"),
-        ("test",),
-    ):
-        done = _terraform(workdir, *args)
-        assert done.returncode == 0, f"terraform {args[0]}:\n{done.stdout}\n{done.stderr}"
-    assert "0 failed" in done.stdout, done.stdout
+    run_module_tests(AZURE, "azurerm", tmp_path)

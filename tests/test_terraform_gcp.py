@@ -16,8 +16,6 @@ hashicorp/google, ``test_terraform_cli`` also runs the module's own `terraform t
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import re
@@ -30,9 +28,22 @@ from typing import Any
 import pytest
 
 from tests import test_terraform as generic
+from tests.terraform_support import (
+    assert_formatted,
+    assert_software_versions_match_the_setup_script,
+    evaluate_output,
+    needs_terraform,
+    only,
+    parse_run,
+    plan_variables,
+    provider_class,
+    provider_iam,
+    run_module_tests,
+    spotring_argv,
+    variables_only_copy,
+)
 from tests.test_terraform import (
     _IDENT,
-    PLUGIN_DIR,
     REPO,
     TERRAFORM,
     Module,
@@ -50,9 +61,10 @@ from tests.test_terraform import (
 
 GCP = TERRAFORM / "gcp"
 
-# What spotring's GCP provider calls, until providers/gcp.py exports IAM_PERMISSIONS:
-# get (also listManagedInstances) and update (resize, recreateInstances) on the group,
-# and instances.list for the members' addresses, spot-ness and accelerators.
+# What spotring's GCP provider calls (providers/gcp.py's IAM_PERMISSIONS, checked to be
+# the same: a change there comes with the roles in iam.tf): get (also
+# listManagedInstances) and update (resize, recreateInstances) on the group, and
+# instances.list for the members' addresses, spot-ness and accelerators.
 ASSUMED_IAM_PERMISSIONS = frozenset(
     {
         "compute.instanceGroupManagers.get",
@@ -71,25 +83,6 @@ DRIVER_SA = "${google_service_account.driver.email}"
 @pytest.fixture(scope="module")
 def gcp() -> Module:
     return Module(GCP)
-
-
-def _gcp_provider_module() -> Any | None:
-    if importlib.util.find_spec("spotring.providers.gcp") is None:
-        return None
-    return importlib.import_module("spotring.providers.gcp")
-
-
-def _gcp_provider_class() -> type | None:
-    """The provider registered as 'gcp', or None before providers/gcp.py registers one."""
-    if _gcp_provider_module() is None:
-        return None
-    plugins = importlib.import_module("spotring.autoscaler.plugins")
-    registry = plugins.provider_registry(plugins.get_plugin_manager(load_entry_points=False))
-    return registry.get("gcp") if "gcp" in registry else None
-
-
-def _only(module: Module, rtype: str) -> list[tuple[str, dict]]:
-    return [(name, body) for (kind, name), body in module.resources.items() if kind == rtype]
 
 
 # ------------------------------------------------------------------ the module as a whole
@@ -179,12 +172,8 @@ def test_slots_label_is_set_on_the_workers(gcp: Module) -> None:
     assert template["labels"][SLOTS_LABEL] == "${tostring(local.slots_per_host)}"
     assert "var.slots_per_host" in gcp.locals["slots_per_host"]
     assert "var.gpu_count" in gcp.locals["slots_per_host"]
-    provider = _gcp_provider_class()
-    if provider is not None:
-        label = getattr(provider, "default_slots_label", SLOTS_LABEL)
-        assert label == SLOTS_LABEL, (
-            f"the provider reads {label!r}, the module writes {SLOTS_LABEL}"
-        )
+    label = getattr(provider_class("gcp"), "default_slots_label", SLOTS_LABEL)
+    assert label == SLOTS_LABEL, f"the provider reads {label!r}, the module writes {SLOTS_LABEL}"
 
 
 def test_group_uses_the_template_and_never_rolls_running_workers(gcp: Module) -> None:
@@ -233,23 +222,21 @@ def test_ssh_keys_only(gcp: Module, rtype: str, name: str) -> None:
 
 
 def _expected_permissions() -> tuple[frozenset[str], str]:
-    provider = _gcp_provider_module()
-    if provider is None:
-        return ASSUMED_IAM_PERMISSIONS, "assumed list (providers/gcp.py does not exist yet)"
-    permissions = getattr(provider, "IAM_PERMISSIONS", None)
-    if permissions is None:
-        pytest.fail(
-            "spotring.providers.gcp exists but exports no IAM_PERMISSIONS; the driver's "
-            "custom roles in terraform/gcp/iam.tf are checked against it"
-        )
-    assert isinstance(permissions, tuple) and all(isinstance(p, str) for p in permissions)
-    return frozenset(permissions), "spotring.providers.gcp.IAM_PERMISSIONS"
+    return provider_iam("gcp", "IAM_PERMISSIONS")
+
+
+def test_permissions_match_the_provider_module() -> None:
+    permissions, _ = _expected_permissions()
+    assert permissions == ASSUMED_IAM_PERMISSIONS, (
+        "the provider's IAM_PERMISSIONS changed: update ASSUMED_IAM_PERMISSIONS, iam.tf and "
+        "the README"
+    )
 
 
 def _bindings(gcp: Module, member: str) -> list[tuple[str, dict]]:
     return [
         (name, body)
-        for name, body in _only(gcp, "google_project_iam_member")
+        for name, body in only(gcp, "google_project_iam_member")
         if body["member"] == f"serviceAccount:{member}"
     ]
 
@@ -278,7 +265,7 @@ def test_custom_roles_grant_exactly_the_provider_permissions(gcp: Module) -> Non
         for _, b in _bindings(gcp, DRIVER_SA)
         if _custom_role(gcp, b["role"])
     }
-    assert bound == {name for name, _ in _only(gcp, "google_project_iam_custom_role")}
+    assert bound == {name for name, _ in only(gcp, "google_project_iam_custom_role")}
     assert not {"compute.regionOperations.get", "compute.zoneOperations.get"} & granted
 
 
@@ -327,7 +314,7 @@ def test_service_accounts_hold_nothing_else(gcp: Module) -> None:
         and kind not in {"google_project_iam_member", "google_project_iam_custom_role"}
     }
     assert not other_iam, f"unexpected IAM resources: {other_iam}"
-    members = {body["member"] for _, body in _only(gcp, "google_project_iam_member")}
+    members = {body["member"] for _, body in only(gcp, "google_project_iam_member")}
     assert members <= {f"serviceAccount:{WORKER_SA}", f"serviceAccount:{DRIVER_SA}"}, members
 
 
@@ -354,7 +341,7 @@ def test_driver_is_on_demand_with_its_own_account(gcp: Module) -> None:
 
 
 def test_firewall_opens_the_cluster_to_itself_and_ssh_to_the_driver_only(gcp: Module) -> None:
-    rules = dict(_only(gcp, "google_compute_firewall"))
+    rules = dict(only(gcp, "google_compute_firewall"))
     assert set(rules) == {"cluster_internal", "driver_ssh"}, set(rules)
     for rule in rules.values():
         assert rule["direction"] == "INGRESS" and "deny" not in rule
@@ -510,24 +497,14 @@ def test_bootstrap_creates_a_missing_login_user(tmp_path: Path) -> None:
 
 
 def test_software_versions_match_the_setup_script(gcp: Module) -> None:
-    setup = (REPO / "scripts" / "setup.sh").read_text(encoding="utf-8")
-    for variable in ("torch_version", "horovod_version"):
-        pinned = re.search(rf"^{variable}=(\S+)$", setup, re.MULTILINE)
-        assert pinned, f"scripts/setup.sh sets no {variable}"
-        assert gcp.variables[variable]["default"] == pinned.group(1), variable
+    assert_software_versions_match_the_setup_script(gcp)
 
 
 # ------------------------------------------------------------------ spotring_command
 
 
-def _spotring_argv(gcp: Module) -> list[str]:
-    command = gcp.outputs["spotring_command"]["value"]
-    # Interpolations become "2": a valid group name, region, project and process count.
-    return shlex.split(re.sub(r"\$\{[^}]*\}", "2", command))
-
-
 def test_spotring_command_shape(gcp: Module) -> None:
-    argv = _spotring_argv(gcp)
+    argv = spotring_argv(gcp)
     assert argv[:4] == ["spotring", "run", "--provider", "gcp"]
     assert "--" in argv and argv[argv.index("--") + 1 :], "no training command after --"
     command = gcp.outputs["spotring_command"]["value"]
@@ -546,33 +523,12 @@ def test_spotring_command_shape(gcp: Module) -> None:
     assert "--zone" not in command, "the group is regional"
 
 
-def _gcp_parser() -> Any:
-    cli = importlib.import_module("spotring.autoscaler.cli")
-    if not hasattr(cli, "build_parser"):
-        pytest.skip("spotring.autoscaler.cli has no build_parser() yet")
-    if _gcp_provider_module() is None:
-        pytest.skip(
-            "providers/gcp.py does not exist yet; --group/--region/--project are its options"
-        )
-    plugins = importlib.import_module("spotring.autoscaler.plugins")
-    pm = plugins.get_plugin_manager(load_entry_points=False)
-    registry = plugins.provider_registry(pm)
-    if "gcp" not in registry:
-        pytest.skip("providers/gcp.py exists but no provider named 'gcp' is registered yet")
-    return cli.build_parser(pm, registry.get("gcp"))
-
-
 def _parse_run(argv: list[str]) -> Any:
-    parser = _gcp_parser()
-    dashes = argv.index("--")
-    try:
-        return parser.parse_args(argv[:dashes])
-    except (SystemExit, Exception) as error:  # the CLI's parser raises UsageError
-        pytest.fail(f"spotring_command does not parse: {shlex.join(argv)}: {error}")
+    return parse_run("gcp", argv)
 
 
 def test_spotring_command_parses_with_the_cli(gcp: Module) -> None:
-    options = _parse_run(_spotring_argv(gcp)[1:])
+    options = _parse_run(spotring_argv(gcp)[1:])
     assert options.command == "run"
     assert options.provider == "gcp"
     assert options.num_proc == 2 and options.min_num_proc == 2 and options.max_num_proc == 2
@@ -584,35 +540,10 @@ def test_spotring_command_parses_with_the_cli(gcp: Module) -> None:
 # ------------------------------------------------------------------ terraform itself
 # These need the binary but no provider: they run wherever `terraform` is on PATH.
 
-needs_terraform = pytest.mark.skipif(
-    shutil.which("terraform") is None, reason="no terraform binary on PATH"
-)
-TF_ENV = {**os.environ, "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
-
-
-def _terraform(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["terraform", *args, "-no-color"],
-        cwd=workdir,
-        env=TF_ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
 
 @needs_terraform
 def test_terraform_fmt() -> None:
-    done = subprocess.run(
-        ["terraform", "fmt", "-check", "-recursive", "-diff", str(GCP)],
-        env=TF_ENV,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"terraform fmt would change:\n{done.stdout}"
+    assert_formatted(GCP)
 
 
 VALID_INPUTS: dict[str, Any] = {
@@ -630,24 +561,13 @@ VALID_INPUTS: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def variables_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of variables.tf alone: `terraform plan` there checks the validations."""
-    if shutil.which("terraform") is None:
-        pytest.skip("no terraform binary on PATH")
-    workdir = tmp_path_factory.mktemp("gcp-variables")
-    shutil.copy(GCP / "variables.tf", workdir / "variables.tf")
-    done = _terraform(workdir, "init", "-input=false", "-backend=false")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return workdir
-
-
-def _plan_variables(workdir: Path, inputs: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    (workdir / "inputs.tfvars.json").write_text(json.dumps(inputs), encoding="utf-8")
-    return _terraform(workdir, "plan", "-input=false", "-var-file=inputs.tfvars.json")
+    return variables_only_copy(tmp_path_factory, GCP)
 
 
 def test_valid_inputs_pass_the_validations(variables_only: Path) -> None:
-    done = _plan_variables(variables_only, VALID_INPUTS)
+    done = plan_variables(variables_only, VALID_INPUTS)
     assert done.returncode == 0, done.stdout + done.stderr
-    done = _plan_variables(
+    done = plan_variables(
         variables_only,
         {**VALID_INPUTS, "admin_cidrs": [], "zones": ["us-central1-a"], "gpu_count": 4},
     )
@@ -676,7 +596,7 @@ def test_valid_inputs_pass_the_validations(variables_only: Path) -> None:
     ],
 )
 def test_bad_inputs_are_refused(variables_only: Path, variable: str, value: Any) -> None:
-    done = _plan_variables(variables_only, {**VALID_INPUTS, variable: value})
+    done = plan_variables(variables_only, {**VALID_INPUTS, variable: value})
     assert done.returncode != 0, f"{variable} = {value!r} passed the validations"
     assert f"var.{variable}" in done.stderr, done.stderr
 
@@ -691,34 +611,22 @@ def test_url_validations(
 ) -> None:
     """http:// indexes and wheels, and a wheel without #sha256=, are refused at plan
     time (the bootstrap checks them again at boot), as in terraform/aws."""
-    done = _plan_variables(variables_only, {**VALID_INPUTS, **overrides})
+    done = plan_variables(variables_only, {**VALID_INPUTS, **overrides})
     assert_plan_outcome(done, refused)
 
 
 def _evaluate_spotring_command(gcp: Module, workdir: Path, inputs: dict[str, Any]) -> str:
     """The output's own expression, with the group's name (var.name) for the resource."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(GCP / "variables.tf", workdir / "variables.tf")
     value = gcp.outputs["spotring_command"]["value"].replace(
         "google_compute_region_instance_group_manager.workers.name", "var.name"
     )
-    (workdir / "main.tf").write_text(
+    main_tf = (
         "locals {\n"
         f"  slots_per_host = {json.dumps(gcp.locals['slots_per_host'])}\n"
         "}\n"
-        f'output "spotring_command" {{\n  value = {json.dumps(value)}\n}}\n',
-        encoding="utf-8",
+        f'output "spotring_command" {{\n  value = {json.dumps(value)}\n}}\n'
     )
-    (workdir / "terraform.tfvars.json").write_text(json.dumps(inputs), encoding="utf-8")
-    for args in (
-        ("init", "-input=false", "-backend=false"),
-        ("apply", "-auto-approve", "-input=false"),
-    ):
-        done = _terraform(workdir, *args)
-        assert done.returncode == 0, done.stdout + done.stderr
-    done = _terraform(workdir, "output", "-raw", "spotring_command")
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return evaluate_output(GCP, workdir, main_tf, inputs, "spotring_command")
 
 
 @needs_terraform
@@ -748,28 +656,9 @@ def test_spotring_command_renders(
 ) -> None:
     command = _evaluate_spotring_command(gcp, tmp_path, {**VALID_INPUTS, **inputs})
     assert command == expected
-    if _gcp_provider_module() is not None:
-        _parse_run(shlex.split(command)[1:])
-
-
-def _google_in_mirror() -> bool:
-    return (PLUGIN_DIR / "registry.terraform.io" / "hashicorp" / "google").is_dir()
+    _parse_run(shlex.split(command)[1:])
 
 
 def test_terraform_cli(tmp_path: Path) -> None:
     """`terraform test` of the module (tests/plan.tftest.hcl, mocked Google provider)."""
-    reason = generic._terraform_cli_available()
-    if reason:
-        pytest.skip(reason)
-    if not _google_in_mirror():
-        pytest.skip(f"no hashicorp/google provider in the mirror at {PLUGIN_DIR}")
-    shutil.copytree(GCP, tmp_path / "terraform" / "gcp")
-    shutil.copytree(REPO / "worker_image", tmp_path / "worker_image")
-    workdir = tmp_path / "terraform" / "gcp"
-    for args in (
-        ("init", "-backend=false", "-input=false", f"-plugin-dir={PLUGIN_DIR}"),
-        ("test",),
-    ):
-        done = _terraform(workdir, *args)
-        assert done.returncode == 0, f"terraform {args[0]}:\n{done.stdout}\n{done.stderr}"
-    assert "0 failed" in done.stdout, done.stdout
+    run_module_tests(GCP, "google", tmp_path)
