@@ -24,8 +24,6 @@ from __future__ import annotations
 import calendar
 import contextlib
 import email.utils
-import hashlib
-import hmac
 import importlib
 import json
 import logging
@@ -36,6 +34,8 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from spotring.worker_image.signed_lines import SignedLine, is_int
 
 log = logging.getLogger(__name__)
 
@@ -77,64 +77,34 @@ class Notice:
 
 
 @dataclass(frozen=True)
-class NoticeMessage:
-    """A notice on its way from a worker's supervisor to the driver.
+class NoticeMessage(SignedLine):
+    """A notice on its way from a worker's supervisor to the driver: a signed line
+    (:mod:`spotring.worker_image.signed_lines`).
 
     ``launch`` is the random id the driver gave that one worker launch; ``sequence``
     increases with every message of the launch. The MAC (HMAC-SHA256 under the job
     key) covers everything else.
     """
 
+    MARKER = MESSAGE_MARKER
+    MAX_BYTES = MAX_MESSAGE_BYTES
+
     launch: str
     sequence: int
     notice: Notice
     mac: str = ""
 
-    def _payload(self) -> bytes:
-        body = [self.launch, self.sequence, self.notice.kind, self.notice.deadline]
-        return json.dumps([*body, self.notice.detail], separators=(",", ":")).encode()
-
-    def signed(self, key: bytes) -> NoticeMessage:
-        """This message with its MAC under ``key``."""
-        mac = hmac.new(key, self._payload(), hashlib.sha256).hexdigest()
-        return NoticeMessage(self.launch, self.sequence, self.notice, mac)
-
-    def verify(self, key: bytes) -> bool:
-        """Whether the MAC is valid under ``key``."""
-        expected = hmac.new(key, self._payload(), hashlib.sha256).hexdigest()
-        return hmac.compare_digest(expected, self.mac)
-
-    def line(self) -> str:
-        """The message as one stdout line (marker, JSON, newline)."""
-        body = {
-            "launch": self.launch,
-            "seq": self.sequence,
-            "kind": self.notice.kind,
-            "deadline": self.notice.deadline,
-            "detail": self.notice.detail,
-            "mac": self.mac,
-        }
-        return MESSAGE_MARKER + json.dumps(body, separators=(",", ":")) + "\n"
+    def fields(self) -> dict[str, Any]:
+        notice = self.notice
+        return {"kind": notice.kind, "deadline": notice.deadline, "detail": notice.detail}
 
     @classmethod
-    def parse(cls, line: str) -> NoticeMessage:
-        """The message of a line that starts with :data:`MESSAGE_MARKER`.
-
-        Raises ``ValueError`` for an oversized or malformed one.
-        """
-        if len(line.encode(errors="replace")) > MAX_MESSAGE_BYTES:
-            raise ValueError("oversized")
-        try:
-            body = json.loads(line.removeprefix(MESSAGE_MARKER))
-        except json.JSONDecodeError:
-            raise ValueError("not JSON") from None
-        if not isinstance(body, dict):
-            raise ValueError("not a JSON object")
+    def from_body(cls, body: Mapping[str, Any]) -> NoticeMessage:
         launch, sequence, kind = body.get("launch"), body.get("seq"), body.get("kind")
         deadline, detail, mac = body.get("deadline"), body.get("detail", ""), body.get("mac")
         if not (isinstance(launch, str) and isinstance(mac, str) and isinstance(detail, str)):
             raise ValueError("missing launch, detail or mac")
-        if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 1:
+        if not is_int(sequence) or sequence < 1:
             raise ValueError("bad sequence number")
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")

@@ -33,9 +33,6 @@ busier than it is.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
-import json
 import math
 import mmap
 import os
@@ -43,10 +40,12 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+
+from spotring.worker_image.signed_lines import SignedLine, is_int
 
 PROGRESS_FD_ENV = "SPOTRING_PROGRESS_FD"
 """The number of the descriptor of the worker's progress page (not secret)."""
@@ -69,13 +68,18 @@ PAGE_BYTES = mmap.PAGESIZE
 
 
 @dataclass(frozen=True)
-class ProgressMessage:
-    """A worker's progress on its way from its supervisor to the driver.
+class ProgressMessage(SignedLine):
+    """A worker's progress on its way from its supervisor to the driver: a signed line
+    (:mod:`spotring.worker_image.signed_lines`).
 
     ``count``: the worker's ``commit`` calls since it started; ``age``: seconds since
     the last of them, when the supervisor wrote the line. ``launch`` and ``sequence``
     as for notices; the MAC covers everything else.
     """
+
+    MARKER = MESSAGE_MARKER
+    MAX_BYTES = MAX_MESSAGE_BYTES
+    TAG = ("progress",)
 
     launch: str
     sequence: int
@@ -83,46 +87,17 @@ class ProgressMessage:
     age: float
     mac: str = ""
 
-    def _payload(self) -> bytes:
-        body = ["progress", self.launch, self.sequence, self.count, self.age]
-        return json.dumps(body, separators=(",", ":")).encode()
-
-    def signed(self, key: bytes) -> ProgressMessage:
-        """This message with its MAC under ``key``."""
-        mac = hmac.new(key, self._payload(), hashlib.sha256).hexdigest()
-        return ProgressMessage(self.launch, self.sequence, self.count, self.age, mac)
-
-    def verify(self, key: bytes) -> bool:
-        """Whether the MAC is valid under ``key``."""
-        expected = hmac.new(key, self._payload(), hashlib.sha256).hexdigest()
-        return hmac.compare_digest(expected, self.mac)
-
-    def line(self) -> str:
-        """The message as one stdout line (marker, JSON, newline)."""
-        body = {"launch": self.launch, "seq": self.sequence, "count": self.count}
-        body.update(age=self.age, mac=self.mac)
-        return MESSAGE_MARKER + json.dumps(body, separators=(",", ":")) + "\n"
+    def fields(self) -> dict[str, Any]:
+        return {"count": self.count, "age": self.age}
 
     @classmethod
-    def parse(cls, line: str) -> ProgressMessage:
-        """The message of a line that starts with :data:`MESSAGE_MARKER`.
-
-        Raises ``ValueError`` for an oversized or malformed one.
-        """
-        if len(line.encode(errors="replace")) > MAX_MESSAGE_BYTES:
-            raise ValueError("oversized")
-        try:
-            body = json.loads(line.removeprefix(MESSAGE_MARKER))
-        except json.JSONDecodeError:
-            raise ValueError("not JSON") from None
-        if not isinstance(body, dict):
-            raise ValueError("not a JSON object")
+    def from_body(cls, body: Mapping[str, Any]) -> ProgressMessage:
         launch, sequence, count = body.get("launch"), body.get("seq"), body.get("count")
         age, mac = body.get("age"), body.get("mac")
         if not (isinstance(launch, str) and isinstance(mac, str)):
             raise ValueError("missing launch or mac")
         for name, value in (("sequence", sequence), ("count", count)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+            if not is_int(value) or not 0 <= value < 2**63:
                 raise ValueError(f"bad {name}")
         if sequence < 1:
             raise ValueError("bad sequence")
