@@ -50,10 +50,12 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal, Protocol
 
 from spotring.core import is_valid_address
+from spotring.driver.ring_progress import tell_listeners
 from spotring.worker_image.notices import MESSAGE_MARKER, Notice, NoticeMessage
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
 from spotring.worker_image.progress import MESSAGE_MARKER as PROGRESS_MARKER
 from spotring.worker_image.progress import ProgressMessage
+from spotring.worker_image.signed_lines import LineAcceptor, Rejected
 from spotring.worker_image.warm_start import READY_MARKER
 
 log = logging.getLogger(__name__)
@@ -423,14 +425,7 @@ class ProcessLauncher:
     def _tell(self, method: str, *args: Any) -> None:
         """Call every listener that has ``method``; one that raises is logged and does
         not stop the others."""
-        for listener in self._listeners:
-            call = getattr(listener, method, None)
-            if call is None:
-                continue
-            try:
-                call(*args)
-            except Exception:
-                log.exception("worker listener %r failed in %s", listener, method)
+        tell_listeners(self._listeners, method, args, log, "worker listener")
 
 
 class _Launch:
@@ -570,26 +565,20 @@ class _NoticeReader:
 
     def __init__(self, spec: WorkerSpec, launch: str, tell: Callable[..., None]) -> None:
         self._host = spec.host
-        self._launch = launch
-        self._key = bytes.fromhex(spec.env.get(JOB_KEY_ENV, ""))
+        key = bytes.fromhex(spec.env.get(JOB_KEY_ENV, ""))
+        self._lines = LineAcceptor(NoticeMessage, key, launch)
         self._tell = tell
-        self._last_sequence = 0
 
     def read(self, line: str) -> None:
         try:
-            message = NoticeMessage.parse(line.rstrip("\n"))
-        except ValueError as error:
-            log.warning("rejected a notice line from %s: %s", self._host, error)
+            message = self._lines.accept(line)
+        except Rejected as error:
+            if error.malformed:
+                log.warning("rejected a notice line from %s: %s", self._host, error)
+            else:
+                log.warning("rejected a notice from %s: %s", self._host, error)
             return
-        if not self._key or not message.verify(self._key):
-            log.warning("rejected a notice from %s: bad signature", self._host)
-        elif message.launch != self._launch:
-            log.warning("rejected a notice from %s: it belongs to another launch", self._host)
-        elif message.sequence <= self._last_sequence:
-            log.warning("rejected a notice from %s: replayed", self._host)
-        else:
-            self._last_sequence = message.sequence
-            self._tell("worker_noticed", self._host, message.notice)
+        self._tell("worker_noticed", self._host, message.notice)
 
 
 class _ProgressReader:
@@ -601,33 +590,27 @@ class _ProgressReader:
 
     def __init__(self, launch: _Launch, tell: Callable[..., None]) -> None:
         self._launch = launch
-        self._key = bytes.fromhex(launch.spec.env.get(JOB_KEY_ENV, ""))
+        key = bytes.fromhex(launch.spec.env.get(JOB_KEY_ENV, ""))
+        self._lines = LineAcceptor(ProgressMessage, key, launch.id)
         self._tell = tell
-        self._last_sequence = 0
-        self.rejected = 0
+
+    @property
+    def rejected(self) -> int:
+        return self._lines.rejected
 
     def read(self, line: str) -> None:
-        launch = self._launch
         try:
-            message = ProgressMessage.parse(line.rstrip("\n"))
-            if not self._key or not message.verify(self._key):
-                raise ValueError("bad signature")
-            if message.launch != launch.id:
-                raise ValueError("it belongs to another launch")
-            if message.sequence <= self._last_sequence:
-                raise ValueError("replayed")
-        except ValueError as error:
-            self.rejected += 1
+            message = self._lines.accept(line)
+        except Rejected as error:
             if self.rejected % 1000 == 1:
                 log.warning(
                     "rejected a progress line from %s (%d so far): %s",
-                    launch.spec.host,
+                    self._launch.spec.host,
                     self.rejected,
                     error,
                 )
             return
-        self._last_sequence = message.sequence
-        spec = launch.spec  # a warm worker's slot once it joined
+        spec = self._launch.spec  # a warm worker's slot once it joined
         self._tell("worker_progress", spec.host, spec.local_rank, message.count, message.age)
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,11 +285,19 @@ class RingProgress:
         return round(self._wall() - (now - at), 3)
 
     def _tell(self, method: str, *args: Any) -> None:
-        for listener in self._listeners:
-            call = getattr(listener, method, None)
-            if call is None:
-                continue
-            try:
-                call(*args)
-            except Exception:
-                log.exception("ring progress listener %r failed in %s", listener, method)
+        tell_listeners(self._listeners, method, args, log, "ring progress listener")
+
+
+def tell_listeners(
+    listeners: Iterable[Any], method: str, args: Sequence[Any], logger: logging.Logger, what: str
+) -> None:
+    """Call ``method`` of every listener that has it; one that raises is logged (on
+    ``logger``, as ``what``) and does not stop the others. (The launcher's too.)"""
+    for listener in listeners:
+        call = getattr(listener, method, None)
+        if call is None:
+            continue
+        try:
+            call(*args)
+        except Exception:
+            logger.exception("%s %r failed in %s", what, listener, method)
