@@ -49,6 +49,7 @@ BENCHMARKS: tuple[str, ...] = (
     "driver_overhead",
     "commit",
     "recovery",
+    "kills",
     "notice",
 )
 """Benchmark modules under ``bench/``, in the order ``bench/run`` runs them."""

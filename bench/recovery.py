@@ -79,7 +79,11 @@ class Job:
     def events(self) -> list[dict]:
         if not self.log.exists():
             return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        events = []
+        for line in self.log.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # a line cut short by a kill of its writer
+                events.append(json.loads(line))
+        return events
 
     def wait_recovered(self, after: float) -> tuple[dict, dict]:
         """Rank 0's first resume after time ``after`` and its first step after that,
@@ -109,6 +113,19 @@ class Job:
             self._check_running()
             time.sleep(0.1)
         raise TimeoutError(f"no steady state at size {size}; the job's last lines:\n{self._tail()}")
+
+    def wait_steady_at_least(self, size: int, steps: int) -> None:
+        """Wait until rank 0 completed ``steps`` steps in a row, from now on, in a ring of
+        at least ``size`` workers."""
+        after = time.time()
+        deadline = time.monotonic() + CYCLE_TIMEOUT
+        while time.monotonic() < deadline:
+            done = [e for e in self.events() if e["event"] == "step" and e["t"] > after]
+            if len(done) >= steps and all(e["size"] >= size for e in done[-steps:]):
+                return
+            self._check_running()
+            time.sleep(0.1)
+        raise TimeoutError(f"no ring of {size}+; the job's last lines:\n{self._tail()}")
 
     def _check_running(self) -> None:
         if self.process.poll() is not None:

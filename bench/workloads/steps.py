@@ -7,7 +7,8 @@ with its rank and pid: which processes form the ring (a worker started ahead and
 waiting for its slot is not one).
 ``--state spotring`` uses spotring's TorchState; ``--state horovod`` uses
 ``hvd.elastic.TorchState`` (the anchor's, and a spotring row of its own: the fast
-abort does not depend on the state class). Runs until the benchmark stops the job.
+abort does not depend on the state class). ``--tensor-mb`` adds a large allreduce to
+every step. Runs until the benchmark stops the job.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def main() -> None:
     parser.add_argument("--state", choices=["spotring", "horovod"], default="spotring")
     parser.add_argument("--step-seconds", type=float, default=0.05)
     parser.add_argument("--commit-every", type=int, default=1, help="steps between commits")
+    parser.add_argument(
+        "--tensor-mb", type=float, default=0.0,
+        help="also allreduce a tensor of this many MiB every step (a kill then often "
+        "lands mid-message)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     hvd.init()
@@ -44,6 +50,7 @@ def main() -> None:
     else:
         TorchState = hvd.elastic.TorchState
     state = TorchState(model, optimizer, step=0)
+    big = torch.ones(int(args.tensor_mb * 2**20) // 4) if args.tensor_mb > 0 else None
 
     def log(event: str) -> None:
         if hvd.rank() == 0:
@@ -65,6 +72,8 @@ def main() -> None:
             optimizer.zero_grad()
             model(torch.randn(32, 512)).square().mean().backward()
             optimizer.step()
+            if big is not None:
+                hvd.allreduce(big, name="big")
             state.step += 1
             log("step")
             time.sleep(args.step_seconds)

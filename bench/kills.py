@@ -1,0 +1,282 @@
+"""Hard kills on a randomized schedule: does any survivor wait out Gloo's timeout?
+
+A ring of 4 local workers of ``bench/workloads/steps.py`` (a 32 MiB allreduce every step
+besides the model's gradients, so a kill often lands mid-message) under
+``spotring run --provider local``, killed over and over with SIGKILL while the killed
+host stays listed until spotring takes it out. Each cycle picks one of:
+
+- ``step``: one member, at a random point of a step (mid-allreduce, in the commit, in
+  the step's sleep);
+- ``double``: two members 50 ms apart;
+- ``reset``: one member, then another 0.1-1.5 s later, while the ring re-forms
+  (Gloo's rendezvous, the state sync, ``hvd.broadcast_object``);
+- ``sigint``: one member, then Ctrl-C to the driver 0-2 s later, at a random point of
+  the reset: the driver must stop within :data:`SIGINT_BOUND_SECONDS`; a new job then
+  takes over the loop.
+
+The stall of a cycle is its last kill -> rank 0's next completed step. A survivor that
+waited out Gloo's timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s) shows as a stall that
+long, or as Gloo's "Timed out waiting" in the job's output during the cycle: both are
+counted. Both state classes (spotring's ``TorchState`` and ``hvd.elastic.TorchState``)
+get half the kills.
+
+    python -m bench.kills [--kills 200] [--seed 0] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.common import Row, format_table, row
+from bench.recovery import BIN, WORKERS, Job, _percentile, _workload
+
+GLOO_TIMEOUT_SECONDS = 30.0
+TIMEOUT_STALL_SECONDS = 0.8 * GLOO_TIMEOUT_SECONDS
+"""A stall this long can only be a survivor that waited out Gloo's timeout."""
+SIGINT_BOUND_SECONDS = 10.0
+DIAGNOSE_AFTER_SECONDS = 10.0
+"""A cycle not recovered by then gets its sockets and stacks saved."""
+TENSOR_MB = 32
+KINDS = ("step", "step", "step", "double", "reset", "sigint")
+"""The schedule's mix: most kills at a random point of a step."""
+ANCHOR = "kills"
+
+
+@dataclass
+class Cycle:
+    kind: str
+    state: str
+    stall_s: float | None = None
+    timed_out: bool = False
+    sigint_exit_s: float | None = None
+    kills: int = 1
+    job: int = 0
+    killed: list[tuple[float, int]] = field(default_factory=list)
+    """(time, pid) of each kill."""
+
+
+@dataclass
+class Loop:
+    """One state class's share of the schedule."""
+
+    state: str
+    rng: random.Random
+    workdir: Path
+    cycles: list[Cycle] = field(default_factory=list)
+    jobs: int = 0
+
+    def start(self) -> Job:
+        self.jobs += 1
+        log = self.workdir / f"{self.state}-{self.jobs}.jsonl"
+        argv = [
+            str(BIN / "spotring"), "run", "--provider", "local",
+            "-np", str(WORKERS), "--min-np", "2", "--max-np", str(WORKERS),
+            "--hosts", str(WORKERS), "--refresh-interval", "1", "--boot-seconds", "1",
+            "--", *_workload(log, self.state), "--tensor-mb", str(TENSOR_MB),
+        ]  # fmt: skip
+        env = dict(os.environ, HOROVOD_GLOO_TIMEOUT_SECONDS=str(int(GLOO_TIMEOUT_SECONDS)))
+        job = Job(argv, log, env)
+        job.wait_steady(WORKERS, after=0.0, steps=3)
+        return job
+
+    def run(self, kills: int) -> None:
+        job = self.start()
+        try:
+            while sum(c.kills for c in self.cycles) < kills:
+                kind = self.rng.choice(KINDS)
+                job.wait_steady_at_least(4 if kind == "double" else 3, steps=3)
+                cycle = Cycle(kind, self.state, job=self.jobs)
+                self.cycles.append(cycle)
+                job = self._cycle(job, cycle)
+        finally:
+            job.stop()
+            self.save(job)
+
+    def save(self, job: Job) -> None:
+        """The job's output, timestamped, beside its step log (kept when a cycle stalls)."""
+        out = self.workdir / f"{self.state}-{self.jobs}.log"
+        out.write_text("".join(f"{t:.3f} {line}\n" for t, line in job.lines))
+
+    def _cycle(self, job: Job, cycle: Cycle) -> Job:
+        members = list(job.members().values())
+        self.rng.shuffle(members)
+        step_s = _step_seconds(job)
+        time.sleep(self.rng.uniform(0.0, step_s))  # a random point of the step
+        first = last = _kill(cycle, members[0])
+        if cycle.kind == "double":
+            time.sleep(0.05)
+            last = _kill(cycle, members[1])
+        elif cycle.kind == "reset":
+            time.sleep(self.rng.uniform(0.1, 1.5))
+            others = [pid for pid in job.workers().values() if pid != members[0]]
+            if others:
+                last = _kill(cycle, self.rng.choice(others))
+        elif cycle.kind == "sigint":
+            time.sleep(self.rng.uniform(0.0, 2.0))
+            cycle.sigint_exit_s = _interrupt(job)
+            cycle.timed_out = _gloo_timed_out(job, first)
+            self.save(job)
+            return self.start()
+        recovered = threading.Event()
+        report = self.workdir / f"stall-{len(self.cycles)}.txt"
+        watchdog = threading.Timer(
+            DIAGNOSE_AFTER_SECONDS, lambda: recovered.is_set() or _diagnose(job, report)
+        )
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            _, step = job.wait_recovered(after=last)
+            cycle.stall_s = step["t"] - last
+        except TimeoutError:
+            cycle.stall_s = float("inf")
+        finally:
+            recovered.set()
+            watchdog.cancel()
+        cycle.timed_out = cycle.stall_s >= TIMEOUT_STALL_SECONDS or _gloo_timed_out(job, first)
+        return job
+
+
+def _kill(cycle: Cycle, pid: int) -> float:
+    """SIGKILL ``pid``, recorded in ``cycle``; the time of the kill."""
+    at = time.time()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    cycle.killed.append((at, pid))
+    cycle.kills = len(cycle.killed)
+    return at
+
+
+def _step_seconds(job: Job) -> float:
+    """Rank 0's recent time between steps (at least 50 ms)."""
+    steps = [e["t"] for e in job.events() if e["event"] == "step"][-6:]
+    if len(steps) < 2:
+        return 0.3
+    return max(0.05, (steps[-1] - steps[0]) / (len(steps) - 1))
+
+
+def _gloo_timed_out(job: Job, since: float) -> bool:
+    return any(t >= since and "Timed out waiting" in line for t, line in job.lines)
+
+
+def _interrupt(job: Job) -> float:
+    """Ctrl-C to the driver's process group; seconds until it exited (inf if it did not
+    within the bound, after which it is killed)."""
+    sent = time.monotonic()
+    os.killpg(job.process.pid, signal.SIGINT)
+    try:
+        job.process.wait(timeout=SIGINT_BOUND_SECONDS)
+        return time.monotonic() - sent
+    except subprocess.TimeoutExpired:
+        _dump_stacks(job.process.pid)
+        job.stop()
+        return float("inf")
+
+
+def _diagnose(job: Job, out: Path) -> None:
+    """A stalled ring: every socket and every stack (Python and native) of the job."""
+    parts = []
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        ss = subprocess.run(["ss", "-tanp"], capture_output=True, text=True, timeout=30)
+        parts.append(ss.stdout)
+    for pid in [job.process.pid, *job.workers().values()]:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            dump = subprocess.run(
+                [str(BIN / "py-spy"), "dump", "--native", "--pid", str(pid)],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            parts.append(f"== {pid}\n{dump.stdout}{dump.stderr}")
+        with contextlib.suppress(OSError, subprocess.SubprocessError):  # C++ threads too
+            native = subprocess.run(
+                ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 16"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            frames = [line for line in native.stdout.splitlines() if " in gloo::" in line
+                      or " in horovod::" in line or line.startswith("Thread ")]  # fmt: skip
+            parts.append(f"== {pid} (gdb)\n" + "\n".join(frames))
+    out.write_text("\n".join(parts))
+
+
+def _dump_stacks(pid: int) -> None:
+    """Where a driver that ignored Ctrl-C is stuck (py-spy, when installed)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            [str(BIN / "py-spy"), "dump", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        print(f"driver {pid} did not stop on Ctrl-C:\n{out.stdout}{out.stderr}", flush=True)
+
+
+def measure(quick: bool = False, kills: int | None = None, seed: int = 0) -> list[Row]:
+    """Rows for bench/run: Gloo-timeout survivors in the schedule's kills, the stalls,
+    and Ctrl-C during a reset."""
+    total = kills or (20 if quick else 200)
+    rng = random.Random(seed)
+    cycles: list[Cycle] = []
+    workdir = Path(tempfile.mkdtemp(prefix="spotring-kills-"))
+    for state in ("spotring", "horovod"):
+        loop = Loop(state, random.Random(rng.random()), workdir)
+        loop.run(total // 2)
+        cycles += loop.cycles
+    (workdir / "cycles.json").write_text(json.dumps([vars(c) for c in cycles], indent=1))
+    if any(c.timed_out for c in cycles):
+        print(f"a cycle stalled: the jobs' logs are kept in {workdir}", flush=True)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    killed = sum(c.kills for c in cycles)
+    timed_out = [c for c in cycles if c.timed_out]
+    stalls = [c.stall_s for c in cycles if c.stall_s is not None]
+    finite = [s for s in stalls if s != float("inf")] or [float("nan")]
+    by_kind = {k: sum(c.kills for c in cycles if c.kind == k) for k in dict.fromkeys(KINDS)}
+    setup = {
+        "kills": killed,
+        "cycles by kind (kills)": by_kind,
+        "tensor MiB allreduced per step": TENSOR_MB,
+        "timed-out cycles": [(c.kind, c.state, c.job, c.killed, c.stall_s) for c in timed_out],
+    }
+    rows = [
+        row("hard kills whose survivors waited out Gloo's timeout", "kills", len(timed_out),
+            ANCHOR, killed, "== 0", setup),
+    ]  # fmt: skip
+    for label, q in (("p50", 0.5), ("p95", 0.95), ("max", 1.0)):
+        rows.append(
+            row("randomized hard kills, 4 local workers", f"{label} s stall (last kill -> step)",
+                _percentile(finite, q), "Gloo timeout", GLOO_TIMEOUT_SECONDS,
+                "", {"stalls s": sorted(round(s, 2) for s in stalls)})
+        )  # fmt: skip
+    exits = [c.sigint_exit_s for c in cycles if c.sigint_exit_s is not None]
+    if exits:
+        rows.append(
+            row("Ctrl-C at a random point of a reset", "max s to exit", max(exits),
+                "bound", SIGINT_BOUND_SECONDS, f"<= {SIGINT_BOUND_SECONDS:g} s",
+                {"exits s": [round(s, 2) for s in exits]})
+        )  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--kills", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rows = measure(args.quick, args.kills, args.seed)
+    print(format_table(rows))
+    print(json.dumps(rows[0]["extra"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
