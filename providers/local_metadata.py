@@ -59,6 +59,8 @@ class FakeImds(LoopbackHTTPServer):
 
     handler_class = _Handler
     thread_name = "spotring-imds"
+    request_timeout = 10.0
+    """A client that stops reading or writing mid-request holds a thread no longer."""
 
     def __init__(self, *, max_token_ttl: float = 21600.0, clock: Callable[[], float] = time.time):
         self.max_token_ttl = max_token_ttl

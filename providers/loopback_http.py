@@ -21,12 +21,16 @@ progress.
 
 from __future__ import annotations
 
+import logging
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar, TypeVar
 
 _S = TypeVar("_S", bound="LoopbackHTTPServer")
+
+log = logging.getLogger(__name__)
 
 
 class _Server(ThreadingHTTPServer):
@@ -49,6 +53,19 @@ class _Server(ThreadingHTTPServer):
         if self.request_timeout is not None:
             connection.settimeout(self.request_timeout)
         return connection, address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One warning line, never socketserver's traceback on stderr (the driver relays
+        stderr as the job's output); a client that went away is no error at all."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            return
+        log.warning(
+            "%s: a request from %s failed: %s",
+            type(self.owner).__name__,
+            client_address[0] if client_address else "?",
+            " ".join(str(error).split())[:200] or type(error).__name__,
+        )
 
 
 class LoopbackHandler(BaseHTTPRequestHandler):

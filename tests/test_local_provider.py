@@ -155,3 +155,29 @@ def test_control_file_runs_chaos_on_demand(tmp_path, caplog) -> None:  # type: i
         "chaos: preempted host-1 (SIGKILL to its workers)",
         "chaos: preempted host-0 (SIGKILL to its workers)",
     ]
+
+
+def test_the_metadata_service_says_nothing_when_a_client_hangs_up(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A worker that goes away mid-answer (it was killed) is no error: no traceback on
+    stderr, which the driver relays as the job's output."""
+    import http.client
+
+    from spotring.providers.loopback_http import LoopbackHandler, LoopbackHTTPServer
+
+    class Hangup(LoopbackHandler):
+        def do_GET(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    class Service(LoopbackHTTPServer):
+        handler_class = Hangup
+
+    with Service() as service:
+        connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=5)
+        connection.request("GET", "/")
+        with pytest.raises((http.client.HTTPException, OSError)):
+            connection.getresponse()
+        connection.close()
+        time.sleep(0.2)  # the handler thread runs on
+    assert "Traceback" not in capfd.readouterr().err
