@@ -406,11 +406,22 @@ class ProcessLauncher:
         if stream is None:
             return
         for line in _bounded_lines(stream, launch):
-            if notices is not None and line.startswith(MESSAGE_MARKER):
-                notices.read(line)
-                continue
-            if progress is not None and line.startswith(PROGRESS_MARKER):
-                progress.read(line)
+            reader = (
+                notices if notices is not None and line.startswith(MESSAGE_MARKER)
+                else progress if progress is not None and line.startswith(PROGRESS_MARKER)
+                else None
+            )  # fmt: skip
+            if reader is not None:
+                try:
+                    reader.read(line)
+                except Exception as error:  # a reader's bug must not stop the output
+                    launch.unreadable += 1
+                    if launch.unreadable == 1:
+                        log.warning(
+                            "dropped a line from %s that could not be read (%s: %s); "
+                            "further ones are dropped without a word",
+                            launch.spec.host, type(error).__name__, str(error)[:200],
+                        )  # fmt: skip
                 continue
             if line.startswith(READY_MARKER):
                 if line[len(READY_MARKER) :].strip() == launch.id:
@@ -449,6 +460,8 @@ class _Launch:
         """Set to stop the worker as failed (:meth:`ProcessLauncher.fail_worker`)."""
         self.failure: str | None = None
         self.pump: threading.Thread | None = None
+        self.unreadable = 0
+        """Signed lines from it that a reader failed on (only the pump thread counts)."""
         self._tell = tell
         self._exit_told = threading.Event()
 

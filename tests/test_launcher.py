@@ -375,3 +375,29 @@ def test_a_line_without_end_is_cut_in_bounded_memory_and_what_follows_still_arri
     assert cut == [
         f"worker {prefix[:-2]} printed a line longer than {MAX_LINE_CHARS} characters; cut"
     ]
+
+
+def test_a_script_printing_a_crafted_notice_line_cannot_stop_the_drivers_reading(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A notice whose kind is a JSON list (unhashable) is refused like any malformed one,
+    and the worker's output keeps arriving (it once ended the reader thread: the worker
+    would then block on a full pipe)."""
+    from spotring.providers.local_metadata import FakeImds
+    from spotring.worker_image.notices import MESSAGE_MARKER
+    from spotring.worker_image.peer_abort import JOB_KEY_ENV
+
+    crafted = MESSAGE_MARKER + '{"launch":"x","seq":1,"kind":[],"mac":""}'
+    out = io.StringIO()
+    launcher = ProcessLauncher(remote=False, output=out)
+    with FakeImds() as imds, caplog.at_level("WARNING", logger="spotring.driver.launcher"):
+        worker = WorkerSpec(
+            host="host-1",
+            local_rank=0,
+            rank=1,
+            argv=("sh", "-c", f"printf '%s\\nafter\\n' '{crafted}'"),
+            env={**ENV, JOB_KEY_ENV: os.urandom(32).hex()},
+            notices={"watcher": "aws", "endpoint": imds.endpoint("host-1"), "interval": 0.1},
+        )
+        assert launcher(worker, [])[0] == 0
+    assert "after" in out.getvalue()

@@ -106,8 +106,8 @@ class NoticeMessage(SignedLine):
             raise ValueError("missing launch, detail or mac")
         if not is_int(sequence) or sequence < 1:
             raise ValueError("bad sequence number")
-        if kind not in KINDS:
-            raise ValueError(f"unknown kind {kind!r}")
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}"[:80])
         if deadline is not None and not isinstance(deadline, (int, float)):
             raise ValueError("bad deadline")
         return cls(launch, sequence, Notice(kind, deadline, detail[:200]), mac)
