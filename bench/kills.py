@@ -15,12 +15,19 @@ host stays listed until spotring takes it out. Each cycle picks one of:
   takes over the loop.
 
 The stall of a cycle is its last kill -> rank 0's next completed step. A survivor that
-waited out Gloo's timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s) shows as a stall that
-long, or as Gloo's "Timed out waiting" in the job's output during the cycle: both are
-counted. Both state classes (spotring's ``TorchState`` and ``hvd.elastic.TorchState``)
-get half the kills.
+waited out one of Gloo's timeouts (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s; five times
+that for a connect) fails with Gloo's own message ("Timed out waiting ...", "Connect
+timeout", ...), which its worker prints and the driver relays: a cycle with one in the
+job's output is counted. A cycle that left fewer than ``--min-np`` hosts (a double kill
+of a ring of 3) waits for replacement hosts to boot and start their workers: its stall
+is reported apart. Both state classes (spotring's ``TorchState`` and
+``hvd.elastic.TorchState``) get half the kills.
 
-    python -m bench.kills [--kills 200] [--seed 0] [--quick]
+    python -m bench.kills [--kills 200] [--seed 0] [--quick] [--diagnose]
+
+``--diagnose`` saves every socket and every stack (py-spy, gdb) of a cycle not
+recovered after 10 s; gdb stops each process while it reads it, so the stalls of such a
+run are longer than they would be.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -43,8 +51,12 @@ from bench.common import Row, format_table, row
 from bench.recovery import BIN, WORKERS, Job, _percentile, _workload
 
 GLOO_TIMEOUT_SECONDS = 30.0
-TIMEOUT_STALL_SECONDS = 0.8 * GLOO_TIMEOUT_SECONDS
-"""A stall this long can only be a survivor that waited out Gloo's timeout."""
+GLOO_TIMED_OUT = re.compile(
+    r"Timed out waiting|Connect timeout|Read timeout|Write timeout|Wait timeout after"
+)
+"""What a Gloo operation that waited out its timeout fails with (Gloo's own messages)."""
+MIN_NP = 2
+READY = re.compile(r"-> ready: (.*)$")
 SIGINT_BOUND_SECONDS = 10.0
 DIAGNOSE_AFTER_SECONDS = 10.0
 """A cycle not recovered by then gets its sockets and stacks saved."""
@@ -60,6 +72,8 @@ class Cycle:
     state: str
     stall_s: float | None = None
     timed_out: bool = False
+    waited_for_hosts: bool = False
+    """Fewer than MIN_NP hosts were left: the ring waited for replacements."""
     sigint_exit_s: float | None = None
     kills: int = 1
     job: int = 0
@@ -74,6 +88,7 @@ class Loop:
     state: str
     rng: random.Random
     workdir: Path
+    diagnose: bool = False
     cycles: list[Cycle] = field(default_factory=list)
     jobs: int = 0
 
@@ -82,7 +97,7 @@ class Loop:
         log = self.workdir / f"{self.state}-{self.jobs}.jsonl"
         argv = [
             str(BIN / "spotring"), "run", "--provider", "local",
-            "-np", str(WORKERS), "--min-np", "2", "--max-np", str(WORKERS),
+            "-np", str(WORKERS), "--min-np", str(MIN_NP), "--max-np", str(WORKERS),
             "--hosts", str(WORKERS), "--refresh-interval", "1", "--boot-seconds", "1",
             "--", *_workload(log, self.state), "--tensor-mb", str(TENSOR_MB),
         ]  # fmt: skip
@@ -130,12 +145,13 @@ class Loop:
             self.save(job)
             return self.start()
         recovered = threading.Event()
-        report = self.workdir / f"stall-{len(self.cycles)}.txt"
-        watchdog = threading.Timer(
-            DIAGNOSE_AFTER_SECONDS, lambda: recovered.is_set() or _diagnose(job, report)
-        )
-        watchdog.daemon = True
-        watchdog.start()
+        if self.diagnose:
+            report = self.workdir / f"{self.state}-stall-{len(self.cycles)}.txt"
+            watchdog = threading.Timer(
+                DIAGNOSE_AFTER_SECONDS, lambda: recovered.is_set() or _diagnose(job, report)
+            )
+            watchdog.daemon = True
+            watchdog.start()
         try:
             _, step = job.wait_recovered(after=last)
             cycle.stall_s = step["t"] - last
@@ -143,8 +159,8 @@ class Loop:
             cycle.stall_s = float("inf")
         finally:
             recovered.set()
-            watchdog.cancel()
-        cycle.timed_out = cycle.stall_s >= TIMEOUT_STALL_SECONDS or _gloo_timed_out(job, first)
+        cycle.timed_out = _gloo_timed_out(job, first)
+        cycle.waited_for_hosts = _left_too_few_hosts(job, first)
         return job
 
 
@@ -167,7 +183,19 @@ def _step_seconds(job: Job) -> float:
 
 
 def _gloo_timed_out(job: Job, since: float) -> bool:
-    return any(t >= since and "Timed out waiting" in line for t, line in job.lines)
+    return any(t >= since and GLOO_TIMED_OUT.search(line) for t, line in job.lines)
+
+
+def _left_too_few_hosts(job: Job, since: float) -> bool:
+    """Whether spotring's progress lines since ``since`` show fewer than MIN_NP ready
+    slots: the ring could not re-form until replacements arrived."""
+    for t, line in job.lines:
+        found = READY.search(line) if t >= since else None
+        if found is not None:
+            hosts = [h for h in found.group(1).split(", ") if h != "none"]
+            if sum(int(h.rsplit(":", 1)[1]) for h in hosts) < MIN_NP:
+                return True
+    return False
 
 
 def _interrupt(job: Job) -> float:
@@ -220,7 +248,9 @@ def _dump_stacks(pid: int) -> None:
         print(f"driver {pid} did not stop on Ctrl-C:\n{out.stdout}{out.stderr}", flush=True)
 
 
-def measure(quick: bool = False, kills: int | None = None, seed: int = 0) -> list[Row]:
+def measure(
+    quick: bool = False, kills: int | None = None, seed: int = 0, diagnose: bool = False
+) -> list[Row]:
     """Rows for bench/run: Gloo-timeout survivors in the schedule's kills, the stalls,
     and Ctrl-C during a reset."""
     total = kills or (20 if quick else 200)
@@ -228,7 +258,7 @@ def measure(quick: bool = False, kills: int | None = None, seed: int = 0) -> lis
     cycles: list[Cycle] = []
     workdir = Path(tempfile.mkdtemp(prefix="spotring-kills-"))
     for state in ("spotring", "horovod"):
-        loop = Loop(state, random.Random(rng.random()), workdir)
+        loop = Loop(state, random.Random(rng.random()), workdir, diagnose)
         loop.run(total // 2)
         cycles += loop.cycles
     (workdir / "cycles.json").write_text(json.dumps([vars(c) for c in cycles], indent=1))
@@ -238,14 +268,16 @@ def measure(quick: bool = False, kills: int | None = None, seed: int = 0) -> lis
         shutil.rmtree(workdir, ignore_errors=True)
     killed = sum(c.kills for c in cycles)
     timed_out = [c for c in cycles if c.timed_out]
-    stalls = [c.stall_s for c in cycles if c.stall_s is not None]
+    stalls = [c.stall_s for c in cycles if c.stall_s is not None and not c.waited_for_hosts]
     finite = [s for s in stalls if s != float("inf")] or [float("nan")]
+    waited = [round(c.stall_s, 2) for c in cycles if c.waited_for_hosts and c.stall_s]
     by_kind = {k: sum(c.kills for c in cycles if c.kind == k) for k in dict.fromkeys(KINDS)}
     setup = {
         "kills": killed,
         "cycles by kind (kills)": by_kind,
         "tensor MiB allreduced per step": TENSOR_MB,
         "timed-out cycles": [(c.kind, c.state, c.job, c.killed, c.stall_s) for c in timed_out],
+        "cycles that left fewer than --min-np hosts (stall s, apart)": waited,
     }
     rows = [
         row("hard kills whose survivors waited out Gloo's timeout", "kills", len(timed_out),
@@ -253,7 +285,8 @@ def measure(quick: bool = False, kills: int | None = None, seed: int = 0) -> lis
     ]  # fmt: skip
     for label, q in (("p50", 0.5), ("p95", 0.95), ("max", 1.0)):
         rows.append(
-            row("randomized hard kills, 4 local workers", f"{label} s stall (last kill -> step)",
+            row("randomized hard kills, 4 local workers, >= min-np left",
+                f"{label} s stall (last kill -> step)",
                 _percentile(finite, q), "Gloo timeout", GLOO_TIMEOUT_SECONDS,
                 "", {"stalls s": sorted(round(s, 2) for s in stalls)})
         )  # fmt: skip
@@ -272,8 +305,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--kills", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--diagnose", action="store_true", help="see the module docstring")
     args = parser.parse_args()
-    rows = measure(args.quick, args.kills, args.seed)
+    rows = measure(args.quick, args.kills, args.seed, args.diagnose)
     print(format_table(rows))
     print(json.dumps(rows[0]["extra"]), flush=True)
 
