@@ -137,6 +137,7 @@ def run_elastic(
         verbose=options.verbose,
     )
     notices.hold_rank_answers(driver)
+    _quiet_exits_after_stop(driver)
     use_safe_worker_clients(driver)
     port = rendezvous.start(rendezvous_handler(driver), address)
     notifier.attach(driver)
@@ -293,6 +294,16 @@ class _Stopper:
                 cond.notify_all()
             finally:
                 cond.release()
+        # Release the threads waiting at the reset's barrier (a dead worker's exit, a
+        # survivor's rank request): once the job is stopped it never completes, and
+        # Horovod's results join the exits' threads. Barrier.abort waits for a barrier
+        # action in progress (a resume), so on a thread of its own too.
+        releasing = threading.Thread(
+            target=_break_reset_barrier, args=(self._driver,), name="spotring-stop-barrier",
+            daemon=True,
+        )  # fmt: skip
+        releasing.start()
+        releasing.join(max(0.0, deadline - time.monotonic()))
         stopping.join(max(0.0, deadline - time.monotonic()))
         if stopping.is_alive():
             log.warning(
@@ -300,6 +311,27 @@ class _Stopper:
                 "going on without waiting for it",
                 self.STOP_WAIT_SECONDS,
             )
+
+
+def _break_reset_barrier(driver: ElasticDriver) -> None:
+    barrier = getattr(getattr(driver, "_worker_registry", None), "_barrier", None)
+    if barrier is not None:
+        barrier.abort()
+
+
+def _quiet_exits_after_stop(driver: ElasticDriver) -> None:
+    """A worker's exit recorded once the job is stopped meets the reset's broken barrier
+    (:meth:`_Stopper.stop`): that is the stop, not an error to print a traceback for."""
+    handle_exit = driver._handle_worker_exit
+
+    def _handle_worker_exit(slot_info: Any, exit_code: int, timestamp: float) -> None:
+        try:
+            handle_exit(slot_info, exit_code, timestamp)
+        except threading.BrokenBarrierError:
+            if not driver.finished():
+                raise
+
+    driver._handle_worker_exit = _handle_worker_exit  # type: ignore[method-assign]
 
 
 def _stop_on_fatal_error(controller: JobController, stopper: _Stopper) -> None:

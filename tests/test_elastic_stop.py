@@ -6,7 +6,14 @@ import threading
 
 import pytest
 
-from spotring.driver.elastic import _Stopper
+from spotring.driver.elastic import _quiet_exits_after_stop, _Stopper
+
+
+class Registry:
+    """Horovod's ``WorkerStateRegistry`` in a reset: one of its 3 workers recorded."""
+
+    def __init__(self) -> None:
+        self._barrier = threading.Barrier(3)
 
 
 class StuckDriver:
@@ -17,6 +24,7 @@ class StuckDriver:
     def __init__(self) -> None:
         self._wait_hosts_cond = threading.Condition()
         self._shutdown = threading.Event()
+        self._worker_registry = Registry()
         self.release = threading.Event()
         self.stopped_with: list[str | None] = []
 
@@ -81,3 +89,44 @@ def test_a_stop_wakes_a_wait_for_slots(monkeypatch: pytest.MonkeyPatch) -> None:
         assert woken.wait(5)
     finally:
         driver.release.set()
+
+
+def test_a_stop_releases_a_worker_exit_waiting_at_the_reset_barrier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dead worker's exit waits at the reset's barrier for the others, which a stopped
+    job never records: Horovod's results join that thread, so Ctrl-C there hung."""
+    monkeypatch.setattr(_Stopper, "STOP_WAIT_SECONDS", 0.3)
+    driver = StuckDriver()
+    outcome: list[str] = []
+
+    def record_failure(slot_info: object, exit_code: int, timestamp: float) -> None:
+        driver._worker_registry._barrier.wait()  # as Horovod's _record_state does
+        outcome.append("recorded")
+
+    driver._handle_worker_exit = record_failure  # type: ignore[attr-defined]
+    _quiet_exits_after_stop(driver)  # type: ignore[arg-type]
+    exit_thread = threading.Thread(
+        target=lambda: outcome.append(str(driver._handle_worker_exit(None, -9, 0.0))),
+        daemon=True,
+    )
+    exit_thread.start()
+    try:
+        _Stopper(driver).stop("interrupted")  # type: ignore[arg-type]
+        exit_thread.join(5)
+        assert not exit_thread.is_alive(), "the exit still waits at the barrier"
+        assert outcome == ["None"]  # ended quietly: no BrokenBarrierError escaped
+    finally:
+        driver.release.set()
+
+
+def test_an_exit_meeting_a_broken_barrier_before_the_stop_still_raises() -> None:
+    driver = StuckDriver()
+
+    def record_failure(slot_info: object, exit_code: int, timestamp: float) -> None:
+        raise threading.BrokenBarrierError
+
+    driver._handle_worker_exit = record_failure  # type: ignore[attr-defined]
+    _quiet_exits_after_stop(driver)  # type: ignore[arg-type]
+    with pytest.raises(threading.BrokenBarrierError):
+        driver._handle_worker_exit(None, -9, 0.0)
