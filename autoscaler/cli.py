@@ -20,7 +20,7 @@ import pluggy
 from spotring.autoscaler.job import EXIT_FAILURE, EXIT_USAGE, JobConfig, run_job
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.autoscaler.progress import ProgressReporter
-from spotring.core import ConfigurationError, ProviderError
+from spotring.core import ConfigurationError, CoreOptions, ProviderError
 from spotring.core.inventory import Inventory
 from spotring.core.job import JobShape
 from spotring.driver.compat import HorovodSetupError
@@ -180,6 +180,34 @@ def _add_provider_options(
     if provider is not None and pm is not None:
         group = parser.add_argument_group(f"{provider.name} provider options")
         pm.hook.spotring_add_provider_options(provider=provider, group=group)
+        # What the provider gets of the parsed options: only these (provider_options).
+        own = tuple(action.dest for action in group._group_actions)
+        parser.set_defaults(**{_PROVIDER_DESTS: own})
+
+
+_PROVIDER_DESTS = "_spotring_provider_dests"
+"""Where the parsed options keep the names of the provider's own options."""
+
+
+def provider_options(options: argparse.Namespace) -> argparse.Namespace:
+    """The provider's own options of ``options``: what its option group added."""
+    own = getattr(options, _PROVIDER_DESTS, ())
+    return argparse.Namespace(**{dest: getattr(options, dest) for dest in own})
+
+
+def core_options(options: argparse.Namespace) -> CoreOptions:
+    """What a provider may read of spotring's own options (``run`` or ``discover``)."""
+    return CoreOptions(
+        slots_per_host=options.slots_per_host,
+        num_proc=getattr(options, "num_proc", None),  # `discover` has no -np
+        resize=not getattr(options, "no_resize", False),  # nor --no-resize
+    )
+
+
+def make_provider(provider: type[Provider], options: argparse.Namespace) -> Provider:
+    """``provider`` made from its own options and the typed core ones; never the
+    whole command line."""
+    return provider.from_options(provider_options(options), core_options(options))
 
 
 def _add_elastic_options(run: argparse.ArgumentParser) -> None:
@@ -436,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     assert provider_cls is not None
     try:
-        provider = provider_cls.from_options(options)
+        provider = make_provider(provider_cls, options)
     except ConfigurationError as error:
         _error(f"{PROG} {options.command}: error: {error}")
         return EXIT_USAGE

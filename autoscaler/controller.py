@@ -282,7 +282,7 @@ class Controller:
                 "spotring_refreshed",
                 inventory=self._inventory,
                 seconds=time.monotonic() - started,
-                calls=getattr(self.provider, "last_refresh_calls", None),
+                calls=self.provider.last_refresh_calls,
                 error=str(error) if error is not None else None,
                 target=self._target,
             )

@@ -16,10 +16,12 @@ from spotring.core.instance import (
 )
 from spotring.core.inventory import Inventory
 from spotring.core.job import JobShape, hosts_for_slots
+from spotring.core.options import CoreOptions
 
 __all__ = [
     "PROJECT",
     "ConfigurationError",
+    "CoreOptions",
     "Instance",
     "InstanceState",
     "InterruptionNotice",

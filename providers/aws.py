@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
+    CoreOptions,
     Instance,
     InstanceState,
     InterruptionNotice,
@@ -232,6 +233,9 @@ class AwsProvider(CloudGroupProvider):
     description = "EC2 Auto Scaling group (--group NAME)"
     slots_label_option = "--slots-tag"
     default_slots_label = DEFAULT_SLOTS_TAG
+    sdk_modules = ("boto3",)
+    sdk_extra = "spotring[aws]"
+    needs_credentials = True
 
     def __init__(
         self,
@@ -302,7 +306,16 @@ class AwsProvider(CloudGroupProvider):
         cls.add_common_arguments(group, "aws")
 
     @classmethod
-    def from_options(cls, options: argparse.Namespace) -> AwsProvider:
+    def credential_source(cls) -> str | None:
+        """Where boto3's credential chain finds credentials (``env``, ``shared-
+        credentials-file``, ``iam-role``, ...); no API call."""
+        import boto3
+
+        credentials = boto3.session.Session().get_credentials()
+        return None if credentials is None else f"found ({credentials.method})"
+
+    @classmethod
+    def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> AwsProvider:
         """Make the provider from parsed options; makes no API call.
 
         Raises :class:`ConfigurationError` without ``--group``, for an unknown profile
@@ -311,7 +324,7 @@ class AwsProvider(CloudGroupProvider):
         group = getattr(options, "aws_group", None)
         if not group:
             raise ConfigurationError("--group is required for --provider aws")
-        common = cls.common_options(options, "aws")
+        common = cls.common_options(options, core, "aws")
         return cls(
             group,
             region=getattr(options, "aws_region", None),

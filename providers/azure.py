@@ -31,12 +31,14 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
+    CoreOptions,
     Instance,
     InstanceState,
     InterruptionNotice,
@@ -306,6 +308,9 @@ class AzureProvider(CloudGroupProvider):
     description = "Azure VM scale set (--group NAME --resource-group RG)"
     slots_label_option = "--slots-tag"
     default_slots_label = DEFAULT_SLOTS_TAG
+    sdk_modules = ("azure.mgmt.compute", "azure.mgmt.network", "azure.identity")
+    sdk_extra = "spotring[azure]"
+    needs_credentials = True
 
     def __init__(
         self,
@@ -382,7 +387,19 @@ class AzureProvider(CloudGroupProvider):
         cls.add_common_arguments(group, "azure")
 
     @classmethod
-    def from_options(cls, options: argparse.Namespace) -> AzureProvider:
+    def credential_source(cls) -> str | None:
+        """Where DefaultAzureCredential would find credentials: a service principal in
+        the environment, the Azure CLI's login, or a managed identity."""
+        if os.environ.get("AZURE_CLIENT_ID") and os.environ.get("AZURE_TENANT_ID"):
+            return "found (AZURE_CLIENT_ID / AZURE_TENANT_ID environment)"
+        if (Path.home() / ".azure" / "msal_token_cache.json").is_file():
+            return "found (Azure CLI login)"
+        if os.environ.get("IDENTITY_ENDPOINT") or os.environ.get("MSI_ENDPOINT"):
+            return "found (managed identity)"
+        return None
+
+    @classmethod
+    def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> AzureProvider:
         """Make the provider from parsed options; makes no API call."""
         return cls(
             getattr(options, "azure_group", None) or "",
@@ -390,7 +407,7 @@ class AzureProvider(CloudGroupProvider):
             subscription=getattr(options, "azure_subscription", None),
             endpoint=getattr(options, "azure_endpoint", None),
             keep_evicted=getattr(options, "azure_keep_evicted", False),
-            **cls.common_options(options, "azure"),
+            **cls.common_options(options, core, "azure"),
         )
 
     # ------------------------------------------------------------------ listing

@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import abc
 import argparse
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+import inspect
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 # The value types a provider reports and the errors it raises live in spotring.core;
@@ -42,9 +45,11 @@ from spotring.core.instance import (
     is_valid_address,
 )
 from spotring.core.job import hosts_for_slots
+from spotring.core.options import CoreOptions
 
 __all__ = [
     "ConfigurationError",
+    "CoreOptions",
     "Instance",
     "InstanceState",
     "InterruptionNotice",
@@ -61,17 +66,20 @@ class Provider(abc.ABC):
     """A group of instances spotring can list and steer.
 
     Subclasses set :attr:`name`, implement the abstract methods, and declare optional
-    capabilities as class attributes. They are constructed by :meth:`from_options` with
-    the parsed command line, so ``spotring run --provider NAME --help`` can list the
-    options a provider added in :meth:`add_arguments`.
+    capabilities as class attributes (spotring consults the attribute, never probes
+    for a method). They are made by :meth:`from_options` from their own command-line
+    options (added in :meth:`add_arguments`, so ``spotring run --provider NAME --help``
+    lists them) and spotring's :class:`CoreOptions`; they never see the rest of the
+    command line.
     """
 
     name: ClassVar[str]
     """Short name users pass to ``--provider``; the registry's key."""
     description: ClassVar[str] = ""
     """One line shown by ``spotring providers``."""
-    supports_interruption_notices: ClassVar[bool] = False
-    """True when :attr:`Instance.notice` is filled in by :meth:`list_instances`."""
+
+    # ------------------------------------------------------------ capabilities
+
     can_resize: bool = True
     """False when :meth:`set_target_size` cannot work (e.g. the ``script`` provider
     without a resize command): spotring then never steers the group's size."""
@@ -80,6 +88,31 @@ class Provider(abc.ABC):
     runs_workers_locally: ClassVar[bool] = False
     """True when the group's hosts are simulated on this machine and workers run as
     local processes (the embedded ``local`` provider, and test doubles of clouds)."""
+    tracks_worker_processes: ClassVar[bool] = False
+    """True when the provider wants to hear which worker process groups run on which
+    host (:meth:`worker_started`, :meth:`worker_exited`): a provider that simulates
+    hosts locally kills them with the host."""
+    sdk_modules: ClassVar[tuple[str, ...]] = ()
+    """Modules the provider needs beyond spotring's own (its cloud's SDK);
+    ``spotring check`` reports the first that does not import."""
+    sdk_extra: ClassVar[str] = ""
+    """What to ``pip install`` for :attr:`sdk_modules`, e.g. ``spotring[aws]``."""
+    needs_credentials: ClassVar[bool] = False
+    """True when the provider calls an API that needs credentials: ``spotring check``
+    then reports :meth:`credential_source`."""
+
+    # -------------------------------------------------------- what it reports
+
+    last_refresh_calls: int | None = None
+    """API operations the last :meth:`list_instances` made, when the provider counts
+    them (shown with each refresh); None when it does not."""
+    events: Sequence[tuple[float, str]] = ()
+    """What the group did by itself that the job's summary lists: (seconds since
+    start, one line), e.g. the ``local`` provider's chaos."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _adapt_old_contract(cls)
 
     @classmethod
     def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
@@ -87,11 +120,23 @@ class Provider(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_options(cls, options: argparse.Namespace) -> Provider:
-        """Make the provider from parsed command-line options.
+    def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> Provider:
+        """Make the provider from its own options and spotring's core ones.
 
-        Raises :class:`ConfigurationError` for options that cannot work.
+        ``options`` holds only what this provider's :meth:`add_arguments` (and other
+        plugins' ``spotring_add_provider_options`` for it) added; ``core`` is what the
+        provider may read of spotring's own options. Raises :class:`ConfigurationError`
+        for options that cannot work.
         """
+
+    @classmethod
+    def credential_source(cls) -> str | None:
+        """Where the provider's credentials are found, e.g. ``"found (env)"``, or None
+        when there are none. Never the credentials themselves, and no API call: it is
+        what ``spotring check`` prints when :attr:`needs_credentials` is set. May
+        import the SDK of :attr:`sdk_modules`; an exception is reported as
+        credentials that could not be read."""
+        return None
 
     @abc.abstractmethod
     def list_instances(self) -> Sequence[Instance]:
@@ -135,7 +180,7 @@ class Provider(abc.ABC):
         ``spotring.worker_image.notices`` (``aws``, ``gcp``, ``azure``) or
         ``"package.module:Class"`` of the plugin's own, importable on the hosts, made
         with the options as keyword arguments. Its notices take the host out of the
-        ring at a commit boundary, with nothing rolled back.
+        ring at a commit boundary, with nothing rolled back. The default: no watcher.
         """
         return None
 
@@ -145,9 +190,9 @@ class Provider(abc.ABC):
         and managed instance groups keep their size).
 
         Called by the controller on its thread after each successful refresh while it
-        steers a job, never by a listing or ``spotring discover``. The size is the one
-        :meth:`set_target_size` asked for, or the one a :meth:`replace_instance` or
-        :meth:`host_noticed` kept. The default does nothing.
+        steers a job and :attr:`can_resize` is set, never by a listing or ``spotring
+        discover``. The size is the one :meth:`set_target_size` asked for, or the one a
+        :meth:`replace_instance` or :meth:`host_noticed` kept. The default does nothing.
         """
 
     def host_noticed(self, instance: Instance, notice: InterruptionNotice) -> None:
@@ -157,11 +202,84 @@ class Provider(abc.ABC):
         cloud allows it without taking the host first; the default does nothing.
         """
 
-    def job_finished(self, options: argparse.Namespace) -> None:
+    def worker_started(self, address: str, process_group: int) -> None:
+        """The launcher started a worker process group on the host at ``address``.
+
+        Called only when :attr:`tracks_worker_processes` is set; the default does
+        nothing."""
+
+    def worker_exited(self, address: str, process_group: int) -> None:
+        """A worker process group on the host at ``address`` ended.
+
+        Called only when :attr:`tracks_worker_processes` is set; the default does
+        nothing."""
+
+    def job_finished(self) -> None:
         """Called once when the training job ends, before :meth:`close`.
 
-        Providers use it for clean-up a user asked for, e.g. scaling the group down.
+        Providers use it for clean-up a user asked for, e.g. scaling the group down
+        (an option of their own, kept from :meth:`from_options`).
         """
+
+
+def _positional_parameters(function: Callable[..., Any]) -> int | None:
+    """How many positional parameters ``function`` names (None: it takes ``*args``)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    kinds = [p.kind for p in parameters]
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(kind in positional for kind in kinds)
+
+
+def _adapt_old_contract(cls: type[Provider]) -> None:
+    """Keep a provider written for the old contract working, with a DeprecationWarning.
+
+    The old ``from_options(cls, options)`` got the whole parsed command line: it now
+    gets a namespace of its own options plus the core ones under their option names
+    (:meth:`CoreOptions.as_option_names`). The old ``job_finished(self, options)``
+    gets an empty namespace (no provider read it).
+    """
+    made = cls.__dict__.get("from_options")
+    if isinstance(made, classmethod) and _positional_parameters(made.__func__) == 2:
+        cls.from_options = _old_from_options(made.__func__)  # type: ignore[method-assign]
+        _warn_old(cls, "from_options(cls, options)", "from_options(cls, options, core)")
+    finished = cls.__dict__.get("job_finished")
+    if callable(finished) and _positional_parameters(finished) == 2:
+        cls.job_finished = _old_job_finished(finished)  # type: ignore[method-assign]
+        _warn_old(cls, "job_finished(self, options)", "job_finished(self)")
+
+
+def _old_from_options(function: Callable[..., Provider]) -> Any:
+    @functools.wraps(function)
+    def from_options(
+        cls: type[Provider], options: argparse.Namespace, core: CoreOptions | None = None
+    ) -> Provider:
+        if core is not None:  # called by spotring; without core, by an old-style caller
+            options = argparse.Namespace(**{**core.as_option_names(), **vars(options)})
+        return function(cls, options)
+
+    return classmethod(from_options)
+
+
+def _old_job_finished(function: Callable[[Provider, Any], None]) -> Callable[..., None]:
+    @functools.wraps(function)
+    def job_finished(self: Provider, options: Any = None) -> None:
+        function(self, argparse.Namespace() if options is None else options)
+
+    return job_finished
+
+
+def _warn_old(cls: type[Provider], old: str, new: str) -> None:
+    warnings.warn(
+        f"{cls.__module__}.{cls.__qualname__}: {old} is the old provider contract; "
+        f"write {new} (see README, 'Writing a provider plugin')",
+        DeprecationWarning,
+        stacklevel=5,  # the class statement (under ABCMeta.__new__, __init_subclass__)
+    )
 
 
 class ProviderRegistry:

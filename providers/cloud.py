@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from spotring.providers.base import (
     ConfigurationError,
+    CoreOptions,
     Instance,
     InstanceState,
     Lifecycle,
@@ -370,11 +371,14 @@ class CloudGroupProvider(Provider):
         )
 
     @classmethod
-    def common_options(cls, options: argparse.Namespace, prefix: str) -> dict[str, Any]:
-        """The keyword arguments of :meth:`__init__` from options added with ``prefix``."""
+    def common_options(
+        cls, options: argparse.Namespace, core: CoreOptions, prefix: str
+    ) -> dict[str, Any]:
+        """The keyword arguments of :meth:`__init__` from options added with ``prefix``
+        and the core ``--slots-per-host``."""
         return {
             "spot_only": getattr(options, f"{prefix}_spot_only", False),
-            "slots_per_host": getattr(options, "slots_per_host", None),
+            "slots_per_host": core.slots_per_host,
             "slots_label": getattr(options, f"{prefix}_slots_label", cls.default_slots_label),
             "scale_down_on_exit": getattr(options, f"{prefix}_scale_down_on_exit", False),
             "max_api_attempts": getattr(
@@ -457,7 +461,7 @@ class CloudGroupProvider(Provider):
         """The size ``--scale-down-on-exit`` shrinks the group to (its minimum),
         read fresh from the cloud: the job may have run for days."""
 
-    def job_finished(self, options: argparse.Namespace) -> None:
+    def job_finished(self) -> None:
         """With ``--scale-down-on-exit``, shrink the group to :meth:`scale_down_size`."""
         if not self.scale_down_on_exit:
             return

@@ -22,16 +22,17 @@ skip with the reason, never pass silently.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 
 from spotring.providers.base import (
     Instance,
     InstanceState,
-    InterruptionNotice,
     Provider,
     ProviderError,
 )
@@ -156,13 +157,34 @@ class ProviderContract:
         assert isinstance(low, int) and isinstance(high, int) and 0 <= low <= high
         assert low <= len(live(provider.list_instances())) <= high
 
-    def test_interruption_notices_are_typed(self, provider: Provider) -> None:
-        if not provider.supports_interruption_notices:
-            pytest.skip(f"{type(provider).__name__} does not report interruption notices")
-        for instance in provider.list_instances():
-            if instance.notice is not None:
-                assert isinstance(instance.notice, InterruptionNotice)
-                assert not instance.is_ready, "a member with a notice must take no new work"
+    def test_notice_watchers_are_well_formed(self, provider: Provider) -> None:
+        ready = [i for i in provider.list_instances() if i.state is InstanceState.READY]
+        specs = {i.id: provider.notice_watcher(i) for i in ready}
+        if all(spec is None for spec in specs.values()):
+            pytest.skip(f"{type(provider).__name__} gives its hosts no notice watcher")
+        for instance_id, spec in specs.items():
+            if spec is None:
+                continue
+            where = f"notice_watcher({instance_id}) = {spec!r}"
+            assert isinstance(spec, Mapping), f"{where}: not a mapping"
+            watcher = spec.get("watcher")
+            assert isinstance(watcher, str) and (
+                watcher in BUILT_IN_WATCHERS or _PLUGIN_WATCHER.fullmatch(watcher)
+            ), (
+                f"{where}: 'watcher' must be a built-in name (aws, gcp, azure) or "
+                "'package.module:Class'"
+            )
+            assert all(isinstance(key, str) for key in spec), f"{where}: option names not str"
+            try:
+                json.dumps(dict(spec))
+            except (TypeError, ValueError) as error:
+                raise AssertionError(f"{where}: not JSON ({error}): it goes to the host") from None
+
+
+BUILT_IN_WATCHERS = ("aws", "gcp", "azure")
+"""The watchers of ``spotring.worker_image.notices`` a provider may name."""
+_PLUGIN_WATCHER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+"""A plugin's own watcher: ``package.module:Class``."""
 
 
 def _summary(instances: Sequence[Instance]) -> str:

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
+    CoreOptions,
     Instance,
     InstanceState,
     Lifecycle,
@@ -274,6 +277,9 @@ class GcpProvider(CloudGroupProvider):
 
     name = "gcp"
     description = "Compute Engine managed instance group (--group NAME --zone Z | --region R)"
+    sdk_modules = ("google.cloud.compute_v1", "google.auth")
+    sdk_extra = "spotring[gcp]"
+    needs_credentials = True
 
     def __init__(
         self,
@@ -350,7 +356,21 @@ class GcpProvider(CloudGroupProvider):
         cls.add_common_arguments(group, "gcp")
 
     @classmethod
-    def from_options(cls, options: argparse.Namespace) -> GcpProvider:
+    def credential_source(cls) -> str | None:
+        """Where Application Default Credentials would come from: the file named by
+        GOOGLE_APPLICATION_CREDENTIALS, gcloud's login, or this VM's service account."""
+        path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        if path:
+            return "found (GOOGLE_APPLICATION_CREDENTIALS)" if Path(path).is_file() else None
+        if (Path.home() / ".config" / "gcloud" / "application_default_credentials.json").is_file():
+            return "found (gcloud auth application-default login)"
+        product = Path("/sys/class/dmi/id/product_name")
+        if product.is_file() and "Google" in product.read_text(errors="replace"):
+            return "found (this VM's service account)"
+        return None
+
+    @classmethod
+    def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> GcpProvider:
         """Make the provider from parsed options; makes no API call.
 
         Raises :class:`ConfigurationError` without ``--group``, without a zone or
@@ -363,8 +383,8 @@ class GcpProvider(CloudGroupProvider):
             project=getattr(options, "gcp_project", None),
             endpoint=getattr(options, "gcp_endpoint", None),
             # `run`'s --no-resize (`discover` has none: it never resizes anyway).
-            resize_disabled_by_user=bool(getattr(options, "no_resize", False)),
-            **cls.common_options(options, "gcp"),
+            resize_disabled_by_user=not core.resize,
+            **cls.common_options(options, core, "gcp"),
         )
 
     # ------------------------------------------------------------------ listing

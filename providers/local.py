@@ -28,6 +28,7 @@ from typing import Any
 from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
+    CoreOptions,
     Instance,
     InstanceState,
     InterruptionNotice,
@@ -60,6 +61,7 @@ class LocalProvider(Provider):
     name = "local"
     description = "simulated spot group on this machine (host-0, host-1, ...), with chaos options"
     runs_workers_locally = True
+    tracks_worker_processes = True  # a preempted host's workers are killed with it
 
     def __init__(
         self,
@@ -185,12 +187,11 @@ class LocalProvider(Provider):
         )
 
     @classmethod
-    def from_options(cls, options: argparse.Namespace) -> LocalProvider:
-        slots = options.slots_per_host or 1
+    def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> LocalProvider:
+        slots = core.slots_per_host or 1
         hosts = options.hosts
-        if hosts is None:
-            num_proc = getattr(options, "num_proc", None)  # `discover` has no -np
-            hosts = hosts_for_slots(num_proc, slots) if num_proc else 1
+        if hosts is None:  # `discover` has no -np: one host
+            hosts = hosts_for_slots(core.num_proc, slots) if core.num_proc else 1
         return cls(
             hosts,
             slots=slots,

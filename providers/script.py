@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
+    CoreOptions,
     Instance,
     InstanceState,
     Provider,
@@ -153,13 +154,13 @@ class ScriptProvider(Provider):
         )
 
     @classmethod
-    def from_options(cls, options: argparse.Namespace) -> ScriptProvider:
+    def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> ScriptProvider:
         return cls(
             options.list_command or "",
             resize_command=options.resize_command,
             replace_command=options.replace_command,
             timeout=options.command_timeout,
-            slots_per_host=getattr(options, "slots_per_host", None),
+            slots_per_host=core.slots_per_host,
         )
 
     def list_instances(self) -> list[Instance]:

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 
 from spotring.providers.base import (
+    CoreOptions,
     Instance,
     InstanceState,
     InterruptionNotice,
@@ -32,7 +33,7 @@ class ScriptedProvider(Provider):
         self.noticed: list[tuple[str, str]] = []
 
     @classmethod
-    def from_options(cls, options: argparse.Namespace) -> ScriptedProvider:
+    def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> ScriptedProvider:
         return cls()
 
     def list_instances(self) -> list[Instance]:

@@ -28,6 +28,7 @@ from spotring.providers.aws import (
 )
 from spotring.providers.base import (
     ConfigurationError,
+    CoreOptions,
     InstanceState,
     InterruptionNotice,
     Lifecycle,
@@ -671,7 +672,7 @@ def test_scale_down_on_exit(moto: None) -> None:
     provider = make_provider(scale_down_on_exit=True)
     provider.list_instances()
 
-    provider.job_finished(argparse.Namespace())
+    provider.job_finished()
 
     assert desired_capacity() == 1
 
@@ -681,7 +682,7 @@ def test_no_scale_down_without_the_flag(moto: None) -> None:
     provider = make_provider()
     ops = count_operations(provider.autoscaling)
 
-    provider.job_finished(argparse.Namespace())
+    provider.job_finished()
 
     assert desired_capacity() == 3
     assert sum(ops.values()) == 0
@@ -700,9 +701,7 @@ def test_options_build_the_provider() -> None:
             *("--scale-down-on-exit", "--max-api-attempts", "2"),
         ]
     )
-    options.slots_per_host = 2  # the CLI's common option
-
-    provider = AwsProvider.from_options(options)
+    provider = AwsProvider.from_options(options, CoreOptions(slots_per_host=2))
 
     assert (provider.group, provider.region) == ("g", "eu-west-1")
     assert provider.spot_only and provider.scale_down_on_exit
@@ -716,7 +715,7 @@ def test_group_is_required() -> None:
     parser = argparse.ArgumentParser()
     AwsProvider.add_arguments(parser.add_argument_group("aws provider options"))
     with pytest.raises(ConfigurationError) as caught:
-        AwsProvider.from_options(parser.parse_args([]))
+        AwsProvider.from_options(parser.parse_args([]), CoreOptions())
     assert str(caught.value) == "--group is required for --provider aws"
 
 
@@ -747,7 +746,7 @@ def test_iam_actions_are_exactly_the_calls_made(moto: None) -> None:
     provider.set_target_size(4)
     provider.replace_instance(ids[0])
     provider.host_noticed(listed[1], InterruptionNotice("preempt"))
-    provider.job_finished(argparse.Namespace())
+    provider.job_finished()
 
     assert set(ops) == set(IAM_ACTIONS)
     assert len(IAM_ACTIONS) == len(set(IAM_ACTIONS))

@@ -389,7 +389,7 @@ def test_scale_down_on_exit_sets_capacity_zero(fake: FakeArm) -> None:
     provider = make_provider(fake, scale_down_on_exit=True)
     provider.list_instances()
 
-    provider.job_finished(None)  # type: ignore[arg-type]
+    provider.job_finished()
 
     assert fake.calls("virtualMachineScaleSets.update")[-1].body == {"sku": {"capacity": 0}}
     provider.list_instances()

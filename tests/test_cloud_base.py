@@ -126,7 +126,7 @@ class _Group(CloudGroupProvider):
     name = "scripted-cloud"
 
     @classmethod
-    def from_options(cls, options: object) -> _Group:  # type: ignore[override]
+    def from_options(cls, options: object, core: object) -> _Group:  # type: ignore[override]
         return cls()
 
     def list_members(self) -> list:  # type: ignore[type-arg]

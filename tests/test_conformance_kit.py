@@ -33,7 +33,7 @@ class Group(Provider):
         self._maintain()
 
     @classmethod
-    def from_options(cls, options):
+    def from_options(cls, options, core):
         return cls()
 
     def _launch(self):
@@ -81,6 +81,16 @@ class SwallowsErrors(Group):
             super().set_target_size(size)
 
 
+class Watched(Group):
+    def notice_watcher(self, instance):
+        return {"watcher": "aws", "endpoint": f"http://{instance.address}:9", "interval": 1.0}
+
+
+class BadWatcher(Group):
+    def notice_watcher(self, instance):
+        return {"watcher": "no such watcher", "deadline": object()}
+
+
 def contract(group):
     class Contract(ProviderContract):
         settle_attempts = 3
@@ -103,6 +113,8 @@ TestGroup = contract(Group)
 TestNoopResize = contract(NoopResize)
 TestDoubleReplace = contract(DoubleReplace)
 TestSwallowsErrors = contract(SwallowsErrors)
+TestWatched = contract(Watched)
+TestBadWatcher = contract(BadWatcher)
 '''
 
 
@@ -133,6 +145,7 @@ def test_a_provider_that_keeps_the_contract_passes(outcomes: dict) -> None:
         ("TestNoopResize", "test_set_target_size_resizes_the_group_and_is_idempotent"),
         ("TestDoubleReplace", "test_replace_instance_is_idempotent"),
         ("TestSwallowsErrors", "test_failed_steering_raises_provider_error"),
+        ("TestBadWatcher", "test_notice_watchers_are_well_formed"),
     ],
 )
 def test_each_defect_fails_the_kit(outcomes: dict, defect: str, caught_by: str) -> None:
@@ -140,7 +153,7 @@ def test_each_defect_fails_the_kit(outcomes: dict, defect: str, caught_by: str) 
 
 
 def test_an_undeclared_capability_skips_rather_than_passes(outcomes: dict) -> None:
-    assert outcomes[("TestGroup", "test_interruption_notices_are_typed")] == "SKIPPED"
+    assert outcomes[("TestGroup", "test_notice_watchers_are_well_formed")] == "SKIPPED"
     assert outcomes[("TestGroup", "test_size_limits_bound_the_group")] == "SKIPPED"
 
 
@@ -149,3 +162,7 @@ def test_the_kit_is_installed_as_a_pytest_plugin(repo: Path) -> None:
         'spotring_conformance = "spotring.providers.conformance"'
         in (repo / "pyproject.toml").read_text()
     )
+
+
+def test_a_notice_watcher_is_checked_when_the_provider_gives_one(outcomes: dict) -> None:
+    assert outcomes[("TestWatched", "test_notice_watchers_are_well_formed")] == "PASSED"

@@ -280,7 +280,7 @@ def test_scale_down_on_exit_resizes_to_zero(fake: FakeCompute) -> None:
     provider = make_provider(fake, scale_down_on_exit=True)
     provider.list_instances()
 
-    provider.job_finished(None)  # type: ignore[arg-type]
+    provider.job_finished()
 
     assert group.target_size == 0
 

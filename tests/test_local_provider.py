@@ -11,6 +11,7 @@ import pytest
 from spotring.providers.base import ConfigurationError, InstanceState, Provider, ProviderError
 from spotring.providers.conformance import ProviderContract
 from spotring.providers.local import LocalProvider
+from tests.fakes import ScriptedProvider, instance
 
 
 class Clock:
@@ -181,3 +182,60 @@ def test_the_metadata_service_says_nothing_when_a_client_hangs_up(
         connection.close()
         time.sleep(0.2)  # the handler thread runs on
     assert "Traceback" not in capfd.readouterr().err
+
+
+# ------------------------------------------ declared capability: worker processes
+
+
+class _Watching(ScriptedProvider):
+    """Hears which worker process groups run where, when it declares it wants to."""
+
+    def __init__(self) -> None:
+        super().__init__([instance("host-0")])
+        self.heard: list[tuple[str, str, int]] = []
+
+    def worker_started(self, address: str, process_group: int) -> None:
+        self.heard.append(("started", address, process_group))
+
+    def worker_exited(self, address: str, process_group: int) -> None:
+        self.heard.append(("exited", address, process_group))
+
+
+class _Declares(_Watching):
+    tracks_worker_processes = True
+
+
+@pytest.mark.parametrize("provider_class", [_Watching, _Declares])
+def test_the_launcher_tells_only_a_provider_that_declares_it_tracks_workers(
+    provider_class: type[_Watching], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("horovod")
+    import argparse
+
+    import spotring.driver.elastic
+    from spotring.autoscaler.job import JobConfig, run_job
+    from spotring.autoscaler.plugins import get_plugin_manager
+    from spotring.autoscaler.progress import ProgressReporter
+    from spotring.core import JobShape
+    from spotring.driver.options import ElasticOptions
+
+    def run_elastic(command, controller, launcher, *rest) -> None:  # type: ignore[no-untyped-def]
+        launcher._tell("process_started", "host-0", 4242)  # as when a worker starts
+        launcher._tell("process_exited", "host-0", 4242)
+
+    monkeypatch.setattr(spotring.driver.elastic, "run_elastic", run_elastic)
+    provider = provider_class()
+    config = JobConfig(
+        command=("true",),
+        shape=JobShape(num_proc=1, min_num_proc=1, max_num_proc=1, resize=False),
+        elastic=ElasticOptions(start_timeout=10),
+        refresh_interval=0.05,
+        launcher="local",
+    )
+    pm = get_plugin_manager(load_entry_points=False)
+
+    outcome = run_job(config, provider, pm, ProgressReporter(), argparse.Namespace())
+
+    assert outcome.exit_code == 0
+    wanted = [("started", "host-0", 4242), ("exited", "host-0", 4242)]
+    assert provider.heard == (wanted if provider_class.tracks_worker_processes else [])

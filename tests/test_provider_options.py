@@ -1,8 +1,9 @@
-"""Every core option a provider reads from the parsed command line takes effect.
+"""Every option a provider reads takes effect, and it reads only its own.
 
-Providers read ``spotring run``/``discover`` options with ``getattr(options, NAME,
-default)``, so a NAME that is not the option's ``dest`` is silently the default (the GCP
-provider read ``options.resize`` where ``--no-resize`` is stored as ``no_resize``). The
+Providers read their own options with ``getattr(options, NAME, default)``, so a NAME
+that is not the option's ``dest`` is silently the default (the GCP provider once read
+``options.resize`` where ``--no-resize`` is stored as ``no_resize``); spotring's own
+options reach them typed (:class:`CoreOptions`), never as the parsed command line. The
 options here come from the real parser (:func:`spotring.autoscaler.cli.parse`).
 """
 
@@ -18,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from spotring.autoscaler.cli import parse
+from spotring.autoscaler.cli import core_options, make_provider, parse, provider_options
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
-from spotring.providers.base import ConfigurationError, Provider
+from spotring.providers.base import ConfigurationError, CoreOptions, Provider
 
 PM = get_plugin_manager(load_entry_points=False)
 AZURE_ENDPOINT = "http://127.0.0.1:9"
@@ -83,7 +84,7 @@ def options_for(command: str, provider: str, *extra: str) -> tuple[argparse.Name
 def make(command: str, provider: str, *extra: str) -> Provider:
     pytest.importorskip(SDK[provider])
     options, cls = options_for(command, provider, *extra)
-    return cls.from_options(options)
+    return make_provider(cls, options)
 
 
 @pytest.mark.parametrize("command", ["run", "discover"])
@@ -91,14 +92,12 @@ def make(command: str, provider: str, *extra: str) -> Provider:
 def test_providers_read_only_options_the_parser_sets(command: str, provider: str) -> None:
     pytest.importorskip(SDK[provider])
     options, cls = options_for(command, provider)
-    strict = _Strict(options)
+    strict = _Strict(provider_options(options))
 
-    made = cls.from_options(strict)
+    made = cls.from_options(strict, core_options(options))
     made.close()
 
-    # `discover` has no --no-resize: a provider may ask, and takes the default.
-    allowed = {"no_resize"} if command == "discover" else set()
-    assert set(strict._unset) <= allowed, f"{provider} read options never set: {strict._unset}"
+    assert not strict._unset, f"{provider} read options not its own: {strict._unset}"
 
 
 def test_every_cloud_provider_is_covered() -> None:
@@ -148,7 +147,7 @@ def test_gcp_options_take_effect() -> None:
         ["discover", "--provider", "gcp", "--group", "g", "--region", "us-central1",
          "--project", "p"], PM,
     )  # fmt: skip
-    assert cls.from_options(options).region == "us-central1"  # type: ignore[union-attr,attr-defined]
+    assert make_provider(cls, options).region == "us-central1"  # type: ignore[arg-type,attr-defined]
 
 
 def test_azure_options_take_effect() -> None:
@@ -186,10 +185,117 @@ def test_gcp_no_resize_quiets_the_autoscaler_warning(
     argv = ["run", "--provider", "gcp", "--group", "workers", "--zone", zone,
             "--project", compute.project, "--endpoint", compute.url, "-np", "1"]  # fmt: skip
     options, cls = parse([*argv, *(["--no-resize"] if no_resize else []), "--", "true"], PM)
-    provider = cls.from_options(options)  # type: ignore[union-attr]
+    provider = make_provider(cls, options)  # type: ignore[arg-type]
 
     with caplog.at_level(logging.INFO, logger="spotring.providers.gcp"):
         provider.list_instances()
 
     (record,) = [r for r in caplog.records if "is sized by autoscaler as" in r.getMessage()]
     assert record.levelno == (logging.INFO if no_resize else logging.WARNING)
+
+
+# ------------------------------------------------ the typed contract, not the namespace
+
+
+class _Recorder(Provider):
+    """Records what :meth:`from_options` was given."""
+
+    name = "recorder"
+    made_with: tuple[object, object] | None = None
+
+    @classmethod
+    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
+        group.add_argument("--knob", type=int, default=1)
+        where = group.add_mutually_exclusive_group()
+        where.add_argument("--left", action="store_true")
+        where.add_argument("--right", action="store_true")
+
+    @classmethod
+    def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> _Recorder:
+        cls.made_with = (options, core)
+        return cls()
+
+    def list_instances(self) -> list:  # type: ignore[type-arg]
+        return []
+
+    def set_target_size(self, size: int) -> None: ...
+
+    def replace_instance(self, instance_id: str) -> None: ...
+
+
+def _registering(*providers: type[Provider]) -> Any:
+    from spotring.core import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def spotring_register_providers(self, registry: Any) -> None:
+            for provider in providers:
+                registry.add(provider)
+
+    pm = get_plugin_manager(load_entry_points=False)
+    pm.register(Plugin())
+    return pm
+
+
+def test_a_provider_gets_its_own_options_and_typed_core_ones_never_the_namespace() -> None:
+    pm = _registering(_Recorder)
+    argv = ["run", "--provider", "recorder", "--knob", "5", "--right", "-np", "4",
+            "--slots-per-host", "2", "--no-resize", "--refresh-interval", "3",
+            "--", "true"]  # fmt: skip
+    options, cls = parse(argv, pm)
+    assert cls is _Recorder
+
+    make_provider(cls, options)
+
+    assert _Recorder.made_with is not None
+    own, core = _Recorder.made_with
+    assert vars(own) == {"knob": 5, "left": False, "right": True}  # nothing of spotring's
+    assert core == CoreOptions(slots_per_host=2, num_proc=4, resize=False)
+
+    options, cls = parse(["discover", "--provider", "recorder"], pm)
+    make_provider(cls, options)  # type: ignore[arg-type]
+    own, core = _Recorder.made_with
+    assert vars(own) == {"knob": 1, "left": False, "right": False}
+    assert core == CoreOptions(slots_per_host=None, num_proc=None, resize=True)
+
+
+def test_core_options_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        CoreOptions().slots_per_host = 3  # type: ignore[misc]
+
+
+def test_an_old_style_plugin_keeps_working_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="old provider contract") as warned:
+
+        class OldStyle(_Recorder):
+            """A plugin written for the old contract: the parsed command line."""
+
+            name = "old-style"
+            finished_with: object = None
+
+            @classmethod
+            def from_options(cls, options: argparse.Namespace) -> OldStyle:  # type: ignore[override]
+                cls.made_with = (options, None)
+                return cls()
+
+            def job_finished(self, options: argparse.Namespace) -> None:  # type: ignore[override]
+                type(self).finished_with = options
+
+    assert [Path(w.filename).name for w in warned] == [Path(__file__).name] * 2
+    pm = _registering(OldStyle)
+    argv = ["run", "--provider", "old-style", "--knob", "5", "-np", "4",
+            "--slots-per-host", "2", "--", "true"]  # fmt: skip
+    options, cls = parse(argv, pm)
+    made = make_provider(cls, options)  # type: ignore[arg-type]
+
+    assert OldStyle.made_with is not None
+    legacy, _ = OldStyle.made_with
+    assert isinstance(legacy, argparse.Namespace)
+    # its own options, and the core ones under their option names, as it read them
+    assert (legacy.knob, legacy.slots_per_host, legacy.num_proc, legacy.no_resize) == (
+        5, 2, 4, False,
+    )  # fmt: skip
+    made.job_finished()  # spotring calls it without options now
+    assert isinstance(OldStyle.finished_with, argparse.Namespace)
+    OldStyle.from_options(argparse.Namespace(x=1))  # an old caller's one argument still works
+    assert OldStyle.made_with[0].x == 1  # type: ignore[attr-defined]

@@ -4,6 +4,8 @@ Each line of the file is ``HOST [SLOTS]``; ``#`` starts a comment. Edit the file
 a job runs and spotring follows: a host added joins the ring, a host removed leaves it.
 The file is the whole "cloud API", so this plugin cannot resize the group or replace a
 member: it says so with ``can_resize`` and ``can_replace``, and spotring only lists it.
+Optional features are class attributes spotring reads (``can_resize``, ``can_replace``,
+``needs_credentials``...), and optional methods have defaults in ``Provider``.
 
 Copy this package, rename it, and replace ``_read`` with your own API calls.
 """
@@ -13,9 +15,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from spotring.autoscaler import hookimpl
+from spotring.core import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
+    CoreOptions,
     Instance,
     InstanceState,
     Provider,
@@ -43,8 +46,10 @@ class HostFileProvider(Provider):
         group.add_argument("--hosts-file", metavar="PATH", help="lines of 'HOST [SLOTS]'")
 
     @classmethod
-    def from_options(cls, options: argparse.Namespace) -> HostFileProvider:
-        return cls(options.hosts_file or "", getattr(options, "slots_per_host", None))
+    def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> HostFileProvider:
+        # `options` holds only what add_arguments added; spotring's own options that a
+        # provider may use (--slots-per-host, -np, --no-resize) come typed in `core`.
+        return cls(options.hosts_file or "", core.slots_per_host)
 
     def list_instances(self) -> list[Instance]:
         # Any failure raises ProviderError: spotring keeps the last good list then.
