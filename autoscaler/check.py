@@ -3,22 +3,21 @@
 
 One line per item: torch, the Horovod build (frameworks, controllers, collectives),
 what spotring needs of Horovod's internals, and for each installed provider whether
-its SDK imports and whether credentials are found. Credentials are looked for, never
-printed, and nothing here calls a cloud API.
+its SDK imports and whether credentials are found, as the provider class declares
+(``sdk_modules``, ``needs_credentials``, ``credential_source``). Credentials are looked
+for, never printed, and nothing here calls a cloud API.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO
 
 from spotring.driver.compat import HorovodSetupError, require_horovod
-from spotring.providers.base import ProviderRegistry
+from spotring.providers.base import Provider, ProviderRegistry
 
 
 @dataclass(frozen=True)
@@ -80,64 +79,26 @@ def _imports(*modules: str) -> str | None:
     return None
 
 
-def _aws_credentials() -> str | None:
-    import boto3
-
-    credentials = boto3.session.Session().get_credentials()
-    return None if credentials is None else f"found ({credentials.method})"
-
-
-def _gcp_credentials() -> str | None:
-    path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-    if path:
-        return "found (GOOGLE_APPLICATION_CREDENTIALS)" if Path(path).is_file() else None
-    if (Path.home() / ".config" / "gcloud" / "application_default_credentials.json").is_file():
-        return "found (gcloud auth application-default login)"
-    product = Path("/sys/class/dmi/id/product_name")
-    if product.is_file() and "Google" in product.read_text(errors="replace"):
-        return "found (this VM's service account)"
-    return None
-
-
-def _azure_credentials() -> str | None:
-    if os.environ.get("AZURE_CLIENT_ID") and os.environ.get("AZURE_TENANT_ID"):
-        return "found (AZURE_CLIENT_ID / AZURE_TENANT_ID environment)"
-    if (Path.home() / ".azure" / "msal_token_cache.json").is_file():
-        return "found (Azure CLI login)"
-    if os.environ.get("IDENTITY_ENDPOINT") or os.environ.get("MSI_ENDPOINT"):
-        return "found (managed identity)"
-    return None
-
-
-PROVIDER_PROBES: dict[str, tuple[tuple[str, ...], str, Callable[[], str | None]]] = {
-    "aws": (("boto3",), "spotring[aws]", _aws_credentials),
-    "gcp": (("google.cloud.compute_v1", "google.auth"), "spotring[gcp]", _gcp_credentials),
-    "azure": (
-        ("azure.mgmt.compute", "azure.mgmt.network", "azure.identity"),
-        "spotring[azure]",
-        _azure_credentials,
-    ),
-}
-"""Per built-in cloud provider: the SDK modules, the extra to install, a credential probe
-that says where credentials were found (None: not found) without printing them."""
-
-
-def check_provider(name: str, required: bool) -> Iterator[Finding]:
-    """The SDK and credentials of provider ``name``."""
-    probe = PROVIDER_PROBES.get(name)
-    if probe is None:
+def check_provider(provider: type[Provider], required: bool) -> Iterator[Finding]:
+    """The SDK and credentials of ``provider``, as it declares them
+    (:attr:`Provider.sdk_modules`, :attr:`Provider.needs_credentials`,
+    :meth:`Provider.credential_source`)."""
+    name = provider.name
+    modules = tuple(provider.sdk_modules)
+    if not modules and not provider.needs_credentials:
         yield Finding(f"provider {name}", True, "installed (no SDK or credential check known)")
         return
-    modules, extra, credentials = probe
     missing = _imports(*modules)
     if missing is not None:
-        yield Finding(
-            f"provider {name}", False, f"{missing} not installed: pip install '{extra}'", required
-        )
+        install = f"pip install '{provider.sdk_extra}'" if provider.sdk_extra else "not found"
+        yield Finding(f"provider {name}", False, f"{missing} not installed: {install}", required)
         return
-    yield Finding(f"provider {name}", True, f"SDK installed ({', '.join(modules)})")
+    sdk = f"SDK installed ({', '.join(modules)})" if modules else "installed"
+    yield Finding(f"provider {name}", True, sdk)
+    if not provider.needs_credentials:
+        return
     try:
-        where = credentials()
+        where = provider.credential_source()
     except Exception as error:  # a broken config file: say so, without its contents
         where, detail = None, f"could not be read ({type(error).__name__})"
     else:
@@ -156,7 +117,7 @@ def run_check(
     findings = list(check_training())
     for provider in registry:
         if only is None or provider.name == only:
-            findings += check_provider(provider.name, required=only is not None)
+            findings += check_provider(provider, required=only is not None)
     for finding in findings:
         print(finding.line(), file=out)
     return 0 if all(f.ok or not f.required for f in findings) else 1
