@@ -10,6 +10,10 @@ thread never dies silently: a retryable :class:`ProviderError` is retried with
 backoff; anything else (a :class:`ConfigurationError`, a provider's or plugin's bug)
 stops the controller with one message, which :meth:`Controller.wait_for_inventory`
 raises and :meth:`Controller.wait_for_fatal_error` hands to whoever runs the job.
+
+Events reach the plugins through the plugin manager's hook relay (``pm.hook``); the
+manager (:class:`spotring.autoscaler.plugins.SpotringPluginManager`) keeps one
+plugin's error from the others and from the controller.
 """
 
 from __future__ import annotations
@@ -120,7 +124,6 @@ class Controller:
         self._cloud_failures: dict[str, str] = {}  # instance id -> failure decided on
         self._pending_replacements: dict[str, float] = {}  # instance id -> when due
         self._target: int | None = None
-        self._broken_plugins: set[tuple[str, str]] = set()
         self._invalid_addresses: set[str] = set()
         self._failures = 0
 
@@ -587,23 +590,11 @@ class Controller:
             raise _unexpected(what, error) from error
 
     def _emit(self, name: str, **kwargs: Any) -> None:
-        """Call an event hook's implementations one by one: one plugin's exception is
-        logged (once per plugin and hook) and does not keep the event from the rest."""
-        for impl in reversed(getattr(self._hook, name).get_hookimpls()):
-            try:
-                impl.function(*(kwargs[arg] for arg in impl.argnames))
-            except Exception as error:
-                key = (impl.plugin_name, name)
-                if key not in self._broken_plugins:
-                    self._broken_plugins.add(key)
-                    log.error(
-                        "plugin %s failed in %s: %s: %s (not logged again)",
-                        impl.plugin_name,
-                        name,
-                        type(error).__name__,
-                        error,
-                    )
-                    log.debug("traceback of plugin %s's failure", impl.plugin_name, exc_info=True)
+        """Call the event hook ``name`` through the plugin manager. spotring's manager
+        isolates the plugins (one plugin's exception is logged once and the others
+        still hear the event); with a bare pluggy manager an exception stops the
+        controller as a plugin's bug."""
+        self._call(f"the {name} hook", getattr(self._hook, name), **kwargs)
 
 
 def _unexpected(what: str, error: Exception) -> ControllerError:

@@ -3,8 +3,9 @@
 Every line has ``v`` (the format's version, :data:`VERSION`), ``t`` (epoch seconds) and
 ``event``; the rest depends on the event (README.md lists them all). The file is
 line-buffered: a crash loses at most the line being written. The log is a plugin: it
-hears the controller's events through the same hooks a third-party plugin would, plus
-the rings Horovod forms and the job's end from the run itself.
+hears the job's, the controller's and the rings' events through the same hooks a
+third-party plugin would; they come on several threads, and each line is written whole
+under a lock.
 
 ``spotring report FILE`` (``spotring.autoscaler.report``) reads it back.
 """
@@ -22,7 +23,9 @@ from typing import IO, Any
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.core import Instance, InstanceState, InterruptionNotice
 from spotring.core.inventory import Inventory
+from spotring.core.job import JobShape
 from spotring.driver.ring_progress import Hang, RingStatus, Stall
+from spotring.providers.base import Provider
 
 VERSION = 1
 """Bumped when a field changes meaning or goes away; new fields do not bump it."""
@@ -68,30 +71,33 @@ class EventLog:
         with self._lock:
             self._stream.close()
 
-    # ------------------------------------------------------------ from the run
+    # ------------------------------------------------------- the job and the ring
 
-    def job_started(self, provider: str, num_proc: int, min_np: int, max_np: int) -> None:
+    @hookimpl
+    def spotring_job_started(self, provider: Provider, job: JobShape) -> None:
         # progress: this file records the rings' progress and stalls (older ones do not)
         self.write(
             "job_started",
-            provider=provider,
-            np=num_proc,
-            min_np=min_np,
-            max_np=max_np,
+            provider=provider.name,
+            np=job.num_proc,
+            min_np=job.min_num_proc,
+            max_np=job.max_num_proc,
             progress=True,
         )
 
-    def ring_formed(self, size: int, hosts: list[str]) -> None:
+    @hookimpl
+    def spotring_ring_formed(self, size: int, hosts: Sequence[str]) -> None:
         """Horovod assigned ranks for a new ring (a reset, after the first)."""
         since = None if self._last_change is None else time.monotonic() - self._last_change
         self.write(
             "ring_formed",
             size=size,
-            hosts=hosts,
+            hosts=list(hosts),
             since_change_s=None if since is None else round(since, 3),
         )
 
-    def ring_progress(self, status: RingStatus) -> None:
+    @hookimpl
+    def spotring_ring_progress(self, status: RingStatus) -> None:
         """The current ring's progress (as it forms, then every 10 s)."""
         self.write(
             "progress",
@@ -102,7 +108,8 @@ class EventLog:
             slowest=status.slowest,
         )
 
-    def ring_stalled(self, stall: Stall) -> None:
+    @hookimpl
+    def spotring_ring_stalled(self, stall: Stall) -> None:
         """The ring's longest time without a commit around a reset."""
         self.write(
             "stall",
@@ -112,7 +119,8 @@ class EventLog:
             seconds=round(stall.seconds, 3),
         )
 
-    def ring_hung(self, hang: Hang) -> None:
+    @hookimpl
+    def spotring_ring_hung(self, hang: Hang) -> None:
         """A ring made no progress for ``--hang-timeout``: its slowest member is failed."""
         self.write(
             "hang",
@@ -124,7 +132,8 @@ class EventLog:
             reason=hang.reason,
         )
 
-    def job_finished(
+    @hookimpl
+    def spotring_job_finished(
         self, ok: bool, exit_code: int, seconds: float, world_sizes: Sequence[int]
     ) -> None:
         self.write(
@@ -136,7 +145,7 @@ class EventLog:
             resets=max(0, len(world_sizes) - 1),
         )
 
-    # -------------------------------------------------------------- the hooks
+    # --------------------------------------------------------- the controller
 
     @hookimpl
     def spotring_refreshed(

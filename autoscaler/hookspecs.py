@@ -5,18 +5,42 @@ Plugins implement these with ``@spotring.autoscaler.hookimpl``, the same marker 
 controller), and are found through the ``spotring.providers`` entry-point group. Only
 functions whose names start with ``spotring_`` are taken as hook implementations.
 
-Threading: the decision and event hooks are called on the controller's thread only,
-one call at a time, in the order things happened; never on Horovod's threads or the
-launcher's. An event hook that raises is logged (once per plugin and hook) and the
-other plugins still hear the event; a decision hook that raises stops the job with
-its message, since spotring cannot act on a policy it could not learn.
+Every hook is called through the plugin manager (``pm.hook.NAME``), so
+``SPOTRING_TRACE_HOOKS=1`` shows each call and ``wrapper=True`` implementations run.
+
+Threads: each hook's docstring says which thread calls it. In short:
+
+* configuration (``spotring_register_providers``, ``spotring_add_provider_options``):
+  the thread that builds the plugin manager or the parser (the CLI's);
+* ``spotring_job_started`` and ``spotring_job_finished``: the thread that runs the job
+  (the CLI's), before the controller starts and after everything has stopped;
+* the controller's decisions and events (``spotring_target_size``,
+  ``spotring_replace_host``, ``spotring_inventory_changed``, ``spotring_refreshed``,
+  ``spotring_host_noticed``, ``spotring_host_failed``): the controller's thread
+  (``spotring-controller``), one call at a time, in the order things happened;
+* ``spotring_drain_on_notice``: the launcher's thread that read the notice from the
+  worker (``spotring-output``), at once and synchronously, so that a draining host
+  leaves discovery before Horovod's next poll: keep it quick, call no cloud;
+* ``spotring_ring_formed``: Horovod's thread that plans the ring, inside the
+  rendezvous server, before the workers hear their ranks: keep it quick;
+* ``spotring_ring_progress``, ``spotring_ring_idle``, ``spotring_ring_stalled`` and
+  ``spotring_ring_hung``: the progress tracker's thread (``spotring-progress``).
+
+An event plugin that keeps state across threads (the ring's and the controller's
+events) guards it with a lock.
+
+Errors: an event hook's implementation that raises (a ``wrapper=True`` one included)
+is logged, once per plugin and hook, and the other plugins still hear the event (the
+plugin manager isolates them). A decision hook that raises stops the job with its
+message, through the controller's fatal error, since spotring cannot act on a policy
+it could not learn. A configuration hook's error reaches the command that called it.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 # The markers live in spotring.core so plugins mark hooks without importing the
 # controller; they are re-exported here under their old names.
@@ -26,7 +50,27 @@ from spotring.core.hooks import hookspec
 
 if TYPE_CHECKING:
     from spotring.core import Instance, InterruptionNotice, Inventory, JobShape
+    from spotring.driver.ring_progress import Hang, RingStatus, Stall
     from spotring.providers.base import Provider, ProviderRegistry
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def event(function: F | None = None, *, historic: bool = False) -> F | Callable[[F], F]:
+    """Mark a hookspec as an event: its results are ignored, and the plugin manager
+    isolates its implementations from one another (one that raises is logged, the rest
+    still run). ``historic``: a plugin registered after the call hears it then."""
+
+    def mark(spec: F) -> F:
+        spec.spotring_event = True  # type: ignore[attr-defined]
+        return hookspec(historic=historic)(spec)  # type: ignore[no-any-return]
+
+    return mark if function is None else mark(function)
+
+
+def is_event(spec: Callable[..., object]) -> bool:
+    """Whether ``spec`` (a hookspec function) is marked with :func:`event`."""
+    return bool(getattr(spec, "spotring_event", False))
 
 
 # -------------------------------------------------------------------- registration
@@ -38,7 +82,8 @@ def spotring_register_providers(registry: ProviderRegistry) -> None:
 
     Called on every plugin each time spotring collects its providers (``spotring
     providers``, ``--provider``), and on one plugin at a time when a provider is
-    disabled (``SPOTRING_DISABLE_PLUGINS``): register and do nothing else.
+    disabled (``SPOTRING_DISABLE_PLUGINS``): register and do nothing else. Called on
+    the thread that asks (the CLI's); an error reaches it.
 
     :param registry: call ``registry.add(ProviderClass)`` for each provider the plugin
         offers; the class's ``name`` attribute is the key users pass to ``--provider``.
@@ -56,7 +101,8 @@ def spotring_add_provider_options(provider: type[Provider], group: argparse._Arg
     Called when ``spotring run`` or ``spotring discover`` builds its parser for the
     chosen provider, so ``spotring run --provider NAME --help`` shows the options.
     spotring's own implementation calls ``provider.add_arguments(group)``; other plugins
-    may add options that they read back in their own hooks.
+    may add options that they read back in their own hooks. Called on the thread that
+    builds the parser (the CLI's); an error reaches it.
 
     :param provider: the provider class the user chose.
     :param group: the argument group to add options to.
@@ -109,11 +155,18 @@ def spotring_drain_on_notice(
 ) -> bool | None:
     """Whether a host that announced its interruption leaves the job now.
 
-    Called on the worker launcher's thread the moment the notice arrives (keep it
-    quick). Draining takes the host out of discovery: the ring re-forms at its next
-    commit without it, with nothing rolled back. spotring's own answer: yes, except for
-    a rebalance recommendation (elevated risk, no deadline) without
-    ``--drain-on-rebalance``. Stops at the first non-None result.
+    Called on the launcher's thread that read the notice from the worker
+    (``spotring-output``), synchronously, the moment a verified notice arrives: the
+    answer takes effect before the call returns, so a draining host leaves discovery
+    before Horovod's next poll. That is the one decision not made on the controller's
+    thread: keep it quick and call no cloud (the controller tells the provider, and
+    ``spotring_host_noticed`` the plugins, on its thread right after). Not called when
+    no other host could carry the ring on (the host stays). Draining takes the host
+    out of discovery: the ring re-forms at its next commit without it, with nothing
+    rolled back. spotring's own answer: yes, except for a rebalance recommendation
+    (elevated risk, no deadline) without ``--drain-on-rebalance``. An implementation
+    that raises stops the job with its message (the host does not drain). Stops at
+    the first non-None result.
 
     :param instance: the instance as last listed.
     :param notice: what the host heard: ``kind`` (``preempt``, ``terminate``,
@@ -126,14 +179,15 @@ def spotring_drain_on_notice(
 # ---------------------------------------------------------------------- events
 
 
-@hookspec
+@event
 def spotring_inventory_changed(
     added: Sequence[Instance], removed: Sequence[Instance], ready: Sequence[Instance]
 ) -> None:
     """The set of READY instances changed.
 
-    Called on the controller thread after a refresh, a failure or a readmission that
-    changed the hosts Horovod may use; keep it quick. Return values are ignored.
+    Called on the controller thread (as every event of this section) after a refresh,
+    a failure or a readmission that changed the hosts Horovod may use; keep it quick.
+    Return values are ignored.
 
     :param added: instances that became READY.
     :param removed: instances that stopped being READY (gone, draining, failed).
@@ -141,7 +195,7 @@ def spotring_inventory_changed(
     """
 
 
-@hookspec
+@event
 def spotring_refreshed(
     inventory: Inventory | None,
     seconds: float,
@@ -163,7 +217,7 @@ def spotring_refreshed(
     """
 
 
-@hookspec
+@event
 def spotring_host_noticed(instance: Instance, notice: InterruptionNotice, draining: bool) -> None:
     """A host announced that the cloud will take it (spot reclaim, scale-in, rebalance).
 
@@ -176,7 +230,7 @@ def spotring_host_noticed(instance: Instance, notice: InterruptionNotice, draini
     """
 
 
-@hookspec
+@event
 def spotring_host_failed(instance: Instance, reason: str) -> None:
     """A host was taken out of the job because a worker on it failed or it was preempted.
 
@@ -186,4 +240,110 @@ def spotring_host_failed(instance: Instance, reason: str) -> None:
 
     :param instance: the instance as last listed.
     :param reason: a short human explanation, e.g. ``"worker exited with -9"``.
+    """
+
+
+# ------------------------------------------------------------------------- the job
+
+
+@event(historic=True)
+def spotring_job_started(provider: Provider, job: JobShape) -> None:
+    """A job starts on ``provider``'s group.
+
+    Called once per run (``spotring run``), on the thread that runs the job, after the
+    run's own plugins (the events file, the metrics) are registered and before the
+    controller first lists the group. Historic: a plugin registered later in the run
+    hears it at its registration, on the registering thread. Return values are ignored.
+
+    :param provider: the group's provider (``provider.name``, ``provider.describe()``).
+    :param job: the job's elastic limits and steering options.
+    """
+
+
+@event
+def spotring_job_finished(
+    ok: bool, exit_code: int, seconds: float, world_sizes: Sequence[int]
+) -> None:
+    """The job ended, successfully or not (Ctrl-C and a failed start included).
+
+    Called once per run, on the thread that ran the job, after the controller, the
+    workers and the provider's clean-up have stopped; the last hook of a run. Return
+    values are ignored.
+
+    :param ok: whether the job succeeded.
+    :param exit_code: the exit status ``spotring run`` ends with (0, 1, 2, 130).
+    :param seconds: how long the run took.
+    :param world_sizes: the size of every ring Horovod formed, in order (empty when
+        none formed); ``len(world_sizes) - 1`` resets.
+    """
+
+
+# ------------------------------------------------------------------------ the ring
+
+
+@event
+def spotring_ring_formed(size: int, hosts: Sequence[str]) -> None:
+    """Horovod planned a new ring: the first, and one after every reset.
+
+    Called on Horovod's thread that plans the ring, inside the rendezvous server's
+    ``init`` while Horovod holds its lock, before the workers hear their ranks: keep
+    it quick. Return values are ignored.
+
+    :param size: the ring's workers (its world size).
+    :param hosts: the addresses of its hosts, sorted.
+    """
+
+
+@event
+def spotring_ring_progress(status: RingStatus) -> None:
+    """The current ring's progress: once as it forms, then every 10 s while it stands.
+
+    Called on the progress tracker's thread (``spotring-progress``). Return values are
+    ignored.
+
+    :param status: ``ring`` (its generation: 1, then +1 per reset), ``size``,
+        ``steps`` (the most commits a member made since it formed), ``idle_s`` (seconds
+        since its last commit) and ``slowest`` (``host[local_rank]`` of the member whose
+        last commit is oldest).
+    """
+
+
+@event
+def spotring_ring_idle(seconds: float) -> None:
+    """How long the ring has gone without a commit, told every tick (about twice a
+    second).
+
+    Called on the progress tracker's thread (``spotring-progress``); keep it quick.
+    Return values are ignored.
+
+    :param seconds: seconds since the ring's last commit (or its formation, if later);
+        0 while no ring stands.
+    """
+
+
+@event
+def spotring_ring_stalled(stall: Stall) -> None:
+    """The ring's longest time without any commit around one reset, once the new ring
+    has committed (a second after its first commit, for late reports).
+
+    Called on the progress tracker's thread (``spotring-progress``), once per reset.
+    Return values are ignored.
+
+    :param stall: ``ring`` (the generation whose first commit ended it), ``start`` and
+        ``end`` (epoch seconds) and ``seconds``.
+    """
+
+
+@event
+def spotring_ring_hung(hang: Hang) -> None:
+    """A ring made no progress for ``--hang-timeout``: its slowest member is failed.
+
+    Called on the progress tracker's thread (``spotring-progress``), at most once per
+    ring, just before that member's worker is failed (its host then takes the path of
+    a failed host: ``spotring_host_failed`` follows on the controller's thread). Return
+    values are ignored.
+
+    :param hang: ``ring``, ``host`` and ``local_rank`` of the member failed,
+        ``idle_s`` (the ring's time without progress), ``member_idle_s`` (the member's)
+        and ``reason``.
     """

@@ -8,14 +8,15 @@ without argv.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -26,6 +27,9 @@ from spotring.core.job import JobShape
 from spotring.driver.launcher import SshOptions
 from spotring.driver.options import ElasticOptions
 from spotring.providers.base import Provider
+
+if TYPE_CHECKING:
+    from spotring.driver.ring_progress import Hang, RingStatus, Stall
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +109,20 @@ def run_job(
         python=config.worker_python,
         host_alias=controller.instance_id,
     )
-    if provider.tracks_worker_processes:
+    if hasattr(provider, "worker_started"):
         launcher.add_listener(_ProviderProcesses(provider))
-    rings = RingTracker(config.elastic.verbose, on_ring=reporter.ring_formed)
-    observers = _observers(config, provider, reporter)
-    for observer in observers:
-        pm.register(observer)
-        rings.add_ring_listener(observer.ring_formed)
-    # The events file, the metrics and the progress lines hear each ring's commits.
-    progress = RingProgress(config.elastic.hang_timeout, [*observers, reporter])
+    # The driver knows no plugin manager: the rings' events reach the plugins (the
+    # progress lines, the events file, the metrics among them) through this listener.
+    ring_hooks = _RingHooks(pm.hook)
+    rings = RingTracker(config.elastic.verbose, on_ring=ring_hooks.ring_formed)
+    progress = RingProgress(config.elastic.hang_timeout, [ring_hooks])
+    plugins = contextlib.ExitStack()  # the run's own: unregistered and closed at its end
+    try:
+        _register_run_plugins(plugins, config, provider, pm, reporter)
+    except BaseException:
+        plugins.close()
+        raise
+    pm.hook.spotring_job_started.call_historic(kwargs={"provider": provider, "job": shape})
     elastic = dataclasses.replace(
         config.elastic,
         nics=config.elastic.nics or (("lo",) if local else ()),
@@ -141,47 +150,81 @@ def run_job(
         controller.stop()
         launcher.close()
         pm.unregister(reporter)
-        _finish(provider)
+        _finish(provider, provider_options)
         code = outcome.exit_code if outcome is not None else _exit_status(sys.exc_info()[1])
-        for observer in observers:
-            observer.job_finished(code == 0, code, time.monotonic() - started, rings.world_sizes)
-            observer.close()
-            pm.unregister(observer)
+        with plugins:  # then closed and unregistered
+            pm.hook.spotring_job_finished(
+                ok=code == 0,
+                exit_code=code,
+                seconds=time.monotonic() - started,
+                world_sizes=list(rings.world_sizes),
+            )
     reporter.summary(
         rings.world_sizes,
         outcome.exit_code == 0,
         time.monotonic() - started,
-        provider.events,
+        getattr(provider, "events", ()),
     )
     return outcome
 
 
-def _observers(config: JobConfig, provider: Provider, reporter: ProgressReporter) -> list[Any]:
-    """The run's events file and metrics endpoint, as asked; ConfigurationError (exit
-    2, one line) when the file cannot be written or the port taken."""
-    observers: list[Any] = []
+def _register_run_plugins(
+    stack: contextlib.ExitStack,
+    config: JobConfig,
+    provider: Provider,
+    pm: pluggy.PluginManager,
+    reporter: ProgressReporter,
+) -> None:
+    """Register the run's events file and metrics endpoint, as asked, as plugins; each
+    is unregistered and closed when ``stack`` closes. ConfigurationError (exit 2, one
+    line) when the file cannot be written or the port taken."""
     option = "--events"
     try:
         if config.events_path is not None:
             from spotring.autoscaler.events import EventLog
 
-            events = EventLog(config.events_path)
-            observers.append(events)
-            shape = config.shape
-            events.job_started(provider.name, shape.num_proc, shape.min_num_proc,
-                               shape.max_num_proc)  # fmt: skip
+            events = stack.enter_context(contextlib.closing(EventLog(config.events_path)))
+            _register(stack, pm, events, "spotring.events")
         option = "--metrics-port"
         if config.metrics_port is not None:
             from spotring.autoscaler.metrics import Metrics
 
             metrics = Metrics(config.metrics_port, config.metrics_addr, provider.name)
-            observers.append(metrics)
+            stack.enter_context(contextlib.closing(metrics))
+            _register(stack, pm, metrics, "spotring.metrics")
             reporter.say(f"metrics on http://{config.metrics_addr}:{metrics.port}/metrics")
     except OSError as error:
-        for observer in observers:
-            observer.close()
         raise ConfigurationError(f"{option}: {error.strerror or error}") from None
-    return observers
+
+
+def _register(
+    stack: contextlib.ExitStack, pm: pluggy.PluginManager, plugin: object, name: str
+) -> None:
+    if pm.register(plugin, name=name) is not None:  # None: disabled by name
+        stack.callback(pm.unregister, plugin)
+
+
+class _RingHooks:
+    """The rings' events, from the driver's rendezvous server and progress tracker to
+    the plugins' hooks, on the thread each comes on (the hookspecs say which)."""
+
+    def __init__(self, hook: pluggy.HookRelay) -> None:
+        self._hook = hook
+
+    def ring_formed(self, size: int, hosts: Sequence[str]) -> None:
+        self._hook.spotring_ring_formed(size=size, hosts=hosts)
+
+    def ring_progress(self, status: RingStatus) -> None:
+        self._hook.spotring_ring_progress(status=status)
+
+    def ring_idle(self, seconds: float) -> None:
+        self._hook.spotring_ring_idle(seconds=seconds)
+
+    def ring_stalled(self, stall: Stall) -> None:
+        self._hook.spotring_ring_stalled(stall=stall)
+
+    def ring_hung(self, hang: Hang) -> None:
+        self._hook.spotring_ring_hung(hang=hang)
 
 
 def _exit_status(error: BaseException | None) -> int:
@@ -193,11 +236,11 @@ def _exit_status(error: BaseException | None) -> int:
     return EXIT_FAILURE
 
 
-def _finish(provider: Provider) -> None:
+def _finish(provider: Provider, options: argparse.Namespace) -> None:
     """The provider's end-of-job clean-up; its failure is reported, not raised over
     the job's own outcome."""
     try:
-        provider.job_finished()
+        provider.job_finished(options)
     except ProviderError as error:
         log.warning("%s: clean-up at the end of the job failed: %s", provider.describe(), error)
 
@@ -209,7 +252,7 @@ class _ProviderProcesses:
         self._provider = provider
 
     def process_started(self, host: str, process_group: int) -> None:
-        self._provider.worker_started(host, process_group)
+        self._provider.worker_started(host, process_group)  # type: ignore[attr-defined]
 
     def process_exited(self, host: str, process_group: int) -> None:
-        self._provider.worker_exited(host, process_group)
+        self._provider.worker_exited(host, process_group)  # type: ignore[attr-defined]

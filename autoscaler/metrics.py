@@ -2,14 +2,15 @@
 
 Served by prometheus_client from a registry of the run's own (nothing global), on
 ``--metrics-addr`` (default 127.0.0.1: put a scraper on the driver, or open it on
-purpose). Fed by the same hooks as the events file; README.md lists the series.
+purpose). Fed by the same hooks as the events file (on the threads they come on:
+prometheus_client's series are thread-safe); README.md lists the series.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.core import Instance, InstanceState, InterruptionNotice, Lifecycle
@@ -91,25 +92,31 @@ class Metrics:
         self._server.shutdown()
         self._server.server_close()
 
-    # ------------------------------------------------------------ from the run
+    # ------------------------------------------------------- the job and the ring
 
-    def ring_formed(self, size: int, hosts: list[str]) -> None:
+    @hookimpl
+    def spotring_ring_formed(self, size: int, hosts: Sequence[str]) -> None:
         self.world_size.set(size)
-        self._rings += 1
-        if self._rings > 1:
+        with self._lock:
+            self._rings += 1
+            reset = self._rings > 1
+        if reset:
             self.resets.inc()
 
-    def ring_idle(self, seconds: float) -> None:
+    @hookimpl
+    def spotring_ring_idle(self, seconds: float) -> None:
         self.since_progress.set(seconds)
 
-    def ring_stalled(self, stall: Stall) -> None:
+    @hookimpl
+    def spotring_ring_stalled(self, stall: Stall) -> None:
         self.stall_seconds.observe(stall.seconds)
 
-    def job_finished(self, *args: Any, **kwargs: Any) -> None:
+    @hookimpl
+    def spotring_job_finished(self) -> None:
         self.world_size.set(0)
         self.since_progress.set(0)
 
-    # -------------------------------------------------------------- the hooks
+    # --------------------------------------------------------- the controller
 
     @hookimpl
     def spotring_refreshed(

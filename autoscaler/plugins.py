@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import sys
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Generator, Iterable
+from typing import Any
 
 import pluggy
 
 from spotring.autoscaler import hookspecs, policy
 from spotring.core.hooks import hookimpl
 from spotring.providers.base import Provider, ProviderRegistry
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -45,15 +51,112 @@ or plugin names (an entry point's name, a built-in's module name)."""
 
 
 class SpotringPluginManager(pluggy.PluginManager):
-    """A pluggy manager that takes only ``spotring_``-prefixed functions as hooks."""
+    """A pluggy manager that takes only ``spotring_``-prefixed functions as hooks, and
+    isolates the plugins of an event hook (:func:`spotring.autoscaler.hookspecs.event`)
+    from one another.
+
+    An implementation of an event hook that raises, a ``wrapper=True`` one included, is
+    logged once per plugin and hook (then at debug level, with its traceback) and the
+    call goes on: the other plugins still hear the event, and the caller never sees the
+    error. The isolation is part of each implementation as the manager registers it, so
+    it holds however the hook is called (``pm.hook.NAME(...)``, ``call_historic``, a
+    subset caller) and under tracing. Registration and decision hooks are not isolated:
+    their errors reach the caller.
+    """
 
     disabled: frozenset[str] = frozenset()
     """Provider names that :func:`provider_registry` leaves out."""
+
+    def __init__(self, project_name: str) -> None:
+        super().__init__(project_name)
+        self._broken: set[tuple[str, str]] = set()
+        self._broken_lock = threading.Lock()
 
     def parse_hookimpl_opts(self, plugin: object, name: str) -> pluggy.HookimplOpts | None:
         if not name.startswith("spotring_"):
             return None
         return super().parse_hookimpl_opts(plugin, name)
+
+    def _verify_hook(self, hook: pluggy.HookCaller, hookimpl: pluggy.HookImpl) -> None:
+        # pluggy checks every implementation against its spec here, whichever comes
+        # first and before a historic hook's calls are replayed to it: the one place
+        # where each event implementation is seen exactly as it will be called.
+        super()._verify_hook(hook, hookimpl)
+        spec = hook.spec
+        if spec is None or not hookspecs.is_event(spec.function):
+            return
+        if getattr(hookimpl.function, "spotring_isolated", False):
+            return
+        report = functools.partial(self._report, hookimpl.plugin_name, hook.name)
+        if hookimpl.wrapper or hookimpl.hookwrapper:
+            hookimpl.function = _isolated_wrapper(hookimpl.function, report)
+        else:
+            hookimpl.function = _isolated(hookimpl.function, report)
+
+    def _report(self, plugin_name: str, hook_name: str, error: Exception) -> None:
+        with self._broken_lock:
+            first = (plugin_name, hook_name) not in self._broken
+            self._broken.add((plugin_name, hook_name))
+        if first:
+            log.error(
+                "plugin %s failed in %s: %s: %s (not logged again)",
+                plugin_name,
+                hook_name,
+                type(error).__name__,
+                error,
+            )
+        log.debug("plugin %s failed in %s", plugin_name, hook_name, exc_info=error)
+
+
+def _isolated(function: Callable[..., Any], report: Callable[[Exception], None]) -> Any:
+    """``function``, reporting an exception instead of raising it (result: None)."""
+
+    @functools.wraps(function)
+    def isolated(*args: Any) -> Any:
+        try:
+            return function(*args)
+        except Exception as error:
+            report(error)
+            return None
+
+    isolated.spotring_isolated = True  # type: ignore[attr-defined]
+    return isolated
+
+
+def _isolated_wrapper(function: Callable[..., Any], report: Callable[[Exception], None]) -> Any:
+    """A wrapper implementation (a generator) whose own failures are reported: one that
+    fails before its ``yield`` is left out of the call; one that fails after it leaves
+    the result as the inner implementations made it."""
+
+    @functools.wraps(function)
+    def isolated(*args: Any) -> Generator[None, Any, Any]:
+        try:
+            inner = function(*args)
+            next(inner)
+        except Exception as error:  # StopIteration too: a wrapper that did not yield
+            report(error)
+            return (yield)
+        try:
+            result = yield
+        except BaseException as error:  # the inner call failed: the wrapper may handle it
+            try:
+                inner.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            raise RuntimeError(f"{function.__qualname__} did not stop after its yield") from None
+        try:
+            inner.send(result)
+        except StopIteration as stop:
+            return stop.value
+        except Exception as error:
+            report(error)
+            return result
+        inner.close()
+        report(RuntimeError("a wrapper must yield once"))
+        return result
+
+    isolated.spotring_isolated = True  # type: ignore[attr-defined]
+    return isolated
 
 
 def get_plugin_manager(

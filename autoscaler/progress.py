@@ -1,7 +1,9 @@
 """Progress lines and the closing summary of ``spotring run``, on stderr.
 
-The reporter is itself a plugin: it hears membership changes through the same hooks a
-third-party plugin would implement.
+The reporter is itself a plugin: it hears membership changes, notices, failures and
+rings through the same hooks a third-party plugin would implement, on the threads they
+come on (the controller's, Horovod's, the progress tracker's): its state is guarded by
+a lock.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import IO, Any
+from typing import IO
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.core import Instance, InterruptionNotice
 from spotring.core.inventory import Inventory
+from spotring.driver.ring_progress import Hang
 from spotring.providers.base import Provider
 
 
@@ -28,7 +31,8 @@ class ProgressReporter:
         self.host_failures: list[str] = []
         self.notices: dict[str, str] = {}  # address -> what its notice came to
         self._draining: dict[str, bool] = {}  # address -> no failure since its notice
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one write per line
+        self._state = threading.Lock()  # the fields above, written from several threads
 
     def say(self, text: str) -> None:
         """Print one progress line, with the time since the run started."""
@@ -48,7 +52,8 @@ class ProgressReporter:
     def spotring_inventory_changed(
         self, added: Sequence[Instance], removed: Sequence[Instance], ready: Sequence[Instance]
     ) -> None:
-        self.membership_changes += 1
+        with self._state:
+            self.membership_changes += 1
         changes = [f"+{i.address}" for i in added] + [f"-{i.address}" for i in removed]
         self.say(
             f"hosts {' '.join(changes)} -> ready: {_hosts({i.address: i.slots for i in ready})}"
@@ -60,33 +65,41 @@ class ProgressReporter:
     ) -> None:
         lead = "" if notice.deadline is None else f", {notice.deadline - time.time():.0f} s ahead"
         then = "leaves the ring at the next commit" if draining else "keeps training"
-        self.notices[instance.address] = f"{notice.kind}{lead}" + ("" if draining else ", kept")
-        if draining:
-            self._draining[instance.address] = True
+        with self._state:
+            self.notices[instance.address] = f"{notice.kind}{lead}" + ("" if draining else ", kept")
+            if draining:
+                self._draining[instance.address] = True
         self.say(f"host {instance.address} announced {notice.kind}{lead}; {then}")
 
     @hookimpl
     def spotring_host_failed(self, instance: Instance, reason: str) -> None:
-        self.host_failures.append(instance.address)
-        if self._draining.pop(instance.address, None) is not None:
-            self.notices[instance.address] += ": died before it could leave (rolled back)"
-        # A ring re-formed after a failure restores its last commit: no longer clean.
-        self._draining = dict.fromkeys(self._draining, False)
+        with self._state:
+            self.host_failures.append(instance.address)
+            if self._draining.pop(instance.address, None) is not None:
+                self.notices[instance.address] += ": died before it could leave (rolled back)"
+            # A ring re-formed after a failure restores its last commit: no longer clean.
+            self._draining = dict.fromkeys(self._draining, False)
         self.say(f"host {instance.address} failed ({reason}); taken out of the job")
 
-    def ring_formed(self, size: int, hosts: list[str]) -> None:
+    @hookimpl
+    def spotring_ring_formed(self, size: int, hosts: Sequence[str]) -> None:
         """Horovod's driver assigned ranks for a new ring."""
         self.say(f"ring of {size} workers on {', '.join(hosts)}")
-        for address in sorted(set(self._draining) - set(hosts)):
-            # Left at a commit: the survivors saved it and restore nothing, unless a
-            # failure since made the ring roll back anyway.
-            clean = self._draining.pop(address)
-            what = "left at a commit, 0 steps rolled back" if clean else "left"
-            self.notices[address] += f": {what}"
+        left = []
+        with self._state:
+            for address in sorted(set(self._draining) - set(hosts)):
+                # Left at a commit: the survivors saved it and restore nothing, unless a
+                # failure since made the ring roll back anyway.
+                clean = self._draining.pop(address)
+                what = "left at a commit, 0 steps rolled back" if clean else "left"
+                self.notices[address] += f": {what}"
+                left.append((address, what))
+        for address, what in left:
             self.say(f"host {address} {what.replace('left', 'left the ring', 1)}")
 
-    def ring_hung(self, hang: Any) -> None:
-        """A ring made no progress for ``--hang-timeout`` (a ``ring_progress.Hang``)."""
+    @hookimpl
+    def spotring_ring_hung(self, hang: Hang) -> None:
+        """A ring made no progress for ``--hang-timeout``."""
         self.say(
             f"ring made no progress for {hang.idle_s:.1f} s: failing the worker on "
             f"{hang.host}[{hang.local_rank}] (its last commit is the oldest, "

@@ -235,6 +235,69 @@ def test_a_broken_event_plugin_is_logged_once_and_others_still_hear(
     assert caplog.text.count("failed in spotring_inventory_changed: KeyError") == 1
 
 
+def test_events_go_through_the_plugin_manager_traced_and_wrapped(
+    provider: ScriptedProvider,
+    recorder: Recorder,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    class Wrapper:
+        def __init__(self) -> None:
+            self.around: list[str] = []
+
+        @hookimpl(wrapper=True)
+        def spotring_inventory_changed(self, added, removed, ready):  # type: ignore[no-untyped-def]
+            self.around.append("before")
+            result = yield
+            self.around.append("after")
+            return result
+
+    monkeypatch.setenv("SPOTRING_TRACE_HOOKS", "1")
+    wrapper = Wrapper()
+    controller = make_controller(provider, wrapper, recorder, job=JOB)
+    controller.refresh()
+    controller._announce()
+    assert wrapper.around == ["before", "after"]
+    assert recorder.changes == [(["a", "b"], [])]
+    assert "spotring_inventory_changed" in capsys.readouterr().err
+
+
+def test_a_broken_wrapper_or_late_historic_plugin_is_isolated_too(
+    provider: ScriptedProvider, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    class BrokenWrapper:
+        @hookimpl(wrapper=True)
+        def spotring_inventory_changed(self, added, removed, ready):  # type: ignore[no-untyped-def]
+            raise KeyError("before its yield")
+            yield
+
+        @hookimpl(wrapper=True)
+        def spotring_host_failed(self, instance, reason):  # type: ignore[no-untyped-def]
+            yield
+            raise KeyError("after its yield")
+
+    class BrokenLate:
+        @hookimpl
+        def spotring_job_started(self, provider, job) -> None:  # type: ignore[no-untyped-def]
+            raise KeyError("historic")
+
+    pm = get_plugin_manager(load_entry_points=False)
+    pm.register(BrokenWrapper())
+    pm.register(recorder)
+    controller = Controller(provider, pm.hook, job=JOB, replace_grace=0)
+    controller.refresh()
+    controller._announce()
+    controller.host_failed("a", "worker rank 0 exited with 1")
+    controller._take_failed_hosts()
+    assert recorder.changes == [(["a", "b"], [])]
+    assert recorder.failed == [("a", "worker rank 0 exited with 1")]
+    pm.hook.spotring_job_started.call_historic(kwargs={"provider": provider, "job": JOB})
+    pm.register(BrokenLate())  # hears the job's start now, and fails: logged, not raised
+    assert "failed in spotring_inventory_changed: KeyError" in caplog.text
+    assert "failed in spotring_host_failed: KeyError" in caplog.text
+    assert "failed in spotring_job_started: KeyError" in caplog.text
+
+
 def test_thread_waits_for_first_inventory_and_steers(provider: ScriptedProvider) -> None:
     job = JobShape(num_proc=2, min_num_proc=1, max_num_proc=4, target_hosts=3)
     controller = make_controller(provider, job=job)

@@ -8,6 +8,7 @@ import re
 import urllib.request
 from pathlib import Path
 
+import pluggy
 import pytest
 
 from spotring.autoscaler.cli import main
@@ -16,7 +17,8 @@ from spotring.autoscaler.events import VERSION, EventLog
 from spotring.autoscaler.metrics import Metrics
 from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.autoscaler.report import ReportError, read_events, write_report
-from spotring.driver.ring_progress import Stall
+from spotring.core.job import JobShape
+from spotring.driver.ring_progress import Hang, RingStatus, Stall
 from spotring.providers.base import InstanceState, InterruptionNotice
 from tests.fakes import ScriptedProvider, instance
 
@@ -24,11 +26,11 @@ RECORDED = Path(__file__).parent / "data" / "run_events.jsonl"
 """The events of a local run: 2 hosts, a scale-up to 3, a noticed preemption."""
 
 
-def controller_with(provider: ScriptedProvider, *plugins: object) -> Controller:
+def manager_with(*plugins: object) -> pluggy.PluginManager:
     pm = get_plugin_manager(load_entry_points=False)
     for plugin in plugins:
         pm.register(plugin)
-    return Controller(provider, pm.hook, refresh_interval=60)
+    return pm
 
 
 def lines(path: Path) -> list[dict]:
@@ -39,7 +41,8 @@ def test_events_are_versioned_lines_written_as_they_happen(tmp_path: Path) -> No
     path = tmp_path / "events.jsonl"
     provider = ScriptedProvider([instance("a"), instance("b", InstanceState.PENDING)])
     log = EventLog(path)
-    controller = controller_with(provider, log)
+    pm = manager_with(log)
+    controller = Controller(provider, pm.hook, refresh_interval=60)
     assert controller.refresh()
     # Line-buffered: readable while the run goes on.
     recorded = lines(path)
@@ -57,8 +60,9 @@ def test_events_are_versioned_lines_written_as_they_happen(tmp_path: Path) -> No
     controller._take_noticed_hosts()
     provider.members = [instance("a")]
     controller.refresh()
-    log.ring_formed(1, ["a"])
-    log.job_finished(True, 0, 12.5, [2, 1])
+    # The rings and the job's end reach the log through the plugin manager too.
+    pm.hook.spotring_ring_formed(size=1, hosts=["a"])
+    pm.hook.spotring_job_finished(ok=True, exit_code=0, seconds=12.5, world_sizes=[2, 1])
     log.close()
     events = [(e["event"], e.get("id"), e.get("state")) for e in lines(path)[3:]]
     assert ("instance_state", "i-b", "ready") in events
@@ -78,13 +82,16 @@ def test_metrics_serve_the_documented_series(tmp_path: Path) -> None:
     provider = ScriptedProvider([instance("a"), instance("b", InstanceState.PENDING)])
     metrics = Metrics(0)
     try:
-        controller = controller_with(provider, metrics)
+        pm = manager_with(metrics)
+        controller = Controller(provider, pm.hook, refresh_interval=60)
         controller.refresh()
-        metrics.ring_formed(2, ["a", "b"])
-        metrics.ring_formed(1, ["a"])
-        metrics.ring_idle(2.5)
-        metrics.ring_stalled(Stall(2, 1000.0, 1000.75))
-        metrics.spotring_host_failed(instance("a"), "hung: the ring made no progress ...")
+        pm.hook.spotring_ring_formed(size=2, hosts=["a", "b"])
+        pm.hook.spotring_ring_formed(size=1, hosts=["a"])
+        pm.hook.spotring_ring_idle(seconds=2.5)
+        pm.hook.spotring_ring_stalled(stall=Stall(2, 1000.0, 1000.75))
+        pm.hook.spotring_host_failed(
+            instance=instance("a"), reason="hung: the ring made no progress ..."
+        )
         controller.host_noticed("b", InterruptionNotice("preempt"))
         controller._take_noticed_hosts()
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics") as answer:
@@ -104,6 +111,31 @@ def test_metrics_serve_the_documented_series(tmp_path: Path) -> None:
     assert samples["spotring_stall_seconds_sum"] == "0.75"
     assert samples['spotring_stall_seconds_bucket{le="1.0"}'] == "1.0"
     assert samples['spotring_host_failures_total{reason="worker_hung"}'] == "1.0"
+
+
+def test_the_jobs_and_the_rings_events_are_lines_written_through_the_hooks(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "events.jsonl"
+    pm = get_plugin_manager(load_entry_points=False)
+    job = JobShape(num_proc=4, min_num_proc=2, max_num_proc=8)
+    pm.hook.spotring_job_started.call_historic(kwargs={"provider": ScriptedProvider(), "job": job})
+    log = EventLog(path)
+    pm.register(log)  # after the job started: the historic hook is replayed to it
+    hang = Hang(2, "a", 1, 30.0, 31.0)
+    pm.hook.spotring_ring_progress(status=RingStatus(1, 4, 10, 0.5, "a[0]"))
+    pm.hook.spotring_ring_stalled(stall=Stall(2, 1000.0, 1000.75))
+    pm.hook.spotring_ring_hung(hang=hang)
+    log.close()
+    assert [{k: v for k, v in e.items() if k not in ("v", "t")} for e in lines(path)] == [
+        {"event": "job_started", "provider": "scripted", "np": 4, "min_np": 2, "max_np": 8,
+         "progress": True},
+        {"event": "progress", "ring": 1, "size": 4, "steps": 10, "idle_s": 0.5,
+         "slowest": "a[0]"},
+        {"event": "stall", "ring": 2, "start": 1000.0, "end": 1000.75, "seconds": 0.75},
+        {"event": "hang", "ring": 2, "host": "a", "local_rank": 1, "idle_s": 30.0,
+         "member_idle_s": 31.0, "reason": hang.reason},
+    ]  # fmt: skip
 
 
 def test_a_taken_metrics_port_is_a_one_line_usage_error(

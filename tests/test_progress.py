@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import time
 
+import pluggy
+
+from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.autoscaler.progress import ProgressReporter
 from spotring.providers.base import Instance, InstanceState, InterruptionNotice
 
@@ -17,17 +20,25 @@ def summary_line(out: io.StringIO) -> str:
     return next(line for line in out.getvalue().splitlines() if "interruption notices" in line)
 
 
-def noticed(reporter: ProgressReporter, name: str, draining: bool = True) -> None:
+def plugged(reporter: ProgressReporter) -> pluggy.HookRelay:
+    """The hooks, with the reporter registered: it hears everything through them."""
+    pm = get_plugin_manager(load_entry_points=False)
+    pm.register(reporter)
+    return pm.hook
+
+
+def noticed(hook: pluggy.HookRelay, name: str, draining: bool = True) -> None:
     notice = InterruptionNotice("preempt", time.time() + 30)
-    reporter.spotring_host_noticed(host(name), notice, draining)
+    hook.spotring_host_noticed(instance=host(name), notice=notice, draining=draining)
 
 
 def test_a_host_that_left_at_a_commit_rolled_nothing_back() -> None:
     out = io.StringIO()
     reporter = ProgressReporter(out)
-    noticed(reporter, "h2")
-    reporter.ring_formed(3, ["h0", "h1", "h2"])  # not yet
-    reporter.ring_formed(2, ["h0", "h1"])
+    hook = plugged(reporter)
+    noticed(hook, "h2")
+    hook.spotring_ring_formed(size=3, hosts=["h0", "h1", "h2"])  # not yet
+    hook.spotring_ring_formed(size=2, hosts=["h0", "h1"])
     reporter.summary([3, 2], True, 1.0)
     assert "host h2 left the ring at a commit, 0 steps rolled back" in out.getvalue()
     assert summary_line(out).startswith("interruption notices: h2 (preempt, 3")
@@ -37,11 +48,12 @@ def test_a_host_that_left_at_a_commit_rolled_nothing_back() -> None:
 def test_a_host_that_died_first_or_a_failure_meanwhile_is_not_called_clean() -> None:
     out = io.StringIO()
     reporter = ProgressReporter(out)
-    noticed(reporter, "h1")
-    noticed(reporter, "h2")
-    noticed(reporter, "h3", draining=False)
-    reporter.spotring_host_failed(host("h1"), "worker rank 1 exited with -9")
-    reporter.ring_formed(1, ["h0"])
+    hook = plugged(reporter)
+    noticed(hook, "h1")
+    noticed(hook, "h2")
+    noticed(hook, "h3", draining=False)
+    hook.spotring_host_failed(instance=host("h1"), reason="worker rank 1 exited with -9")
+    hook.spotring_ring_formed(size=1, hosts=["h0"])
     reporter.summary([4, 1], True, 1.0)
     line = summary_line(out)
     assert "h1 (preempt" in line and "died before it could leave (rolled back)" in line
