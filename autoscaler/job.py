@@ -109,7 +109,7 @@ def run_job(
         python=config.worker_python,
         host_alias=controller.instance_id,
     )
-    if hasattr(provider, "worker_started"):
+    if provider.tracks_worker_processes:
         launcher.add_listener(_ProviderProcesses(provider))
     # The driver knows no plugin manager: the rings' events reach the plugins (the
     # progress lines, the events file, the metrics among them) through this listener.
@@ -150,7 +150,7 @@ def run_job(
         controller.stop()
         launcher.close()
         pm.unregister(reporter)
-        _finish(provider, provider_options)
+        _finish(provider)
         code = outcome.exit_code if outcome is not None else _exit_status(sys.exc_info()[1])
         with plugins:  # then closed and unregistered
             pm.hook.spotring_job_finished(
@@ -163,7 +163,7 @@ def run_job(
         rings.world_sizes,
         outcome.exit_code == 0,
         time.monotonic() - started,
-        getattr(provider, "events", ()),
+        provider.events,
     )
     return outcome
 
@@ -236,11 +236,11 @@ def _exit_status(error: BaseException | None) -> int:
     return EXIT_FAILURE
 
 
-def _finish(provider: Provider, options: argparse.Namespace) -> None:
+def _finish(provider: Provider) -> None:
     """The provider's end-of-job clean-up; its failure is reported, not raised over
     the job's own outcome."""
     try:
-        provider.job_finished(options)
+        provider.job_finished()
     except ProviderError as error:
         log.warning("%s: clean-up at the end of the job failed: %s", provider.describe(), error)
 
@@ -252,7 +252,7 @@ class _ProviderProcesses:
         self._provider = provider
 
     def process_started(self, host: str, process_group: int) -> None:
-        self._provider.worker_started(host, process_group)  # type: ignore[attr-defined]
+        self._provider.worker_started(host, process_group)
 
     def process_exited(self, host: str, process_group: int) -> None:
-        self._provider.worker_exited(host, process_group)  # type: ignore[attr-defined]
+        self._provider.worker_exited(host, process_group)
