@@ -5,11 +5,16 @@ called from there: the controller refreshes on its own schedule and publishes an
 immutable :class:`Inventory` that discovery reads. A failed refresh keeps the last
 good inventory (and backs off); discovery never sees "no hosts" because a call failed.
 
-Every call into the provider and every hook runs on the controller's thread. The
+Every call into the provider and every hook the controller calls runs on the
+controller's thread, with one exception: ``spotring_drain_on_notice``, which
+:meth:`Controller.host_noticed` calls on the launcher's thread that heard the notice,
+so the host leaves discovery at once. The provider's notice watchers are asked for
+on the controller's thread too, as hosts are listed, and handed out from there. The
 thread never dies silently: a retryable :class:`ProviderError` is retried with
-backoff; anything else (a :class:`ConfigurationError`, a provider's or plugin's bug)
-stops the controller with one message, which :meth:`Controller.wait_for_inventory`
-raises and :meth:`Controller.wait_for_fatal_error` hands to whoever runs the job.
+backoff; anything else (a :class:`ConfigurationError`, a provider's or plugin's bug, a
+decision hook that raises, wherever it runs) stops the controller with one message,
+which :meth:`Controller.wait_for_inventory` raises and
+:meth:`Controller.wait_for_fatal_error` hands to whoever runs the job.
 
 Events reach the plugins through the plugin manager's hook relay (``pm.hook``); the
 manager (:class:`spotring.autoscaler.plugins.SpotringPluginManager`) keeps one
@@ -118,6 +123,9 @@ class Controller:
         self._noticed_hosts: queue.SimpleQueue[tuple[Instance, InterruptionNotice, bool]] = (
             queue.SimpleQueue()
         )
+        # instance id -> its notice watcher, asked of the provider on the controller's
+        # thread as the member is first listed; replaced whole, read from any thread.
+        self._watchers: dict[str, dict[str, Any] | None] = {}
 
         # Only the controller thread touches these.
         self._announced: dict[str, Instance] = {}
@@ -262,9 +270,15 @@ class Controller:
         self._wake.clear()
 
     def _fail(self, error: ProviderError) -> None:
+        """Stop for good with ``error`` (the first one wins), from any thread."""
+        with self._lock:
+            if self._fatal is not None:
+                return
+            self._fatal = error
         # Whoever runs the job reports it, once: the CLI as its one line.
         log.info("%s: controller stopped: %s", self.provider.describe(), error)
-        self._fatal = error
+        self._stopped.set()
+        self._wake.set()
         self._fatal_event.set()
 
     # --------------------------------------------------------------- refreshing
@@ -314,7 +328,9 @@ class Controller:
         self._failures = 0
         self._last_error = None
         self._warn_invalid_addresses(instances)
+        watchers = self._notice_watchers(instances)
         with self._lock:
+            self._watchers = watchers
             self._instances = instances
             listed = {i.id for i in instances}
             # Forget exclusions and notices once the cloud stops listing the member.
@@ -337,6 +353,30 @@ class Controller:
             for i in self._instances
         )
         self._inventory = Inventory(instances, generation, refreshed_at, frozenset(self._excluded))
+
+    def _notice_watchers(self, instances: tuple[Instance, ...]) -> dict[str, dict[str, Any] | None]:
+        """Each usable member's notice watcher: asked of the provider once per member,
+        here on the controller's thread, before discovery can offer the host (a worker
+        is started only on a host of a published inventory). None without a job (as for
+        ``spotring discover``): a listing asks for nothing more."""
+        watchers: dict[str, dict[str, Any] | None] = {}
+        if self._job is None:
+            return watchers
+        for instance in instances:
+            if instance.id in self._watchers:
+                watchers[instance.id] = self._watchers[instance.id]
+            elif instance.state in (InstanceState.PENDING, InstanceState.READY):
+                try:
+                    watcher = self._call(
+                        "the provider's notice watcher", self.provider.notice_watcher, instance
+                    )
+                except ProviderError as error:
+                    if not error.retryable:
+                        raise
+                    log.warning("no notice watcher for %s yet: %s", instance.id, error)
+                    continue
+                watchers[instance.id] = dict(watcher) if watcher else None
+        return watchers
 
     def _warn_invalid_addresses(self, instances: tuple[Instance, ...]) -> None:
         for instance in instances:
@@ -400,10 +440,13 @@ class Controller:
         """The host at ``address`` announced that the cloud will take it.
 
         Called by the launcher (on its thread) the moment a verified notice arrives.
-        Unless the ``spotring_drain_on_notice`` hook says otherwise, the host is
-        DRAINING with its notice from now on and leaves discovery at once: Horovod
-        re-forms the ring without it at the next commit. Returns whether it drains; a
-        notice for an address that is not a member of the group is ignored (False).
+        Unless the ``spotring_drain_on_notice`` hook, called here on the caller's thread,
+        says otherwise, the host is DRAINING with its notice from now on and leaves
+        discovery at once: Horovod re-forms the ring without it at the next commit. The
+        plugins (``spotring_host_noticed``) and the provider hear of it on the
+        controller's thread. Returns whether it drains; a notice for an address that is
+        not a member of the group is ignored (False). A drain hook that raises stops the
+        controller, and with it the job, with its message (False).
         """
         inventory = self._inventory
         instance = inventory.by_address(address) if inventory else None
@@ -418,15 +461,19 @@ class Controller:
             log.warning("host %s announced %s, but no other host could carry on; staying",
                         address, notice.kind)  # fmt: skip
             return False
-        drain = self._job is None or bool(
-            self._call(
-                "the spotring_drain_on_notice hook",
-                self._hook.spotring_drain_on_notice,
-                instance=instance,
-                notice=notice,
-                job=self._job,
+        try:
+            drain = self._job is None or bool(
+                self._call(
+                    "the spotring_drain_on_notice hook",
+                    self._hook.spotring_drain_on_notice,
+                    instance=instance,
+                    notice=notice,
+                    job=self._job,
+                )
             )
-        )
+        except ProviderError as error:  # a plugin's bug: the job stops with its message
+            self._fail(error)
+            return False
         if drain:
             with self._lock:
                 self._notices[instance.id] = notice
@@ -450,14 +497,14 @@ class Controller:
                 log.warning("could not start a replacement for %s early: %s", instance.id, error)
 
     def notice_watcher(self, address: str) -> dict[str, Any] | None:
-        """The notice watcher for the host at ``address`` (``Provider.notice_watcher``)."""
+        """The notice watcher for the host at ``address`` (``Provider.notice_watcher``),
+        as the controller's thread asked for it when the host was listed: callable from
+        any thread (Horovod's, as it starts a worker), it never calls the provider."""
         inventory = self._inventory
         instance = inventory.by_address(address) if inventory else None
         if instance is None:
             return None
-        watcher = self._call(
-            "the provider's notice watcher", self.provider.notice_watcher, instance
-        )
+        watcher = self._watchers.get(instance.id)
         return dict(watcher) if watcher else None
 
     def _take_failed_hosts(self) -> None:
