@@ -2,8 +2,11 @@
 
 A provider plugin is a subclass of :class:`Provider` registered through the
 ``spotring_register_providers`` hook. spotring makes one provider object for the group
-the user names and calls it from a single controller thread, never from Horovod's
-driver thread.
+the user names and calls it from the controller's thread, never from Horovod's driver
+thread, with two exceptions: ``worker_started``/``worker_exited`` (a provider that
+declares ``tracks_worker_processes``) run on the launcher's threads, and
+``job_finished`` on the command's thread once the controller has stopped. A provider
+that shares state with those guards it with a lock.
 
 Invariants every provider keeps (the conformance kit in
 ``spotring.providers.conformance`` checks them):
