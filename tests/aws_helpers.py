@@ -7,7 +7,9 @@ serialises each EC2 instance in about 30 ms, so groups of hundreds of members go
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -19,6 +21,21 @@ AMI = "ami-12c6146b"  # an image moto knows in us-east-1
 
 
 _botocore_sessions: list[Any] = []
+
+
+@contextlib.contextmanager
+def running_moto_server() -> Iterator[str]:
+    """A moto server on loopback (a free port) for the test's duration; its URL."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
 
 
 def boto_session() -> Any:

@@ -8,7 +8,6 @@ takes a member away, as AWS would.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.aws_helpers import REGION, boto_session, create_group, moto_members
+from tests.aws_helpers import REGION, boto_session, create_group, moto_members, running_moto_server
 from tests.e2e_support import (
     commits,
     job_output,
@@ -37,16 +36,8 @@ JOB_TIMEOUT = 300
 
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with running_moto_server() as url:
+        yield url
 
 
 @pytest.fixture

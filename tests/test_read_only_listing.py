@@ -13,7 +13,6 @@ action) or for a token. Replacing or resizing is the controller's decision
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from spotring.autoscaler.cli import main
+from tests.aws_helpers import running_moto_server
 
 WRITE_METHODS = frozenset({"PUT", "PATCH", "DELETE"})
 
@@ -146,8 +146,6 @@ AWS_READS = frozenset({"DescribeAutoScalingGroups", "DescribeInstances", "Descri
 def moto_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
     """A moto server on loopback, with fake credentials and nothing of this machine's."""
     pytest.importorskip("moto")
-    from moto.server import ThreadedMotoServer
-
     for key in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -156,14 +154,8 @@ def moto_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with running_moto_server() as url:
+        yield url
 
 
 def test_aws_listing_sends_only_describes(
