@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import pluggy
 
@@ -53,7 +54,7 @@ def _error(message: object) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: error: {message}")
 
 
@@ -530,7 +531,7 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
         ),
         elastic=ElasticOptions(
             reset_limit=options.reset_limit,
-            cooldown_range=tuple(options.blacklist_cooldown_range)  # type: ignore[arg-type]
+            cooldown_range=tuple(options.blacklist_cooldown_range)
             if options.blacklist_cooldown_range
             else None,
             elastic_timeout=options.elastic_timeout,

@@ -455,6 +455,7 @@ class Controller:
             return False
         if instance.notice == notice:
             return True  # the same notice from another worker of that host
+        assert inventory is not None  # the instance came from it
         if not any(i.id != instance.id for i in inventory.ready):
             # Horovod re-forms a ring only around a host of the previous one: with no
             # other host to carry the state, keep training until the cloud takes it.

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, overload
 
 # The markers live in spotring.core so plugins mark hooks without importing the
 # controller; they are re-exported here under their old names.
@@ -56,14 +56,18 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., object])
 
 
+@overload
+def event(function: F, *, historic: bool = False) -> F: ...
+@overload
+def event(function: None = None, *, historic: bool = False) -> Callable[[F], F]: ...
 def event(function: F | None = None, *, historic: bool = False) -> F | Callable[[F], F]:
     """Mark a hookspec as an event: its results are ignored, and the plugin manager
     isolates its implementations from one another (one that raises is logged, the rest
     still run). ``historic``: a plugin registered after the call hears it then."""
 
     def mark(spec: F) -> F:
-        spec.spotring_event = True  # type: ignore[attr-defined]
-        return hookspec(historic=historic)(spec)  # type: ignore[no-any-return]
+        spec.spotring_event = True  # type: ignore[attr-defined]  # a marker on the spec
+        return hookspec(historic=historic)(spec)
 
     return mark if function is None else mark(function)
 

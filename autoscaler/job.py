@@ -110,7 +110,7 @@ def run_job(
         host_alias=controller.instance_id,
     )
     if provider.tracks_worker_processes:
-        launcher.add_listener(_ProviderProcesses(provider))
+        launcher.add_listener(_ProviderProcesses(provider))  # type: ignore[arg-type]  # listeners are duck-typed
     # The driver knows no plugin manager: the rings' events reach the plugins (the
     # progress lines, the events file, the metrics among them) through this listener.
     ring_hooks = _RingHooks(pm.hook)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import os
@@ -89,9 +90,9 @@ class SpotringPluginManager(pluggy.PluginManager):
             return
         report = functools.partial(self._report, hookimpl.plugin_name, hook.name)
         if hookimpl.wrapper or hookimpl.hookwrapper:
-            hookimpl.function = _isolated_wrapper(hookimpl.function, report)
+            hookimpl.function = _isolated_wrapper(hookimpl.function, report)  # type: ignore[misc]  # pluggy's Final
         else:
-            hookimpl.function = _isolated(hookimpl.function, report)
+            hookimpl.function = _isolated(hookimpl.function, report)  # type: ignore[misc]  # pluggy's Final
 
     def _report(self, plugin_name: str, hook_name: str, error: Exception) -> None:
         with self._broken_lock:
@@ -119,7 +120,7 @@ def _isolated(function: Callable[..., Any], report: Callable[[Exception], None])
             report(error)
             return None
 
-    isolated.spotring_isolated = True  # type: ignore[attr-defined]
+    isolated.spotring_isolated = True  # type: ignore[attr-defined]  # a marker on the wrapper
     return isolated
 
 
@@ -155,7 +156,7 @@ def _isolated_wrapper(function: Callable[..., Any], report: Callable[[Exception]
         report(RuntimeError("a wrapper must yield once"))
         return result
 
-    isolated.spotring_isolated = True  # type: ignore[attr-defined]
+    isolated.spotring_isolated = True  # type: ignore[attr-defined]  # a marker on the wrapper
     return isolated
 
 
@@ -192,9 +193,9 @@ def get_plugin_manager(
         pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
     if disabled:
         pm.disabled = frozenset(disabled)
-        for plugin, offered in _providers_by_plugin(pm).items():
+        for offering, offered in _providers_by_plugin(pm).items():
             if offered and offered <= pm.disabled:
-                pm.unregister(plugin)
+                pm.unregister(offering)
     pm.check_pending()
     if os.environ.get(TRACE_ENV) == "1":
         pm.trace.root.setwriter(lambda message: print(message, end="", file=sys.stderr))
@@ -228,6 +229,6 @@ def provider_registry(pm: pluggy.PluginManager) -> ProviderRegistry:
 
 
 @hookimpl
-def spotring_add_provider_options(provider: type[Provider], group: object) -> None:
+def spotring_add_provider_options(provider: type[Provider], group: argparse._ArgumentGroup) -> None:
     """spotring's own implementation: the provider's ``add_arguments``."""
-    provider.add_arguments(group)  # type: ignore[arg-type]
+    provider.add_arguments(group)

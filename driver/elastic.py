@@ -331,7 +331,7 @@ def _quiet_exits_after_stop(driver: ElasticDriver) -> None:
             if not driver.finished():
                 raise
 
-    driver._handle_worker_exit = _handle_worker_exit  # type: ignore[method-assign]
+    driver._handle_worker_exit = _handle_worker_exit
 
 
 def _stop_on_fatal_error(controller: JobController, stopper: _Stopper) -> None:
@@ -371,7 +371,7 @@ def _replay_host_changes_for_new_coordinator(driver: ElasticDriver) -> None:
             current = driver._host_manager.current_hosts
             driver._notify_workers_host_changes(current, HostUpdateResult.mixed)
 
-    def register_worker_server(host, slot, addresses, secret_key):  # type: ignore[no-untyped-def]
+    def register_worker_server(host, slot, addresses, secret_key):
         register(host, slot, addresses, secret_key)
         coordinator = driver.get_coordinator_info()
         if coordinator is not None and (coordinator.hostname, coordinator.local_rank) == (
@@ -382,7 +382,7 @@ def _replay_host_changes_for_new_coordinator(driver: ElasticDriver) -> None:
             timer.daemon = True
             timer.start()
 
-    driver.register_worker_server = register_worker_server  # type: ignore[method-assign]
+    driver.register_worker_server = register_worker_server
 
 
 class _FailureRouter:
@@ -448,7 +448,7 @@ class _NoticeRouter:
                 departed.wait(self.STOP_WAIT_SECONDS)
             return get_slot_info(host, slot)
 
-        driver.get_slot_info = held  # type: ignore[method-assign]
+        driver.get_slot_info = held
 
     def worker_noticed(self, host: str, notice: Notice) -> None:
         announced = InterruptionNotice(notice.kind, notice.deadline)

@@ -372,7 +372,7 @@ class SafeWorkerNotificationClient(WorkerNotificationClient):
         self._probes = probes or threading.BoundedSemaphore(MAX_CONCURRENT_PROBES)
         super().__init__(addresses, key, verbose)  # probes the addresses
 
-    @property  # type: ignore[override]
+    @property
     def _wire(self) -> Wire:
         return self._answer_wire
 
@@ -491,6 +491,7 @@ class HardenedRendezvousHandler(RendezvousHandler):
     driver: ElasticDriverCalls | None = None
     deadline_seconds = REQUEST_DEADLINE_SECONDS
     server: _RendezvousHTTPServer
+    rfile: io.BufferedIOBase
 
     def setup(self) -> None:
         super().setup()
@@ -869,7 +870,7 @@ class RingTracker(RendezvousServer):
         """The current ring's number: 1 for the first ring, +1 per reset."""
         return len(self.world_sizes)
 
-    def start(self, handler_cls: Any = None, address: str = "") -> int:  # type: ignore[override]
+    def start(self, handler_cls: Any = None, address: str = "") -> int:
         """Listen on ``address`` (every interface if empty, as Horovod's); the port.
 
         ``handler_cls`` defaults to a plain hardened store; the elastic driver's comes
@@ -903,7 +904,7 @@ class RingTracker(RendezvousServer):
                 value = str(generation).encode("ascii")
                 httpd.cache.setdefault(RING_SCOPE, {})[ABANDONED_KEY] = value
 
-    def init(self, host_alloc_plan):  # type: ignore[no-untyped-def]
+    def init(self, host_alloc_plan):
         httpd = self._httpd
         current = frozenset((slot.hostname, slot.local_rank) for slot in host_alloc_plan)
         httpd.planned_slots = httpd.planned_slots | current

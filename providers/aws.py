@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
@@ -376,7 +376,7 @@ class AwsProvider(CloudGroupProvider):
             lifecycle=Lifecycle.SPOT if spot else Lifecycle.ON_DEMAND,
             zone=detail.get("Placement", {}).get("AvailabilityZone")
             or member.get("AvailabilityZone", ""),
-            instance_type=detail.get("InstanceType") or member.get("InstanceType", ""),
+            instance_type=cast(str, detail.get("InstanceType") or member.get("InstanceType", "")),
             launch_time=launch_time.timestamp() if launch_time is not None else None,
             cloud_state=f"{lifecycle_state}/{health}/{ec2_state or 'missing'}",
             labels=tags,
@@ -640,7 +640,7 @@ class AwsProvider(CloudGroupProvider):
         except botocore.exceptions.ClientError as error:
             self.api_retries += error.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
             translated = self._client_error(operation, error)
-            translated.aws_code = error.response.get("Error", {}).get("Code", "")  # type: ignore[attr-defined]
+            translated.aws_code = error.response.get("Error", {}).get("Code", "")  # type: ignore[attr-defined]  # tagging the exception
             raise translated from None
         except botocore.exceptions.BotoCoreError as error:
             raise self._botocore_error(operation, error, client) from None

@@ -337,7 +337,7 @@ class AzureProvider(CloudGroupProvider):
         super().__init__(**common)
         self.group = group
         self.resource_group = resource_group
-        self.subscription = subscription or os.environ.get("AZURE_SUBSCRIPTION_ID", "")
+        self.subscription = subscription or os.environ.get("AZURE_SUBSCRIPTION_ID") or ""
         if not self.subscription:
             raise ConfigurationError(
                 "no Azure subscription: pass --subscription or set AZURE_SUBSCRIPTION_ID"
@@ -486,6 +486,7 @@ class AzureProvider(CloudGroupProvider):
         group = f"/subscriptions/{quote(self.subscription, safe='')}/resourceGroups/"
         group += quote(self.resource_group, safe="")
         if self.flexible:
+            assert self._set is not None  # self.flexible reads it
             set_filter = f"'virtualMachineScaleSet/id' eq '{self._set.id}'"
             vms = self._json_pages(
                 "virtualMachines.list",

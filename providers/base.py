@@ -248,11 +248,11 @@ def _adapt_old_contract(cls: type[Provider]) -> None:
     """
     made = cls.__dict__.get("from_options")
     if isinstance(made, classmethod) and _positional_parameters(made.__func__) == 2:
-        cls.from_options = _old_from_options(made.__func__)  # type: ignore[method-assign]
+        cls.from_options = _old_from_options(made.__func__)  # type: ignore[method-assign]  # adapting an old plugin class
         _warn_old(cls, "from_options(cls, options)", "from_options(cls, options, core)")
     finished = cls.__dict__.get("job_finished")
     if callable(finished) and _positional_parameters(finished) == 2:
-        cls.job_finished = _old_job_finished(finished)  # type: ignore[method-assign]
+        cls.job_finished = _old_job_finished(finished)  # type: ignore[method-assign]  # adapting an old plugin class
         _warn_old(cls, "job_finished(self, options)", "job_finished(self)")
 
 

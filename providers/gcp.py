@@ -399,6 +399,7 @@ class GcpProvider(CloudGroupProvider):
         """
         if self._record is None:
             self._get_group()
+        assert self._record is not None  # _get_group() sets it
         members = self._list_managed()
         # An empty page looks just like an empty group; a group that wants members lists
         # them (CREATING) at once, so no members and a target size is a broken answer.
@@ -553,7 +554,7 @@ class GcpProvider(CloudGroupProvider):
 
     def _get_group(self) -> Any:
         """Get the group's record: target size and any autoscaler attached to it."""
-        where = {"zone": self.zone} if self.zone else {"region": self.region}
+        where: dict[str, str | None] = {"zone": self.zone} if self.zone else {"region": self.region}
 
         def get() -> Any:
             found = self._groups.get(
@@ -590,6 +591,7 @@ class GcpProvider(CloudGroupProvider):
         live = sum(1 for m in self._members.values() if not m.leaving)
         if self._record is None or self._record.target_size != live:
             self._get_group()
+        assert self._record is not None  # _get_group() sets it
         return int(self._record.target_size)
 
     # ----------------------------------------------------------------- steering
@@ -609,7 +611,7 @@ class GcpProvider(CloudGroupProvider):
             )
         if current == size:
             return
-        where = {"zone": self.zone} if self.zone else {"region": self.region}
+        where: dict[str, str | None] = {"zone": self.zone} if self.zone else {"region": self.region}
         self.call_api(
             "instanceGroupManagers.resize",
             lambda: self._groups.resize(

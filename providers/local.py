@@ -90,7 +90,11 @@ class LocalProvider(Provider):
         self._slots = slots
         self._max_hosts = max_hosts
         self._boot_seconds = boot_seconds
-        self._scale_up = (scale_up_at, scale_up_to) if scale_up_at is not None else None
+        self._scale_up = (
+            (scale_up_at, scale_up_to)
+            if scale_up_at is not None and scale_up_to is not None  # both or neither, above
+            else None
+        )
         self._lock = threading.Lock()
         self._hosts: dict[str, _Host] = {}
         self._next_index = 0
@@ -426,5 +430,5 @@ def _killpg(process_group: int, sig: signal.Signals) -> None:
 
 
 @hookimpl
-def spotring_register_providers(registry) -> None:  # type: ignore[no-untyped-def]
+def spotring_register_providers(registry) -> None:
     registry.add(LocalProvider)

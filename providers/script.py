@@ -214,6 +214,6 @@ class ScriptProvider(Provider):
 
 
 @hookimpl
-def spotring_register_providers(registry) -> None:  # type: ignore[no-untyped-def]
+def spotring_register_providers(registry) -> None:
     """Register :class:`ScriptProvider` as ``script``."""
     registry.add(ScriptProvider)

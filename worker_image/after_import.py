@@ -25,13 +25,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None:
             return spec
         loader, callback = spec.loader, self._callback
-        exec_module = loader.exec_module  # type: ignore[union-attr]
+        exec_module = loader.exec_module
 
         def exec_then_call(module: ModuleType) -> None:
             exec_module(module)
             callback(module)
 
-        loader.exec_module = exec_then_call  # type: ignore[union-attr, method-assign]
+        loader.exec_module = exec_then_call  # type: ignore[method-assign]  # patching the loader
         return spec
 
 

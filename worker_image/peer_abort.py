@@ -286,7 +286,7 @@ class CollectiveAbort:
             self.context_formed(own_tcp_sockets() - before, self._read_generation())
             return result
 
-        tracked_init.__wrapped__ = init  # type: ignore[attr-defined]
+        tracked_init.__wrapped__ = init  # type: ignore[attr-defined]  # as functools.wraps
         return tracked_init
 
     def track_attempt(self, init: Callable[..., Any]) -> Callable[..., Any]:
@@ -303,7 +303,7 @@ class CollectiveAbort:
                 with self._lock:
                     self._forming = None
 
-        attempt.__wrapped__ = init  # type: ignore[attr-defined]
+        attempt.__wrapped__ = init  # type: ignore[attr-defined]  # as functools.wraps
         return attempt
 
     def context_formed(self, sockets: Iterable[int], generation: int | None) -> None:
@@ -520,7 +520,7 @@ def install() -> CollectiveAbort:
         )
         tracked = guard.track_init(formation)
         for module in (mpi_ops, hvd_torch, hvd_elastic):
-            module.init = tracked  # type: ignore[attr-defined]
+            module.init = tracked
 
         patch_notification_service(lambda service: guard)
         harden_notification_service()
@@ -542,7 +542,7 @@ def patch_notification_service(guard_for: Callable[[Any], CollectiveAbort]) -> N
             return network.AckResponse()  # the same answer either way: no oracle
         return handle_request(service, request, client_address)
 
-    WorkerNotificationService._handle = _handle  # type: ignore[method-assign]
+    WorkerNotificationService._handle = _handle
 
 
 class _ThrottledLog:
@@ -615,7 +615,9 @@ def harden_notification_service() -> None:
         slots = threading.BoundedSemaphore(MAX_NOTIFICATION_CONNECTIONS)
         over_limit, refused = _ThrottledLog(1), _ThrottledLog(30)
 
-        class HardenedHandler(make_handler(service)):  # type: ignore[misc]
+        class HardenedHandler(make_handler(service)):  # type: ignore[misc]  # Horovod's handler class, made at run time
+            rfile: io.BufferedIOBase
+
             def setup(self) -> None:
                 super().setup()
                 self.admitted = slots.acquire(blocking=False)
@@ -664,8 +666,8 @@ def harden_notification_service() -> None:
 
         return HardenedHandler
 
-    _make_handler.spotring_hardened = True  # type: ignore[attr-defined]
-    WorkerNotificationService._make_handler = _make_handler  # type: ignore[method-assign]
+    _make_handler.spotring_hardened = True  # type: ignore[attr-defined]  # a marker on the patch
+    WorkerNotificationService._make_handler = _make_handler
 
 
 def install_when_imported() -> None:

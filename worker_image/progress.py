@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from spotring.worker_image.signed_lines import SignedLine, is_int
 
@@ -99,6 +99,7 @@ class ProgressMessage(SignedLine):
         for name, value in (("sequence", sequence), ("count", count)):
             if not is_int(value) or not 0 <= value < 2**63:
                 raise ValueError(f"bad {name}")
+        sequence, count = cast(int, sequence), cast(int, count)  # checked just above
         if sequence < 1:
             raise ValueError("bad sequence")
         if not isinstance(age, (int, float)) or isinstance(age, bool):
@@ -188,8 +189,8 @@ class CommitCounter:
             finally:
                 counter._depth.value = depth
 
-        counted_commit._spotring_counted = True  # type: ignore[attr-defined]
-        counted_commit.__wrapped__ = commit  # type: ignore[attr-defined]
+        counted_commit._spotring_counted = True  # type: ignore[attr-defined]  # a marker on the wrapper
+        counted_commit.__wrapped__ = commit  # type: ignore[attr-defined]  # as functools.wraps
         counted_commit.__doc__ = commit.__doc__
         return counted_commit
 
@@ -200,18 +201,18 @@ class CommitCounter:
         wrap = self.wrap
         previous = state.__dict__.get("__init_subclass__")
 
-        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        def __init_subclass__(cls: Any, **kwargs: Any) -> None:
             if previous is not None:
                 previous.__func__(cls, **kwargs)
             else:
                 super(state, cls).__init_subclass__(**kwargs)
             if "commit" in cls.__dict__:
-                cls.commit = wrap(cls.__dict__["commit"])  # type: ignore[attr-defined]
+                cls.commit = wrap(cls.__dict__["commit"])
 
         state.__init_subclass__ = classmethod(__init_subclass__)
         for subclass in _subclasses(state):  # defined before we were installed
             if "commit" in subclass.__dict__:
-                subclass.commit = wrap(subclass.__dict__["commit"])
+                subclass.commit = wrap(subclass.__dict__["commit"])  # type: ignore[attr-defined]  # a State
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -63,7 +63,7 @@ def retry_failed_formation(
             )
             shutdown()
 
-    init_until_formed.__wrapped__ = init  # type: ignore[attr-defined]
+    init_until_formed.__wrapped__ = init  # type: ignore[attr-defined]  # as functools.wraps
     return init_until_formed
 
 
@@ -102,7 +102,7 @@ def watch_abandoned_formation(
         finally:
             done.set()
 
-    watched_init.__wrapped__ = init  # type: ignore[attr-defined]
+    watched_init.__wrapped__ = init  # type: ignore[attr-defined]  # as functools.wraps
     return watched_init
 
 

@@ -40,5 +40,5 @@ def install() -> None:
         reset(state)
         reset_samplers(state._handlers.values())
 
-    reset_with_samplers.spotring_resets_samplers = True  # type: ignore[attr-defined]
-    TorchState.reset = reset_with_samplers  # type: ignore[method-assign]
+    reset_with_samplers.spotring_resets_samplers = True  # type: ignore[attr-defined]  # a marker on the patch
+    TorchState.reset = reset_with_samplers

@@ -29,7 +29,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Mapping
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeGuard, TypeVar
 
 M = TypeVar("M", bound="SignedLine")
 
@@ -70,7 +70,7 @@ class SignedLine:
     def signed(self: M, key: bytes) -> M:
         """This message with its MAC under ``key``."""
         mac = hmac.new(key, self._payload(), hashlib.sha256).hexdigest()
-        return dataclasses.replace(self, mac=mac)  # type: ignore[type-var]
+        return dataclasses.replace(self, mac=mac)  # type: ignore[type-var]  # subclasses are dataclasses
 
     def verify(self, key: bytes) -> bool:
         """Whether the MAC is valid under ``key``."""
@@ -99,7 +99,7 @@ class SignedLine:
         return cls.from_body(body)
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """Whether a JSON value is an integer (``true`` is not)."""
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import torch
 from horovod.common.elastic import ObjectState
@@ -48,7 +48,7 @@ _ATOMIC = (int, float, bool, complex, str, bytes, type(None))
 _CPU = torch.device("cpu")
 
 
-def _is_plain(value: object) -> bool:
+def _is_plain(value: object) -> TypeGuard[torch.Tensor]:
     """True for ordinary dense tensors, the only kind the flat buffers can hold."""
     return (
         isinstance(value, torch.Tensor)
@@ -244,7 +244,7 @@ class _ModelHandler(_BroadcastHandler):
             and self._arena.matches(tensors)
         )
         if same_layout:
-            self._arena.restore(tensors)  # type: ignore[arg-type]
+            self._arena.restore(tensors)
             if self._other:
                 self.value.load_state_dict(copy.deepcopy(self._other), strict=False)
         else:
@@ -264,7 +264,7 @@ class _ModelHandler(_BroadcastHandler):
                 batch.value(
                     f"{name}.{key}",
                     value,
-                    lambda v, key=key: module.load_state_dict({key: v}, strict=False),
+                    lambda v, key=key: module.load_state_dict({key: v}, strict=False),  # type: ignore[misc]  # lambda with defaults
                 )
 
 
@@ -394,7 +394,7 @@ class _OptimizerHandler(_BroadcastHandler):
                     batch.value(
                         f"{name}.group{index}.{key}",
                         value,
-                        lambda v, group=group, key=key: group.__setitem__(key, v),
+                        lambda v, group=group, key=key: group.__setitem__(key, v),  # type: ignore[misc]  # lambda with defaults
                     )
         for index, param in enumerate(params):
             param_state = optimizer.state.get(param)
@@ -405,7 +405,7 @@ class _OptimizerHandler(_BroadcastHandler):
                     batch.value(
                         f"{name}.{index}.{key}",
                         value,
-                        lambda v, state=param_state, key=key: state.__setitem__(key, v),
+                        lambda v, state=param_state, key=key: state.__setitem__(key, v),  # type: ignore[misc]  # lambda with defaults
                     )
 
 
@@ -422,7 +422,7 @@ def _create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                     p.grad = p.grad.to_sparse()
     if optimizer.__module__ == DistributedOptimizer.__module__:
         # The wrapper's step would allreduce, and only this worker is stepping.
-        super(optimizer.__class__, optimizer).step()  # type: ignore[misc]
+        super(optimizer.__class__, optimizer).step()  # type: ignore[misc]  # the class is Horovod's, made at run time
     else:
         optimizer.step()
 
@@ -473,7 +473,7 @@ class StateBroadcast:
             setter(value)
 
 
-def _forget_pending_allreduces(optimizer: torch.optim.Optimizer) -> None:
+def _forget_pending_allreduces(optimizer: Any) -> None:  # Horovod's optimizer class
     """Clear a ``hvd.DistributedOptimizer``'s in-flight gradient allreduces.
 
     A failure between ``backward()`` and ``step()`` leaves handles of a collective that

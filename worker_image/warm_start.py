@@ -65,7 +65,7 @@ def hold_until_assigned(init: Callable[..., Any]) -> Callable[..., Any]:
                 os.environ.update(wait_for_slot(channel))
         return init(*args, **kwargs)
 
-    init_when_assigned.__wrapped__ = init  # type: ignore[attr-defined]
+    init_when_assigned.__wrapped__ = init  # type: ignore[attr-defined]  # as functools.wraps
     return init_when_assigned
 
 

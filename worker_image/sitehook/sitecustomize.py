@@ -51,7 +51,7 @@ def _prepare_worker() -> None:
             peer_abort.install_when_imported()
     except Exception as error:  # never stop the user's script over this
         print(f"spotring: fast peer-failure abort not installed: {error}", file=sys.stderr)
-        if key_fd.isdigit() and os.environ.pop("SPOTRING_JOB_KEY_FD", None):
+        if key_fd.isdigit() and os.environ.pop("SPOTRING_JOB_KEY_FD", ""):
             with contextlib.suppress(OSError):
                 os.close(int(key_fd))  # unread: no child may read the key from it
 
