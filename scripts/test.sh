@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up .venv with every extra (once) and runs the checks: ruff, then pytest.
+# Sets up .venv with every extra (once) and runs the checks: ruff, mypy, then pytest.
 # Extra arguments go to pytest.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,4 +18,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# mypy checks the product as the spotring package: each folder is linked under the name
+# pyproject.toml's package-dir gives it (mypy cannot follow setuptools' mapping).
+mkdir -p build/mypy/spotring
+sed -n 's/^"spotring\.\([a-z_]*\)" = "\([a-z_]*\)"$/\1 \2/p' pyproject.toml \
+  | while read -r name folder; do ln -sfn "../../../$folder" "build/mypy/spotring/$name"; done
+.venv/bin/python -m mypy
 exec .venv/bin/python -m pytest "$@"
