@@ -186,8 +186,8 @@ class LocalProvider(Provider):
             "--control",
             metavar="FILE",
             help="chaos on demand: each refresh runs the lines appended to FILE since the "
-            "last: 'preempt [HOST]', 'notice [HOST]' or 'scale N' (tests trigger chaos on "
-            "training progress)",
+            "last: 'preempt [HOST|all]', 'notice [HOST|all]' or 'scale N' (tests trigger "
+            "chaos on training progress)",
         )
 
     @classmethod
@@ -340,6 +340,24 @@ class LocalProvider(Provider):
             timer.start()
             return host.name
 
+    def preempt_all(self) -> list[str]:
+        """Hard-preempt every READY host at once (a reclaimed capacity pool); their
+        names."""
+        with self._lock:
+            names = [h.name for h in self._hosts.values() if h.state is InstanceState.READY]
+        return [name for name in names if self.preempt(name) is not None]
+
+    def notice_all(self, lead: float | None = None) -> list[str]:
+        """Announce the interruption of every READY host not already leaving, each
+        preempted ``lead`` seconds later; their names."""
+        with self._lock:
+            names = [
+                h.name
+                for h in self._hosts.values()
+                if h.state is InstanceState.READY and not h.leaving
+            ]
+        return [name for name in names if self.notice(name, lead) is not None]
+
     def _pick(self, name: str | None) -> _Host | None:
         """Host ``name``, or the newest READY one not already leaving (lock held)."""
         if name is not None:
@@ -366,7 +384,9 @@ class LocalProvider(Provider):
             words = line.split()
             if not words:
                 continue
-            if words[0] in ("preempt", "notice") and len(words) <= 2:
+            if words[0] in ("preempt", "notice") and words[1:] == ["all"]:
+                (self.preempt_all if words[0] == "preempt" else self.notice_all)()
+            elif words[0] in ("preempt", "notice") and len(words) <= 2:
                 chaos = self.preempt if words[0] == "preempt" else self.notice
                 chaos(words[1] if len(words) == 2 else None)
             elif words[0] == "scale" and len(words) == 2 and words[1].isdigit():

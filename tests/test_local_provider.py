@@ -158,6 +158,24 @@ def test_control_file_runs_chaos_on_demand(tmp_path, caplog) -> None:  # type: i
     ]
 
 
+def test_control_lines_notice_and_preempt_every_host_at_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    control = tmp_path / "control"
+    provider = LocalProvider(3, boot_seconds=0, notice_lead=60, control=str(control))
+    try:
+        assert set(states(provider).values()) == {InstanceState.READY}
+        control.write_text("notice all\n")
+        states(provider)
+        noticed = [what for _, what in provider.events if "interruption notice" in what]
+        assert len(noticed) == 3, noticed
+        with control.open("a") as stream:
+            stream.write("preempt all\n")
+        listed = states(provider)
+        gone = [name for name, state in listed.items() if state is InstanceState.GONE]
+        assert sorted(gone) == ["host-0", "host-1", "host-2"]
+    finally:
+        provider.job_finished()
+
+
 def test_the_metadata_service_says_nothing_when_a_client_hangs_up(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
@@ -210,7 +228,6 @@ def test_the_launcher_tells_only_a_provider_that_declares_it_tracks_workers(
     provider_class: type[_Watching], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("horovod")
-    import argparse
 
     import spotring.driver.elastic
     from spotring.autoscaler.job import JobConfig, run_job
@@ -234,7 +251,7 @@ def test_the_launcher_tells_only_a_provider_that_declares_it_tracks_workers(
     )
     pm = get_plugin_manager(load_entry_points=False)
 
-    outcome = run_job(config, provider, pm, ProgressReporter(), argparse.Namespace())
+    outcome = run_job(config, provider, pm, ProgressReporter())
 
     assert outcome.exit_code == 0
     wanted = [("started", "host-0", 4242), ("exited", "host-0", 4242)]
