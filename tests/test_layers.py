@@ -4,6 +4,7 @@
     driver                      the Horovod side
     torch                       the training scripts' public import (TorchState)
     providers | worker_image    beside each other: neither imports the other
+    checkpoint                  durable checkpoint storage (workers and driver use it)
     core                        shared value types and hook markers: imports no spotring
 
 Every import statement counts, wherever it is: at module level, inside a function,
@@ -25,17 +26,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 FLOORS: dict[str, int] = {
     "spotring.core": 0,
-    "spotring.providers": 1,
-    "spotring.worker_image": 1,
-    "spotring.torch": 2,
-    "spotring.driver": 3,
-    "spotring.autoscaler": 4,
+    "spotring.checkpoint": 1,
+    "spotring.providers": 2,
+    "spotring.worker_image": 2,
+    "spotring.torch": 3,
+    "spotring.driver": 4,
+    "spotring.autoscaler": 5,
 }
 """Each top-level package of spotring and its floor: a package imports only its own
 modules and those of packages on lower floors."""
 
 FOLDERS: dict[str, str] = {
     "spotring.core": "core",
+    "spotring.checkpoint": "checkpoint",
     "spotring.providers": "providers",
     "spotring.worker_image": "worker_image",
     "spotring.torch": "torch_state",

@@ -1,0 +1,26 @@
+"""The checkpoint layer's errors: one line each, safe to print to users."""
+
+from __future__ import annotations
+
+import re
+
+_SPACE = re.compile(r"\s+")
+
+
+class CheckpointError(Exception):
+    """A checkpoint store could not do what was asked. The message is one line that says
+    what failed and, where it can, what to do; it never contains credentials."""
+
+
+class CheckpointLockError(CheckpointError):
+    """The checkpoint prefix is held by another job, or by a live driver of this job."""
+
+
+class ObjectNotFoundError(CheckpointError):
+    """The key asked for does not exist in the store."""
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` on one line (SDK messages span several), at most ``limit`` characters."""
+    flat = _SPACE.sub(" ", str(text)).strip()
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

@@ -1,0 +1,483 @@
+"""spotring.checkpoint against real stores: a directory, and S3, GCS and Azure Blob
+emulators (tests/storage_emulators.py) started for the session.
+
+The same cases run on every backend: round trips, newest-first listing, pruning, partial
+and damaged checkpoints, exclusive creation and the job lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from spotring.checkpoint import (
+    LOCK_KEY,
+    CheckpointError,
+    CheckpointLockError,
+    Checkpoints,
+    JobLock,
+    ObjectNotFoundError,
+    ObjectStore,
+    open_store,
+)
+from spotring.checkpoint import uri as uri_module
+from tests.storage_emulators import BACKENDS, Backend, local_backend  # noqa: F401 (fixtures)
+
+MiB = 2**20
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    found: Backend = request.getfixturevalue(f"{request.param}_backend")
+    for name, value in found.env.items():
+        monkeypatch.setenv(name, value)
+    return found
+
+
+@pytest.fixture
+def store(backend: Backend) -> ObjectStore:
+    return open_store(backend.uri(), timeout_s=20)
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("spotring.checkpoint")
+    ]
+
+
+# ------------------------------------------------------------------ the store itself
+
+
+def test_put_get_list_delete(store: ObjectStore) -> None:
+    big = payload(3 * MiB + 17)
+    store.put("a/big", big)
+    store.put("a/small", b"x")
+    store.put("ab", memoryview(b"from a memoryview"))
+    assert store.get("a/big") == big
+    assert store.get("ab") == b"from a memoryview"
+    assert store.list() == ["a/big", "a/small", "ab"]
+    assert store.list("a/") == ["a/big", "a/small"]
+    assert store.list("a") == ["a/big", "a/small", "ab"]
+    assert store.list("nothing/") == []
+    store.put("a/small", b"replaced")
+    assert store.get("a/small") == b"replaced"
+    store.delete("a/big")
+    store.delete("a/big")  # missing is fine
+    assert store.list() == ["a/small", "ab"]
+    with pytest.raises(ObjectNotFoundError):
+        store.get("a/big")
+
+
+def test_an_empty_object(store: ObjectStore) -> None:
+    store.put("empty", b"")
+    assert store.get("empty") == b""
+    assert store.list() == ["empty"]
+
+
+def test_create_exclusive(store: ObjectStore) -> None:
+    assert store.create_exclusive("claim", b"first") is True
+    assert store.create_exclusive("claim", b"second") is False
+    assert store.get("claim") == b"first"
+    store.delete("claim")
+    assert store.create_exclusive("claim", b"third") is True
+    assert store.get("claim") == b"third"
+    assert store.list() == ["claim"]
+
+
+@pytest.mark.parametrize("key", ["", "/a", "a/", "a//b", "a/../b", ".hidden", "a\\b", "a/./b"])
+def test_bad_keys_are_refused(store: ObjectStore, key: str) -> None:
+    with pytest.raises(CheckpointError, match="invalid checkpoint store key"):
+        store.put(key, b"x")
+
+
+def test_stores_under_one_prefix_do_not_see_each_other(backend: Backend) -> None:
+    base = backend.uri()
+    outer, inner, sibling = open_store(base), open_store(base + "/in"), open_store(base + "x")
+    inner.put("k", b"1")
+    sibling.put("k", b"2")
+    assert outer.list() == ["in/k"]
+    assert outer.get("in/k") == b"1"
+    assert sibling.list() == ["k"]
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def test_round_trip(store: ObjectStore) -> None:
+    checkpoints = Checkpoints(store, job_id="job-1")
+    assert checkpoints.load_latest() is None
+    assert checkpoints.latest_info() is None
+    data = payload(5 * MiB + 3, seed=1)
+    info = checkpoints.write(42, data, {"epoch": 3, "note": "é"})
+    assert (info.step, info.size, info.job_id, info.meta) == (
+        42,
+        len(data),
+        "job-1",
+        {"epoch": 3, "note": "é"},
+    )
+    found = checkpoints.load_latest()
+    assert found is not None
+    assert found[0] == info
+    assert found[1] == data
+    assert checkpoints.latest_info() == info
+    assert store.list() == [info.data_key, info.manifest_key]
+
+
+def test_list_is_newest_first(store: ObjectStore) -> None:
+    checkpoints = Checkpoints(store, job_id="job-1", keep=10)
+    for step in (5, 10, 7):
+        checkpoints.write(step, f"step {step}".encode())
+    again = checkpoints.write(7, b"step 7 again")
+    assert [i.step for i in checkpoints.list()] == [10, 7, 7, 5]
+    assert checkpoints.list()[1] == again  # same step: the later one first
+    latest = checkpoints.latest_info()
+    assert latest is not None and latest.step == 10
+    found = checkpoints.load_latest()
+    assert found is not None and found[1] == b"step 10"
+
+
+def test_keep_prunes_older_checkpoints(store: ObjectStore) -> None:
+    checkpoints = Checkpoints(store, job_id="job-1", keep=2)
+    written = [checkpoints.write(step, b"x" * step) for step in range(1, 6)]
+    assert checkpoints.list() == written[:2:-1]
+    names = {key.split("/")[0] for key in store.list()}
+    assert names == {written[3].name, written[4].name}  # no leftovers
+
+
+def test_a_restarted_run_keeps_what_it_writes(store: ObjectStore) -> None:
+    """After a resume from an older checkpoint, the new one is kept even with keep=1."""
+    checkpoints = Checkpoints(store, job_id="job-1", keep=1)
+    checkpoints.write(200, b"newer step, from before the restart")
+    written = checkpoints.write(150, b"resumed")
+    assert written in checkpoints.list()
+
+
+def test_data_without_manifest_is_invisible(store: ObjectStore) -> None:
+    checkpoints = Checkpoints(store, job_id="job-1", keep=3)
+    old = checkpoints.write(1, b"complete")
+    # A writer that died after its data, before its manifest (newer step).
+    partial_name = "ckpt-000000000009-" + "9" * 13 + "-abcdef"
+    store.put(f"{partial_name}/data", b"partial")
+    assert checkpoints.list() == [old]
+    assert checkpoints.latest_info() == old
+    found = checkpoints.load_latest()
+    assert found is not None and found[1] == b"complete"
+    # A newer partial may be a write in progress: pruning leaves it alone.
+    checkpoints.write(2, b"two")
+    assert f"{partial_name}/data" in store.list()
+    # Once a newer checkpoint is complete, the leftover goes.
+    newest = checkpoints.write(10, b"ten")
+    assert f"{partial_name}/data" not in store.list()
+    assert [i.step for i in checkpoints.list()] == [10, 2, 1]
+    assert checkpoints.latest_info() == newest
+
+
+def test_unreadable_manifests_are_ignored(store: ObjectStore) -> None:
+    checkpoints = Checkpoints(store, job_id="job-1", keep=5)
+    good = checkpoints.write(1, b"good")
+    bad = checkpoints.write(2, b"bad manifest")
+    store.put(bad.manifest_key, b"{not json")
+    other = checkpoints.write(3, b"other")
+    document = json.loads(store.get(other.manifest_key))
+    store.put(other.manifest_key, json.dumps({**document, "format": 99}).encode())
+    assert checkpoints.list() == [good]
+    found = checkpoints.load_latest()
+    assert found is not None and found[0] == good
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_a_damaged_newest_checkpoint_falls_back(
+    store: ObjectStore, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpoints = Checkpoints(store, job_id="job-1")
+    previous_data = payload(MiB, seed=2)
+    previous = checkpoints.write(1, previous_data)
+    newest = checkpoints.write(2, payload(MiB, seed=3))
+    data = bytearray(store.get(newest.data_key))
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+        store.put(newest.data_key, bytes(data))
+    elif damage == "truncate":
+        store.put(newest.data_key, bytes(data[:-1]))
+    else:
+        store.delete(newest.data_key)
+    caplog.set_level(logging.WARNING)
+    found = checkpoints.load_latest()
+    assert found is not None
+    assert found[0] == previous
+    assert found[1] == previous_data
+    warned = warnings_of(caplog)
+    assert len(warned) == 1, warned
+    assert newest.name in warned[0]
+    assert checkpoints.latest_info() == newest  # the manifest alone looks fine
+
+
+def test_meta_must_be_json(store: ObjectStore) -> None:
+    checkpoints = Checkpoints(store, job_id="job-1")
+    with pytest.raises(CheckpointError, match="not JSON"):
+        checkpoints.write(1, b"x", {"when": object()})
+    with pytest.raises(CheckpointError, match="step"):
+        checkpoints.write(-1, b"x")
+    assert store.list() == []
+
+
+class RecordingStore(ObjectStore):
+    """Records each call; fails a put whose key ends with ``fail_suffix``."""
+
+    def __init__(self, inner: ObjectStore, fail_suffix: str | None = None) -> None:
+        self.inner, self.uri, self.fail_suffix = inner, inner.uri, fail_suffix
+        self.calls: list[tuple[str, str]] = []
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self.calls.append(("put", key))
+        if self.fail_suffix and key.endswith(self.fail_suffix):
+            raise CheckpointError(f"injected failure writing {key}")
+        self.inner.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.calls.append(("delete", key))
+        self.inner.delete(key)
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        return self.inner.create_exclusive(key, data)
+
+
+def test_the_manifest_is_written_last_and_deleted_first(store: ObjectStore) -> None:
+    recording = RecordingStore(store)
+    checkpoints = Checkpoints(recording, job_id="job-1", keep=1)
+    first = checkpoints.write(1, b"one")
+    second = checkpoints.write(2, b"two")
+    assert recording.calls == [
+        ("put", first.data_key),
+        ("put", first.manifest_key),
+        ("put", second.data_key),
+        ("put", second.manifest_key),
+        ("delete", first.manifest_key),
+        ("delete", first.data_key),
+    ]
+
+
+@pytest.mark.parametrize("failing", ["/data", "/manifest.json"])
+def test_a_failed_write_leaves_the_previous_checkpoint(store: ObjectStore, failing: str) -> None:
+    good = Checkpoints(store, job_id="job-1")
+    previous = good.write(1, b"previous")
+    broken = Checkpoints(RecordingStore(store, fail_suffix=failing), job_id="job-1")
+    with pytest.raises(CheckpointError, match="injected"):
+        broken.write(2, b"never complete")
+    assert good.list() == [previous]
+    found = good.load_latest()
+    assert found is not None and found[0] == previous
+
+
+# ------------------------------------------------------------------ the job lock
+
+
+def lock_document(store: ObjectStore) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(store.get(LOCK_KEY))
+    return document
+
+
+def plant_lock(store: ObjectStore, job_id: str, owner: str, age: float) -> None:
+    moment = time.time() - age
+    document = {"job_id": job_id, "owner": owner, "heartbeat_at": moment, "acquired_at": moment}
+    store.put(LOCK_KEY, json.dumps(document).encode())
+
+
+def test_lock_acquire_heartbeat_release(store: ObjectStore) -> None:
+    lock = JobLock(store, job_id="job-1", owner="host-a:100")
+    lock.acquire()
+    first = lock_document(store)
+    assert (first["job_id"], first["owner"]) == ("job-1", "host-a:100")
+    time.sleep(0.02)
+    lock.heartbeat()
+    assert lock_document(store)["heartbeat_at"] > first["heartbeat_at"]
+    assert lock_document(store)["acquired_at"] == first["acquired_at"]
+    lock.release()
+    assert store.list() == []
+    lock.release()  # twice is fine
+
+
+def test_another_job_is_refused_even_with_a_stale_lock(store: ObjectStore) -> None:
+    plant_lock(store, "job-other", "host-b:7", age=3600)
+    lock = JobLock(store, job_id="job-1", owner="host-a:100", lease_s=60)
+    with pytest.raises(CheckpointLockError) as caught:
+        lock.acquire()
+    message = str(caught.value)
+    assert "\n" not in message
+    for part in ("job-other", "host-b:7", "--checkpoint", LOCK_KEY, store.uri):
+        assert part in message
+    assert lock_document(store)["job_id"] == "job-other"  # untouched
+
+
+def test_the_same_job_takes_over_a_stale_lock(
+    store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    plant_lock(store, "job-1", "host-b:7", age=120)
+    caplog.set_level(logging.WARNING)
+    JobLock(store, job_id="job-1", owner="host-a:100", lease_s=60).acquire()
+    assert lock_document(store)["owner"] == "host-a:100"
+    assert any("host-b:7" in line for line in warnings_of(caplog))
+
+
+def test_the_same_job_with_a_live_driver_is_refused(store: ObjectStore) -> None:
+    plant_lock(store, "job-1", "host-b:7", age=1)
+    with pytest.raises(CheckpointLockError, match="already running") as caught:
+        JobLock(store, job_id="job-1", owner="host-a:100", lease_s=60).acquire()
+    assert "host-b:7" in str(caught.value)
+    assert lock_document(store)["owner"] == "host-b:7"
+
+
+def test_a_crashed_driver_on_this_host_is_taken_over_at_once(store: ObjectStore) -> None:
+    host = socket.gethostname()
+    dead = _dead_pid()
+    plant_lock(store, "job-1", f"{host}:{dead}", age=1)
+    JobLock(store, job_id="job-1", owner=f"{host}:{os.getpid()}", lease_s=60).acquire()
+    assert lock_document(store)["owner"] == f"{host}:{os.getpid()}"
+    # A live process of this host is not taken over.
+    plant_lock(store, "job-1", f"{host}:{os.getppid()}", age=1)
+    with pytest.raises(CheckpointLockError, match="already running"):
+        JobLock(store, job_id="job-1", owner=f"{host}:{os.getpid()}", lease_s=60).acquire()
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_heartbeat_after_a_takeover_raises_and_release_keeps_the_new_lock(
+    store: ObjectStore,
+) -> None:
+    old = JobLock(store, job_id="job-1", owner="host-a:100", lease_s=0.05)
+    old.acquire()
+    time.sleep(0.1)
+    new = JobLock(store, job_id="job-1", owner="host-b:200", lease_s=0.05)
+    new.acquire()
+    with pytest.raises(CheckpointLockError, match="host-b:200"):
+        old.heartbeat()
+    old.release()
+    assert lock_document(store)["owner"] == "host-b:200"
+    new.heartbeat()
+    new.release()
+    assert store.list() == []
+
+
+def test_the_lock_as_a_context_manager(store: ObjectStore) -> None:
+    with JobLock(store, job_id="job-1", owner="host-a:100"):
+        assert lock_document(store)["owner"] == "host-a:100"
+        with pytest.raises(CheckpointLockError):
+            JobLock(store, job_id="job-2", owner="host-c:1").acquire()
+    assert store.list() == []
+
+
+# ------------------------------------------------------------------ URIs (no network)
+
+
+@pytest.mark.parametrize(
+    ("uri", "kind", "shown"),
+    [
+        ("s3://my-bucket/jobs/run-1/", "s3", "s3://my-bucket/jobs/run-1"),
+        ("s3://my-bucket", "s3", "s3://my-bucket"),
+        ("gs://my_bucket.example/p", "gcs", "gs://my_bucket.example/p"),
+        ("az://acct1/ckpts/run", "azure", "az://acct1/ckpts/run"),
+        (
+            "https://acct1.blob.core.windows.net/ckpts/run",
+            "azure",
+            "https://acct1.blob.core.windows.net/ckpts/run",
+        ),
+        (
+            "http://127.0.0.1:10000/devstoreaccount1/ckpts/run",
+            "azure",
+            "http://127.0.0.1:10000/devstoreaccount1/ckpts/run",
+        ),
+    ],
+)
+def test_uri_forms(uri: str, kind: str, shown: str) -> None:
+    location = uri_module.parse(uri)
+    assert (location.kind, location.uri) == (kind, shown)
+
+
+def test_local_uri_forms(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert open_store("rel/dir").uri == str(tmp_path / "rel" / "dir")
+    assert open_store(f"file://{tmp_path}/abs").uri == str(tmp_path / "abs")
+    assert not (tmp_path / "rel").exists()  # nothing made before the first write
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(CheckpointError, match="not a directory"):
+        open_store("afile")
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("", "empty"),
+        ("ftp://host/x", "unknown scheme"),
+        ("s3://", "bucket"),
+        ("s3://UPPER/x", "bucket"),
+        ("s3://bucket/a/../b", "prefix"),
+        ("gs://b", "bucket"),
+        ("az://acct1", "container"),
+        ("az://acct1/C/x", "container"),
+        ("https://example.com/c/x", "not an Azure Blob endpoint"),
+        ("http://acct1.blob.core.windows.net/c/x", "plain http"),
+        ("http://127.0.0.1:10000/otheraccount/c", "devstoreaccount1"),
+        ("https://acct1.blob.core.windows.net/c/x?sv=2020&sig=SECRET", "SAS"),
+        ("file://remote/x", "file:///path"),
+    ],
+)
+def test_bad_uris(uri: str, says: str) -> None:
+    with pytest.raises(CheckpointError, match=says) as caught:
+        open_store(uri)
+    assert "\n" not in str(caught.value)
+    assert "SECRET" not in str(caught.value)
+
+
+def test_credentials_in_a_uri_are_refused_without_repeating_them() -> None:
+    for uri in (
+        "s3://AKIAKEY:s3cr3t@bucket/x",
+        "https://user:s3cr3t@acct1.blob.core.windows.net/c",
+    ):
+        with pytest.raises(CheckpointError, match="credentials") as caught:
+            open_store(uri)
+        assert "s3cr3t" not in str(caught.value)
+
+
+def test_a_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = uri_module.importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        if name.split(".")[0] in ("boto3", "google", "azure"):
+            return None
+        return real(name, *args)
+
+    monkeypatch.setattr(uri_module.importlib.util, "find_spec", find_spec)
+    for uri, extra in [("s3://bkt/x", "aws"), ("gs://bkt/x", "gcp"), ("az://acct1/ctr/x", "azure")]:
+        with pytest.raises(CheckpointError, match=rf"pip install 'spotring\[{extra}\]'"):
+            open_store(uri)
+
+
+def test_a_bad_timeout_is_refused() -> None:
+    with pytest.raises(CheckpointError, match="timeout"):
+        open_store("s3://bucket/x", timeout_s=0)
