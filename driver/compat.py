@@ -5,13 +5,18 @@ the elastic driver's lock and host manager, the rendezvous server's store, the w
 notification service's request handler. A different Horovod may lack them, and then a
 job would fail half way through in a thread. :func:`require_horovod` checks the version
 and every one of those attributes at start, and fails with one line that says what is
-wrong and how to fix it.
+wrong and how to fix it. The attributes are those the two modules that hold every such
+use list: :mod:`spotring.driver.horovod_internals` and
+:mod:`spotring.worker_image.horovod_internals`.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+
+from spotring.driver import horovod_internals as driver_internals
+from spotring.worker_image import horovod_internals as worker_internals
 
 TESTED_HOROVOD_VERSIONS: tuple[str, ...] = ("0.28.1",)
 
@@ -21,50 +26,8 @@ SETUP_HINT = (
 )
 
 PATCHED_INTERNALS: tuple[tuple[str, str], ...] = (
-    # driver/elastic.py: the driver, its lock and host manager, the rendezvous store
-    ("horovod.runner.elastic.driver:ElasticDriver", "_wait_hosts_cond"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "_host_manager"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "_notify_workers_host_changes"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "register_worker_server"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "get_coordinator_info"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "host_assignments"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "has_rank_assignment"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "get_worker_client"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "get_results"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "get_slot_info"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "_worker_clients"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "_verbose"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "_handle_worker_exit"),
-    ("horovod.runner.elastic.driver:ElasticDriver", "_worker_registry"),
-    ("horovod.runner.elastic.registration:WorkerStateRegistry", "_barrier"),
-    ("horovod.runner.http.http_server:RendezvousServer", "init"),
-    ("horovod.runner.http.http_server:RendezvousServer", "_httpd"),
-    ("horovod.runner.http.http_server:RendezvousHTTPServer", "cache"),
-    ("horovod.runner.http.http_server:RendezvousHTTPServer", "cache_lock"),
-    ("horovod.runner.http.http_server:RendezvousServer", "_listen_thread"),
-    ("horovod.runner.http.http_server", "RendezvousHandler"),
-    ("horovod.runner.gloo_run", "create_slot_env_vars"),
-    ("horovod.runner.util.network", "get_driver_ip"),
-    # driver/rendezvous.py: the hardened store and the driver's client for each worker
-    ("horovod.runner.http.http_server:RendezvousHTTPServer", "scope_size"),
-    ("horovod.runner.http.http_server:RendezvousHTTPServer", "finished_list"),
-    ("horovod.runner.http.http_server:RendezvousHTTPServer", "init"),
-    ("horovod.runner.http.http_server:RendezvousHTTPServer", "finished_list_lock"),
-    ("horovod.runner.common.util.network:BasicClient", "_wire"),
-    ("horovod.runner.common.util.network:BasicClient", "_probe"),
-    ("horovod.runner.common.util.network:BasicClient", "_probe_one"),
-    ("horovod.runner.common.util.network:BasicClient", "_send_one"),
-    ("horovod.runner.common.util.network:BasicClient", "_attempts"),
-    ("horovod.runner.common.util.network:Wire", "_key"),
-    ("horovod.runner.elastic.worker", "HostUpdateResult"),
-    # driver/peer_failure.py: our message goes through the worker's client
-    ("horovod.runner.common.util.network:BasicClient", "_send"),
-    # worker_image/peer_abort.py: the worker's init and notification service
-    ("horovod.torch.mpi_ops", "init"),
-    ("horovod.torch.elastic", "init"),
-    ("horovod.runner.elastic.worker:WorkerNotificationService", "_handle"),
-    ("horovod.runner.elastic.worker:WorkerNotificationService", "_make_handler"),
-    ("horovod.runner.common.util.network", "AckResponse"),
+    *driver_internals.INTERNALS,
+    *worker_internals.INTERNALS,
 )
 """(``module`` or ``module:Class``, attribute) pairs spotring reaches into."""
 

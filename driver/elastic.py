@@ -48,6 +48,7 @@ from horovod.runner.util.network import get_driver_ip
 
 from spotring.core import InterruptionNotice
 from spotring.core.job import JobShape
+from spotring.driver import horovod_internals
 from spotring.driver.discovery import InventoryHostDiscovery, InventorySource
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.options import ElasticOptions
@@ -288,7 +289,7 @@ class _Stopper:
         while not self._driver.finished() and time.monotonic() < deadline:
             time.sleep(0.01)
         # Wake a wait for slots (the start, a resume): it sees the shutdown and ends.
-        cond = self._driver._wait_hosts_cond
+        cond = horovod_internals.wait_hosts_cond(self._driver)
         if cond.acquire(timeout=max(0.0, deadline - time.monotonic())):
             try:
                 cond.notify_all()
@@ -314,7 +315,7 @@ class _Stopper:
 
 
 def _break_reset_barrier(driver: ElasticDriver) -> None:
-    barrier = getattr(getattr(driver, "_worker_registry", None), "_barrier", None)
+    barrier = horovod_internals.reset_barrier(driver)
     if barrier is not None:
         barrier.abort()
 
@@ -322,7 +323,7 @@ def _break_reset_barrier(driver: ElasticDriver) -> None:
 def _quiet_exits_after_stop(driver: ElasticDriver) -> None:
     """A worker's exit recorded once the job is stopped meets the reset's broken barrier
     (:meth:`_Stopper.stop`): that is the stop, not an error to print a traceback for."""
-    handle_exit = driver._handle_worker_exit
+    handle_exit = horovod_internals.handle_worker_exit(driver)
 
     def _handle_worker_exit(slot_info: Any, exit_code: int, timestamp: float) -> None:
         try:
@@ -331,7 +332,7 @@ def _quiet_exits_after_stop(driver: ElasticDriver) -> None:
             if not driver.finished():
                 raise
 
-    driver._handle_worker_exit = _handle_worker_exit
+    horovod_internals.replace_handle_worker_exit(driver, _handle_worker_exit)
 
 
 def _stop_on_fatal_error(controller: JobController, stopper: _Stopper) -> None:
@@ -364,12 +365,12 @@ def _replay_host_changes_for_new_coordinator(driver: ElasticDriver) -> None:
     register = driver.register_worker_server
 
     def replay() -> None:
-        with driver._wait_hosts_cond:
+        with horovod_internals.wait_hosts_cond(driver):
             if driver.finished():
                 return
             # Horovod itself returns early when the assignments would not change.
-            current = driver._host_manager.current_hosts
-            driver._notify_workers_host_changes(current, HostUpdateResult.mixed)
+            current = horovod_internals.current_hosts(driver)
+            horovod_internals.notify_workers_host_changes(driver, current, HostUpdateResult.mixed)
 
     def register_worker_server(host, slot, addresses, secret_key):
         register(host, slot, addresses, secret_key)
@@ -382,7 +383,7 @@ def _replay_host_changes_for_new_coordinator(driver: ElasticDriver) -> None:
             timer.daemon = True
             timer.start()
 
-    driver.register_worker_server = register_worker_server
+    horovod_internals.replace_register_worker_server(driver, register_worker_server)
 
 
 class _FailureRouter:
@@ -448,7 +449,7 @@ class _NoticeRouter:
                 departed.wait(self.STOP_WAIT_SECONDS)
             return get_slot_info(host, slot)
 
-        driver.get_slot_info = held
+        horovod_internals.replace_get_slot_info(driver, held)
 
     def worker_noticed(self, host: str, notice: Notice) -> None:
         announced = InterruptionNotice(notice.kind, notice.deadline)

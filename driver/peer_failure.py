@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from spotring.driver import horovod_internals
 from spotring.worker_image.peer_abort import PeerFailedRequest
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def _send(
     client: Any, request: PeerFailedRequest, name: str, delivered: list[str], failed: list[str]
 ) -> None:
     try:
-        client._send(request)
+        horovod_internals.send_request(client, request)
         delivered.append(name)
     except Exception as error:  # a peer that is gone too, or one without the abort
         failed.append(f"{name} ({type(error).__name__})")

@@ -65,6 +65,7 @@ from horovod.runner.http.http_server import (
     RendezvousServer,
 )
 
+from spotring.driver import horovod_internals
 from spotring.worker_image.peer_abort import ABANDONED_KEY, RING_KEY, RING_SCOPE
 
 log = logging.getLogger(__name__)
@@ -333,7 +334,8 @@ class _AnswerWire(Wire):
         if not 0 <= length <= MAX_ANSWER_BYTES:
             raise HostileInput(f"an answer of {length} bytes")
         message = _read_by(rfile, length, deadline)
-        if len(message) != length or not secret.check_digest(self._key, message, digest):
+        key = horovod_internals.wire_key(self)
+        if len(message) != length or not secret.check_digest(key, message, digest):
             raise HostileInput("Security error: digest did not match the message.")
         return _load_restricted(message, _ANSWER_OPCODES, _ANSWER_CLASSES)
 
@@ -356,11 +358,18 @@ def _read_by(rfile: Any, size: int, deadline: float) -> bytes:
     return bytes(data)
 
 
+@horovod_internals.route_client_hooks
 class SafeWorkerNotificationClient(WorkerNotificationClient):
     """Horovod's client for a worker's notification service, unpickling nothing but
     Horovod's answers (see :class:`_AnswerWire`), with every exchange bounded in time
     and its address probes in number (``probes``: shared by every client of a driver).
+
+    Horovod's wire, probe and exchange steps are this class's :meth:`use_wire`,
+    :meth:`probe` and :meth:`send_one` (see
+    :func:`~spotring.driver.horovod_internals.route_client_hooks`).
     """
+
+    answer_wire: Wire
 
     def __init__(
         self,
@@ -372,15 +381,11 @@ class SafeWorkerNotificationClient(WorkerNotificationClient):
         self._probes = probes or threading.BoundedSemaphore(MAX_CONCURRENT_PROBES)
         super().__init__(addresses, key, verbose)  # probes the addresses
 
-    @property
-    def _wire(self) -> Wire:
-        return self._answer_wire
+    def use_wire(self, wire: Wire) -> None:
+        """Take Horovod's wire (``BasicClient.__init__`` sets it): only its key."""
+        self.answer_wire = _AnswerWire(horovod_internals.wire_key(wire))
 
-    @_wire.setter
-    def _wire(self, wire: Wire) -> None:  # BasicClient.__init__ sets Horovod's
-        self._answer_wire = _AnswerWire(wire._key)
-
-    def _probe(self, addresses: dict[str, list[tuple[str, int]]]) -> dict[str, list[Any]]:
+    def probe(self, addresses: dict[str, list[tuple[str, int]]]) -> dict[str, list[Any]]:
         """Horovod's: the addresses that answer a ping, each probed in a thread of
         its own; but no more threads at once than ``probes`` allows."""
         found: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -408,27 +413,29 @@ class SafeWorkerNotificationClient(WorkerNotificationClient):
 
     def _probe_and_release(self, interface: str, endpoint: Any, found: queue.Queue[Any]) -> None:
         try:
-            self._probe_one(interface, endpoint, found)  # Horovod's: catches everything
+            # Horovod's: catches everything
+            horovod_internals.probe_one(self, interface, endpoint, found)
         finally:
             self._probes.release()
 
-    def _send_one(self, addr: tuple[str, int], req: Any, stream: Any = None) -> Any:
+    def send_one(self, addr: tuple[str, int], req: Any, stream: Any = None) -> Any:
         """Horovod's exchange (its attempts, the last failure raised), with the
         connection bounded in time too: Horovod's waits on a dead address as long as
         the kernel retries its connect (minutes)."""
         if stream is not None:
             raise NotImplementedError("the driver takes no stream from a worker")
-        for attempt in range(self._attempts):
+        attempts = horovod_internals.send_attempts(self)
+        for attempt in range(attempts):
             try:
                 with (
                     socket.create_connection(addr, timeout=ANSWER_TIMEOUT_SECONDS) as sock,
                     sock.makefile("rb") as rfile,
                     sock.makefile("wb") as wfile,
                 ):
-                    self._wire.write(req, wfile)
-                    return self._wire.read(rfile)
+                    self.answer_wire.write(req, wfile)
+                    return self.answer_wire.read(rfile)
             except Exception:
-                if attempt == self._attempts - 1:
+                if attempt == attempts - 1:
                     raise
         return None  # no attempts
 
@@ -443,10 +450,11 @@ def use_safe_worker_clients(driver: Any, max_probes: int = MAX_CONCURRENT_PROBES
     def register_worker_server(
         host: str, slot: int, addresses: dict[str, list[tuple[str, int]]], secret_key: bytes
     ) -> None:
-        client = SafeWorkerNotificationClient(addresses, secret_key, driver._verbose, probes)
-        driver._worker_clients[(host, slot)] = client
+        verbose = horovod_internals.driver_verbose(driver)
+        client = SafeWorkerNotificationClient(addresses, secret_key, verbose, probes)
+        horovod_internals.set_worker_client(driver, host, slot, client)
 
-    driver.register_worker_server = register_worker_server
+    horovod_internals.replace_register_worker_server(driver, register_worker_server)
 
 
 # ------------------------------------------------------------- the request handler
@@ -570,7 +578,7 @@ class HardenedRendezvousHandler(RendezvousHandler):
         elif scope == PUT_WORKER_ADDRESSES:
             value = None  # never stored: it holds each worker's secret key
         else:
-            value = self._get_value(scope, key)
+            value = horovod_internals.stored_value(self, scope, key)
             if value is None and self.server.abandoned and self._is_member_address(scope, key):
                 # An empty address list: Gloo rejects it, and the member leaves the ring
                 # at once instead of waiting out its timeout for a dead member.
@@ -877,16 +885,24 @@ class RingTracker(RendezvousServer):
         from :func:`rendezvous_handler`.
         """
         handler_cls = handler_cls or HardenedRendezvousHandler
-        self._httpd = _RendezvousHTTPServer((address, 0), handler_cls, self._verbose)
-        self._listen_thread = threading.Thread(
-            target=self._httpd.serve_forever, name="spotring-rendezvous", daemon=True
+        verbose = horovod_internals.server_verbose(self)
+        httpd = _RendezvousHTTPServer((address, 0), handler_cls, verbose)
+        listen_thread = threading.Thread(
+            target=httpd.serve_forever, name="spotring-rendezvous", daemon=True
         )
-        self._listen_thread.start()
-        return int(self._httpd.server_address[1])
+        horovod_internals.set_http_server(self, httpd, listen_thread)
+        listen_thread.start()
+        return int(httpd.server_address[1])
+
+    @property
+    def httpd(self) -> _RendezvousHTTPServer:
+        """The HTTP server :meth:`start` started."""
+        httpd: _RendezvousHTTPServer = horovod_internals.http_server(self)
+        return httpd
 
     def stop(self) -> None:
         super().stop()
-        self._httpd.server_close()
+        self.httpd.server_close()
 
     def abandon(self, generation: int) -> None:
         """A member of ring ``generation`` died: if that ring is still the current one,
@@ -898,14 +914,14 @@ class RingTracker(RendezvousServer):
         the store (connecting to their peers) that the driver cannot message yet ask
         for ``spotring/abandoned``, published here until the next ring clears it."""
         if generation == self.generation:
-            httpd = self._httpd
+            httpd = self.httpd
             httpd.abandoned = True
             with httpd.cache_lock:
                 value = str(generation).encode("ascii")
                 httpd.cache.setdefault(RING_SCOPE, {})[ABANDONED_KEY] = value
 
     def init(self, host_alloc_plan):
-        httpd = self._httpd
+        httpd = self.httpd
         current = frozenset((slot.hostname, slot.local_rank) for slot in host_alloc_plan)
         httpd.planned_slots = httpd.planned_slots | current
         httpd.current_slots = current

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from spotring.worker_image import sampler_reset
+from spotring.worker_image import horovod_internals, sampler_reset
 from spotring.worker_image.after_import import call_after_import
 from spotring.worker_image.ring_formation import (
     retry_failed_formation,
@@ -482,9 +482,7 @@ def _unregistered() -> bool:
     """Whether the driver cannot message this worker yet: Horovod starts the worker's
     notification service (and registers it) in ``hvd.elastic.run``, after the
     script's first ``hvd.init``."""
-    from horovod.common.elastic import notification_manager
-
-    return getattr(notification_manager, "_service", None) is None
+    return not horovod_internals.has_notification_service()
 
 
 def parse_ring_generation(body: bytes) -> int | None:
@@ -507,8 +505,6 @@ def install() -> CollectiveAbort:
     with _guard_lock:
         if _guard is not None:
             return _guard
-        import horovod.torch as hvd_torch
-        import horovod.torch.elastic as hvd_elastic
         import horovod.torch.mpi_ops as mpi_ops
 
         guard = CollectiveAbort(take_job_key(), _read_ring_generation)
@@ -518,9 +514,7 @@ def install() -> CollectiveAbort:
             lambda: read_generation_key(ABANDONED_KEY, timeout=WATCH_READ_TIMEOUT_SECONDS),
             _unregistered,
         )
-        tracked = guard.track_init(formation)
-        for module in (mpi_ops, hvd_torch, hvd_elastic):
-            module.init = tracked
+        horovod_internals.replace_torch_init(guard.track_init(formation))
 
         patch_notification_service(lambda service: guard)
         harden_notification_service()
@@ -531,18 +525,16 @@ def install() -> CollectiveAbort:
 def patch_notification_service(guard_for: Callable[[Any], CollectiveAbort]) -> None:
     """Make Horovod's worker notification service hand :class:`PeerFailedRequest`s to
     ``guard_for(service)`` before anything else; other requests go on as before."""
-    from horovod.runner.common.util import network
-    from horovod.runner.elastic.worker import WorkerNotificationService
-
-    handle_request = WorkerNotificationService._handle
+    handle_request = horovod_internals.notification_handle()
 
     def _handle(service: Any, request: Any, client_address: Any) -> Any:
         if isinstance(request, PeerFailedRequest):
             guard_for(service).handle(request)
-            return network.AckResponse()  # the same answer either way: no oracle
+            # The same answer either way: no oracle.
+            return horovod_internals.ack_response()
         return handle_request(service, request, client_address)
 
-    WorkerNotificationService._handle = _handle
+    horovod_internals.replace_notification_handle(_handle)
 
 
 class _ThrottledLog:
@@ -604,9 +596,8 @@ def harden_notification_service() -> None:
       line on the worker's stderr (at most 30 a minute), never a traceback.
     """
     from horovod.runner.common.util import secret
-    from horovod.runner.elastic.worker import WorkerNotificationService
 
-    make_handler = WorkerNotificationService._make_handler
+    make_handler = horovod_internals.notification_handler_factory()
     if getattr(make_handler, "spotring_hardened", False):
         return
 
@@ -667,7 +658,7 @@ def harden_notification_service() -> None:
         return HardenedHandler
 
     _make_handler.spotring_hardened = True  # type: ignore[attr-defined]  # a marker on the patch
-    WorkerNotificationService._make_handler = _make_handler
+    horovod_internals.replace_notification_handler_factory(_make_handler)
 
 
 def install_when_imported() -> None:

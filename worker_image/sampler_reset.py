@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from spotring.worker_image import horovod_internals
+
 
 def reset_samplers(handlers: Iterable[Any]) -> None:
     """Re-partition the ``ElasticSampler`` of each state handler that holds one."""
@@ -30,15 +32,13 @@ def reset_samplers(handlers: Iterable[Any]) -> None:
 
 def install() -> None:
     """Make ``hvd.elastic.TorchState`` re-partition its samplers on every reset."""
-    from horovod.torch.elastic.state import TorchState
-
-    if getattr(TorchState.reset, "spotring_resets_samplers", False):
+    reset = horovod_internals.torch_state_reset()
+    if getattr(reset, "spotring_resets_samplers", False):
         return
-    reset = TorchState.reset
 
     def reset_with_samplers(state: Any) -> None:
         reset(state)
-        reset_samplers(state._handlers.values())
+        reset_samplers(horovod_internals.state_handlers(state).values())
 
     reset_with_samplers.spotring_resets_samplers = True  # type: ignore[attr-defined]  # a marker on the patch
-    TorchState.reset = reset_with_samplers
+    horovod_internals.replace_torch_state_reset(reset_with_samplers)

@@ -31,6 +31,7 @@ from horovod.torch.elastic.state import (
 from horovod.torch.functions import broadcast_object
 from horovod.torch.mpi_ops import broadcast_async_, rank, synchronize
 
+from spotring.worker_image import horovod_internals
 from spotring.worker_image.sampler_reset import reset_samplers
 
 __all__ = ["Offload", "TorchState"]
@@ -373,7 +374,7 @@ class _OptimizerHandler(_BroadcastHandler):
                 srcs.append(views[i])
             optimizer.state[param] = param_state
         self._arena.restore(dsts, srcs)
-        _forget_pending_allreduces(optimizer)
+        horovod_internals.forget_pending_allreduces(optimizer)
 
     def add_to(self, batch: StateBroadcast, name: str) -> None:
         """Put the optimizer's state and settings into ``batch`` (to take rank 0's).
@@ -471,23 +472,6 @@ class StateBroadcast:
                     f"rank {root_rank} synchronised {name!r}, which this worker lacks"
                 )
             setter(value)
-
-
-def _forget_pending_allreduces(optimizer: Any) -> None:  # Horovod's optimizer class
-    """Clear a ``hvd.DistributedOptimizer``'s in-flight gradient allreduces.
-
-    A failure between ``backward()`` and ``step()`` leaves handles of a collective that
-    will never finish; horovod's TorchState drops them through ``load_state_dict``,
-    which our in-place restore does not call. Without this, the next ``zero_grad()``
-    raises "called after loss.backward() but before optimizer.step()".
-    """
-    if not hasattr(optimizer, "_handles"):
-        return
-    optimizer._handles = {}
-    optimizer._synchronized = False
-    optimizer._should_synchronize = True
-    for param in optimizer._allreduce_delay:
-        optimizer._allreduce_delay[param] = optimizer.backward_passes_per_step
 
 
 def _make_handler(value: Any, offload: Offload) -> StateHandler | None:
@@ -603,14 +587,14 @@ class TorchState(ObjectState):
                 handler.add_to(batch, name)
             else:
                 handler.sync()
-        if self._saved_state:
-            batch.value("attributes", self._saved_state, self._take_attributes)
+        saved = horovod_internals.saved_attributes(self)
+        if saved:
+            batch.value("attributes", saved, self._take_attributes)
         batch.run(root_rank=0)
         self.save()
 
     def _take_attributes(self, saved: dict[str, Any]) -> None:
-        self._saved_state = saved
-        self._set_attrs()
+        horovod_internals.restore_attributes(self, saved)
 
     def reset(self) -> None:
         """After every reset (before any sync): re-partition each ``ElasticSampler``

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from spotring.worker_image import horovod_internals
 from spotring.worker_image.after_import import call_after_import
 from spotring.worker_image.peer_abort import JOB_KEY_ENV, JOB_KEY_FD_ENV
 
@@ -125,8 +126,7 @@ def _warm_up_torch() -> None:
 
 def install(basics: ModuleType) -> None:
     """Hold ``HorovodBasics.init`` of ``horovod.common.basics`` (``basics``)."""
-    cls = basics.HorovodBasics
-    cls.init = hold_until_assigned(cls.init)
+    horovod_internals.wrap_basics_init(basics, hold_until_assigned)
 
 
 def install_when_imported(channel_fd: int) -> None:
