@@ -43,6 +43,17 @@ never reaches it; the other four mangle the upstream's real answer:
     item of a list: a list one item shorter is a different, valid answer, not a broken one.
     An answer that is neither JSON nor XML passes through unchanged.
 
+Request faults (:data:`REQUEST_KINDS`, only when asked for by name: not in :data:`KINDS`,
+so a rate over the default kinds never draws them) break what the client sends instead:
+
+``cut_request``
+    Sends the upstream the request's headers (with the full Content-Length) and only part
+    of its body, then closes both connections without an answer: a client that died or
+    lost its network mid-upload, as the upstream sees it.
+``corrupt_request``
+    Flips one bit of the request body (at a random offset) and forwards it: the upstream
+    gets data damaged in transit, and its answer comes back unchanged.
+
 Every request is logged (:attr:`FaultProxy.log`: method, path, fault, AWS action, detail),
 so tests can assert that the faults they asked for hit the calls they meant.
 
@@ -92,7 +103,10 @@ KINDS: tuple[str, ...] = (
     "huge",
     "missing_fields",
 )
-"""Every fault kind, in the order of the module docstring."""
+"""Every fault kind that answers or mangles an answer, in the order of the module docstring."""
+
+REQUEST_KINDS: tuple[str, ...] = ("cut_request", "corrupt_request")
+"""Faults of what the client sends; never drawn unless named (see the module docstring)."""
 
 FLAVOURS = ("aws", "gcp", "azure")
 
@@ -146,8 +160,10 @@ class Fault:
     whose AWS action it is (e.g. ``"DescribeInstances"``, ``"listManagedInstances"``)."""
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown fault kind {self.kind!r}; expected one of {KINDS}")
+        if self.kind not in KINDS + REQUEST_KINDS:
+            raise ValueError(
+                f"unknown fault kind {self.kind!r}; expected one of {KINDS + REQUEST_KINDS}"
+            )
 
     def matches(self, request: str, action: str) -> bool:
         return _matches(self.match, request, action)
@@ -364,7 +380,17 @@ def _aws_service(headers: Any) -> str:
 def _aws_error(
     kind: str, status: int | None, service: str, request_id: str
 ) -> tuple[int, list[tuple[str, str]], bytes]:
-    if service == "ec2":  # EC2's own protocol: <Response><Errors>
+    if service == "s3":  # S3's REST-XML errors: <Error> at the root
+        if kind == "throttle":
+            status, code, message = 503, "SlowDown", "Please reduce your request rate."
+        else:
+            code = "InternalError" if status == 500 else "ServiceUnavailable"
+            message = "We encountered an internal error. Please try again."
+        body = (
+            f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code>"
+            f"<Message>{message}</Message><RequestId>{request_id}</RequestId></Error>"
+        )
+    elif service == "ec2":  # EC2's own protocol: <Response><Errors>
         if kind == "throttle":
             status, code, message = 503, "RequestLimitExceeded", "Request limit exceeded."
         else:
@@ -562,6 +588,19 @@ class _Handler(KeepAliveHandler):
                 variant = fault.variant or rng.choice(DROP_VARIANTS)
                 self._note(variant)
                 self._close(reset=variant == "reset")
+            elif fault.kind == "cut_request":
+                data = body or b""
+                cut = rng.randrange(len(data)) if data else 0
+                self._note(f"{cut} of {len(data)} bytes sent upstream")
+                self._forward_cut(data, cut)
+                self._close()
+            elif fault.kind == "corrupt_request":
+                data = bytearray(body or b"")
+                if data:
+                    at = rng.randrange(len(data))
+                    data[at] ^= 1 << rng.randrange(8)
+                    self._note(f"flipped a bit of byte {at} of {len(data)}")
+                self._answer(*self._forward(bytes(data) if body is not None else None))
             else:
                 self._mangle(fault, rng, body)
         finally:
@@ -680,6 +719,27 @@ class _Handler(KeepAliveHandler):
             return response.status, response.reason, kept, data
         raise AssertionError("unreachable")
 
+    def _forward_cut(self, body: bytes, cut: int) -> None:
+        """Send the upstream this request with only ``body[:cut]``, then hang up."""
+        proxy: FaultProxy = self.server.owner
+        connection = http.client.HTTPConnection(
+            *proxy._upstream_address, timeout=proxy.upstream_timeout
+        )
+        try:
+            connection.putrequest(
+                self.command, self.path, skip_host=True, skip_accept_encoding=True
+            )
+            for name, value in self.headers.items():
+                if name.lower() not in _HOP_BY_HOP:
+                    connection.putheader(name, value)
+            connection.putheader("Content-Length", str(len(body)))
+            connection.endheaders()
+            connection.send(body[:cut])
+        except (OSError, http.client.HTTPException):
+            pass  # the upstream gave up first: it got no more than the cut either
+        finally:
+            connection.close()
+
     def _send_head(
         self, status: int, reason: str, headers: Sequence[tuple[str, str]], length: int
     ) -> None:
@@ -778,7 +838,7 @@ def _append_log(path: str, proxy: FaultProxy, written: int) -> int:
     return len(entries)
 
 
-__all__ = ["FLAVOURS", "KINDS", "Entry", "Fault", "FaultProxy", "main"]
+__all__ = ["FLAVOURS", "KINDS", "REQUEST_KINDS", "Entry", "Fault", "FaultProxy", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())
