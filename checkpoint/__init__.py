@@ -10,7 +10,12 @@ Imports only ``spotring.core`` and itself: the workers and the driver both use i
 """
 
 from spotring.checkpoint.checkpoints import Checkpoints
-from spotring.checkpoint.errors import CheckpointError, CheckpointLockError, ObjectNotFoundError
+from spotring.checkpoint.errors import (
+    CheckpointError,
+    CheckpointLockError,
+    ObjectCorruptError,
+    ObjectNotFoundError,
+)
 from spotring.checkpoint.lock import LOCK_KEY, JobLock, default_owner
 from spotring.checkpoint.manifest import CheckpointInfo
 from spotring.checkpoint.store import ObjectStore
@@ -23,6 +28,7 @@ __all__ = [
     "CheckpointLockError",
     "Checkpoints",
     "JobLock",
+    "ObjectCorruptError",
     "ObjectNotFoundError",
     "ObjectStore",
     "default_owner",

@@ -9,7 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from spotring.checkpoint import manifest
-from spotring.checkpoint.errors import CheckpointError, ObjectNotFoundError, one_line
+from spotring.checkpoint.errors import (
+    CheckpointError,
+    ObjectCorruptError,
+    ObjectNotFoundError,
+    one_line,
+)
 from spotring.checkpoint.manifest import CheckpointInfo
 from spotring.checkpoint.store import ObjectStore
 
@@ -157,6 +162,9 @@ class Checkpoints:
                 data = self.store.get(info.data_key)
             except ObjectNotFoundError:
                 return "its data is missing"
+            except ObjectCorruptError as error:
+                problem = str(error)
+                continue
             if len(data) != info.size:
                 problem = f"{len(data)} bytes of data, the manifest says {info.size}"
             elif hashlib.sha256(data).hexdigest() != info.sha256:

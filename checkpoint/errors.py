@@ -20,6 +20,11 @@ class ObjectNotFoundError(CheckpointError):
     """The key asked for does not exist in the store."""
 
 
+class ObjectCorruptError(CheckpointError):
+    """The object read does not match the checksum the store keeps for it, on every try:
+    it was damaged when written or at rest."""
+
+
 def one_line(text: object, limit: int = 300) -> str:
     """``text`` on one line (SDK messages span several), at most ``limit`` characters."""
     flat = _SPACE.sub(" ", str(text)).strip()

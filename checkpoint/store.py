@@ -6,6 +6,7 @@ from __future__ import annotations
 import abc
 import io
 import re
+from dataclasses import dataclass
 
 from spotring.checkpoint.errors import CheckpointError
 
@@ -28,6 +29,27 @@ def check_prefix(prefix: str) -> str:
     if prefix:
         check_key(prefix.rstrip("/") or "/")
     return prefix
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed checkpoint URI."""
+
+    kind: str
+    """``local``, ``s3``, ``gcs`` or ``azure``."""
+    uri: str
+    """The URI to show in messages (normalised, never with credentials)."""
+    path: str = ""
+    """``local``: the absolute directory."""
+    bucket: str = ""
+    """``s3``/``gcs``: the bucket; ``azure``: the container."""
+    prefix: str = ""
+    """Inside the bucket or container, without slashes at either end ('' for its root)."""
+    account_url: str = ""
+    """``azure``: the account's blob endpoint (``https://ACCOUNT.blob.core.windows.net``, or
+    the emulator's ``http://127.0.0.1:PORT/devstoreaccount1``)."""
+    emulator: bool = False
+    """``azure``: a loopback emulator (Azurite), with its well-known development key."""
 
 
 class ObjectStore(abc.ABC):

@@ -15,13 +15,11 @@ import importlib.util
 import ipaddress
 import os
 import re
-from dataclasses import dataclass
 from urllib.parse import SplitResult, urlsplit
 
+from spotring.checkpoint.azure_blob import AZURITE_ACCOUNT
 from spotring.checkpoint.errors import CheckpointError
-from spotring.checkpoint.store import ObjectStore, check_key
-
-AZURITE_ACCOUNT = "devstoreaccount1"
+from spotring.checkpoint.store import Location, ObjectStore, check_key
 
 _S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _GCS_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
@@ -33,27 +31,6 @@ FORMS = (
     "a directory, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX,"
     " https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX or az://ACCOUNT/CONTAINER/PREFIX"
 )
-
-
-@dataclass(frozen=True)
-class Location:
-    """A parsed checkpoint URI."""
-
-    kind: str
-    """``local``, ``s3``, ``gcs`` or ``azure``."""
-    uri: str
-    """The URI to show in messages (normalised, never with credentials)."""
-    path: str = ""
-    """``local``: the absolute directory."""
-    bucket: str = ""
-    """``s3``/``gcs``: the bucket; ``azure``: the container."""
-    prefix: str = ""
-    """Inside the bucket or container, without slashes at either end ('' for its root)."""
-    account_url: str = ""
-    """``azure``: the account's blob endpoint (``https://ACCOUNT.blob.core.windows.net``, or
-    the emulator's ``http://127.0.0.1:PORT/devstoreaccount1``)."""
-    emulator: bool = False
-    """``azure``: a loopback emulator (Azurite), with its well-known development key."""
 
 
 def _fail(uri: str, problem: str) -> CheckpointError:
@@ -198,6 +175,14 @@ def open_store(uri: str, *, timeout_s: float = 60.0) -> ObjectStore:
             raise _fail(uri, "it is a file, not a directory")
         return LocalStore(location.uri)
     _check_sdk(location)
-    raise CheckpointError(
-        f"{location.uri}: {location.kind} checkpoint stores are not available yet"
-    )
+    if location.kind == "s3":
+        from spotring.checkpoint.s3 import S3Store
+
+        return S3Store(location, timeout_s=timeout_s)
+    if location.kind == "gcs":
+        from spotring.checkpoint.gcs import GcsStore
+
+        return GcsStore(location, timeout_s=timeout_s)
+    from spotring.checkpoint.azure_blob import AzureBlobStore
+
+    return AzureBlobStore(location, timeout_s=timeout_s)

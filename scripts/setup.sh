@@ -99,6 +99,30 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   printf '%s' "$want" >"$stamp"
 fi
 
+# Azurite, the Azure Blob emulator the checkpoint tests start (tests/storage_emulators.py
+# finds it here), from npm, pinned. Installed into a fresh folder and moved into place, so
+# an interrupted install is never taken for a finished one.
+azurite_version=3.35.0
+azurite_dir="$cache/azurite-$azurite_version"
+if [[ ",$extras," == *,dev,* ]] && [ ! -x "$azurite_dir/node_modules/.bin/azurite-blob" ]; then
+  if command -v npm >/dev/null; then
+    log "installing azurite $azurite_version (npm) into $azurite_dir"
+    mkdir -p "$cache"
+    work=$(mktemp -d "$cache/.azurite-XXXXXX")
+    if npm install --prefix "$work" --no-audit --no-fund --loglevel=error \
+      "azurite@$azurite_version" >"$venv/azurite-install.log" 2>&1; then
+      rm -rf "$azurite_dir"
+      mv "$work" "$azurite_dir"
+    else
+      rm -rf "$work"
+      cat "$venv/azurite-install.log" >&2
+      exit 1
+    fi
+  else
+    log "npm not found: the Azure Blob checkpoint tests will be skipped (they need Azurite)"
+  fi
+fi
+
 # checkov (tests/test_checkov.py) pins older boto3, botocore, packaging and networkx
 # than the dev tools, so it gets a venv of its own.
 checkov_version=3.3.30

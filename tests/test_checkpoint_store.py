@@ -13,6 +13,8 @@ import os
 import random
 import socket
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ import pytest
 from spotring.checkpoint import (
     LOCK_KEY,
     CheckpointError,
+    CheckpointInfo,
     CheckpointLockError,
     Checkpoints,
     JobLock,
@@ -28,7 +31,16 @@ from spotring.checkpoint import (
     open_store,
 )
 from spotring.checkpoint import uri as uri_module
-from tests.storage_emulators import BACKENDS, Backend, local_backend  # noqa: F401 (fixtures)
+from tests.fault_proxy import Fault, FaultProxy
+from tests.storage_emulators import (  # noqa: F401 (fixtures)
+    BACKENDS,
+    BUCKET,
+    Backend,
+    azure_backend,
+    gcs_backend,
+    local_backend,
+    s3_backend,
+)
 
 MiB = 2**20
 
@@ -481,3 +493,146 @@ def test_a_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_bad_timeout_is_refused() -> None:
     with pytest.raises(CheckpointError, match="timeout"):
         open_store("s3://bucket/x", timeout_s=0)
+
+
+# ------------------------------------------------------------------ S3 behind the fault proxy
+
+DATA_PUT = r"^PUT [^?]*/data(\?|$)"
+"""A checkpoint's data upload: a single PUT or a multipart upload's parts."""
+
+
+@dataclass
+class ProxiedS3:
+    proxy: FaultProxy
+    backend: Backend
+
+
+@pytest.fixture
+def s3_proxy(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ProxiedS3]:
+    """A fault proxy between boto3 and moto: the store's S3 endpoint is the proxy."""
+    backend: Backend = request.getfixturevalue("s3_backend")
+    for name, value in backend.env.items():
+        monkeypatch.setenv(name, value)
+    with FaultProxy(backend.endpoint, flavour="aws", seed=5, hang_seconds=30) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+        yield ProxiedS3(proxy, backend)
+
+
+def fresh(backend: Backend, timeout_s: float = 5) -> tuple[ObjectStore, Checkpoints]:
+    store = open_store(backend.uri("proxy"), timeout_s=timeout_s)
+    return store, Checkpoints(store, job_id="job-1", keep=3)
+
+
+def assert_only(checkpoints: Checkpoints, previous: CheckpointInfo, data: bytes) -> None:
+    """``previous`` is the only checkpoint and the one loaded; no other data is left."""
+    assert checkpoints.list() == [previous]
+    found = checkpoints.load_latest()
+    assert found is not None
+    assert found == (previous, data)
+    assert {key.split("/")[0] for key in checkpoints.store.list()} == {previous.name}
+
+
+@pytest.mark.parametrize("size", [2 * MiB, 40 * MiB], ids=["single-put", "multipart"])
+def test_an_upload_cut_mid_body_is_never_seen(s3_proxy: ProxiedS3, size: int) -> None:
+    _, checkpoints = fresh(s3_proxy.backend)
+    previous_data = payload(MiB, seed=7)
+    previous = checkpoints.write(1, previous_data)
+    s3_proxy.proxy.set_rate(1.0, ["cut_request"], match=DATA_PUT)
+    with pytest.raises(CheckpointError, match="cannot write"):
+        checkpoints.write(2, payload(size, seed=8))
+    s3_proxy.proxy.clear()
+    cuts = s3_proxy.proxy.hits("cut_request")
+    assert len(cuts) >= 2, "boto3 retries a cut upload"
+    assert_only(checkpoints, previous, previous_data)
+    if size > 16 * MiB:  # the failed multipart upload was aborted, not left to bill
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=s3_proxy.backend.endpoint)
+        uploads = client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])
+        assert [u["Key"] for u in uploads if "proxy" in u["Key"]] == []
+
+
+def test_a_cut_part_is_retried_and_the_checkpoint_completes(s3_proxy: ProxiedS3) -> None:
+    _, checkpoints = fresh(s3_proxy.backend)
+    data = payload(40 * MiB, seed=9)
+    s3_proxy.proxy.next_faults([Fault("cut_request", match=r"^PUT [^?]*/data\?.*partNumber=2\b")])
+    info = checkpoints.write(3, data)
+    assert len(s3_proxy.proxy.hits("cut_request")) == 1
+    assert checkpoints.load_latest() == (info, data)
+
+
+def test_throttled_uploads_are_retried_then_given_up(
+    s3_proxy: ProxiedS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("spotring.checkpoint.s3.ATTEMPTS", 3)  # backoff: 1 + 2 s at most
+    _, checkpoints = fresh(s3_proxy.backend)
+    previous_data = payload(MiB, seed=10)
+    s3_proxy.proxy.next_faults([Fault("throttle", match=DATA_PUT)] * 2)
+    previous = checkpoints.write(1, previous_data)  # two SlowDowns, then through
+    assert len(s3_proxy.proxy.hits("throttle")) == 2
+    s3_proxy.proxy.set_rate(1.0, ["throttle"], match=DATA_PUT)
+    started = time.monotonic()
+    with pytest.raises(CheckpointError, match="SlowDown"):
+        checkpoints.write(2, payload(MiB, seed=11))
+    assert len(s3_proxy.proxy.hits("throttle")) == 2 + 3
+    assert time.monotonic() - started < 20  # bounded: retries with backoff, then an error
+    s3_proxy.proxy.clear()
+    assert_only(checkpoints, previous, previous_data)
+
+
+def test_a_hung_upload_times_out_and_is_retried(s3_proxy: ProxiedS3) -> None:
+    _, checkpoints = fresh(s3_proxy.backend, timeout_s=1)
+    data = payload(MiB, seed=12)
+    s3_proxy.proxy.next_faults([Fault("hang", seconds=30, match=DATA_PUT)])
+    started = time.monotonic()
+    info = checkpoints.write(1, data)
+    assert time.monotonic() - started < 15
+    assert len(s3_proxy.proxy.hits("hang")) == 1
+    assert checkpoints.load_latest() == (info, data)
+
+
+@pytest.mark.parametrize("checksums", ["when_supported", "when_required"])
+def test_an_upload_corrupted_in_transit_is_never_loaded(
+    s3_proxy: ProxiedS3,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    checksums: str,
+) -> None:
+    """With boto3's checksums (its default) S3 refuses the damaged body (moto keeps it,
+    with the checksum the client sent, which then fails every read); without them (as
+    for some S3-compatible stores) the object lands damaged and only the manifest's
+    SHA-256 catches it. Either way the previous checkpoint is loaded, with one warning
+    naming the damaged one if it got a manifest."""
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", checksums)
+    _, checkpoints = fresh(s3_proxy.backend)
+    previous_data = payload(MiB, seed=13)
+    previous = checkpoints.write(1, previous_data)
+    s3_proxy.proxy.next_faults([Fault("corrupt_request", match=DATA_PUT)])
+    caplog.set_level(logging.WARNING)
+    try:
+        damaged = checkpoints.write(2, payload(MiB, seed=14))
+    except CheckpointError:  # real S3: BadDigest
+        assert_only(checkpoints, previous, previous_data)
+        assert warnings_of(caplog) == []
+    else:
+        assert checkpoints.load_latest() == (previous, previous_data)
+        warned = warnings_of(caplog)
+        assert len(warned) == 1 and damaged.name in warned[0], warned
+        if checksums == "when_supported":
+            assert "checksum" in warned[0]
+    assert len(s3_proxy.proxy.hits("corrupt_request")) == 1
+
+
+def test_a_download_damaged_once_is_read_again(
+    s3_proxy: ProxiedS3, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, checkpoints = fresh(s3_proxy.backend)
+    data = payload(MiB, seed=15)
+    info = checkpoints.write(1, data)
+    s3_proxy.proxy.next_faults([Fault("garbage", variant="bytes", match=r"^GET [^?]*/data")])
+    caplog.set_level(logging.WARNING)
+    assert checkpoints.load_latest() == (info, data)
+    assert len(s3_proxy.proxy.hits("garbage")) == 1
+    assert warnings_of(caplog) == []
