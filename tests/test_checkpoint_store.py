@@ -93,6 +93,19 @@ def test_put_get_list_delete(store: ObjectStore) -> None:
         store.get("a/big")
 
 
+def test_a_large_object_goes_up_in_parts(store: ObjectStore) -> None:
+    """Above each SDK's single-request size: S3 multipart, GCS resumable chunks, Azure
+    staged blocks (and, for all, a memoryview that is not of bytes)."""
+    import array
+
+    big = payload(34 * MiB + 5, seed=4)
+    store.put("big", memoryview(big))
+    assert store.get("big") == big
+    numbers = array.array("d", range(1000))
+    store.put("doubles", memoryview(numbers))
+    assert store.get("doubles") == numbers.tobytes()
+
+
 def test_an_empty_object(store: ObjectStore) -> None:
     store.put("empty", b"")
     assert store.get("empty") == b""
@@ -455,6 +468,7 @@ def test_local_uri_forms(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None
         ("https://example.com/c/x", "not an Azure Blob endpoint"),
         ("http://acct1.blob.core.windows.net/c/x", "plain http"),
         ("http://127.0.0.1:10000/otheraccount/c", "devstoreaccount1"),
+        ("http://127.0.0.2:10000/devstoreaccount1/c", "plain http"),
         ("https://acct1.blob.core.windows.net/c/x?sv=2020&sig=SECRET", "SAS"),
         ("file://remote/x", "file:///path"),
     ],
@@ -488,6 +502,22 @@ def test_a_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     for uri, extra in [("s3://bkt/x", "aws"), ("gs://bkt/x", "gcp"), ("az://acct1/ctr/x", "azure")]:
         with pytest.raises(CheckpointError, match=rf"pip install 'spotring\[{extra}\]'"):
             open_store(uri)
+
+
+def test_opening_a_cloud_store_touches_no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_network(*_: Any, **__: Any) -> None:
+        raise AssertionError("open_store connected")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    for uri in (
+        "s3://bucket/x",
+        "gs://bucket/x",
+        "az://acct1/ctr/x",
+        "https://acct1.blob.core.windows.net/ctr/x",
+        "http://localhost:10000/devstoreaccount1/ctr/x",
+    ):
+        assert open_store(uri).uri.endswith("/x")
 
 
 def test_a_bad_timeout_is_refused() -> None:
@@ -580,6 +610,20 @@ def test_throttled_uploads_are_retried_then_given_up(
     assert time.monotonic() - started < 20  # bounded: retries with backoff, then an error
     s3_proxy.proxy.clear()
     assert_only(checkpoints, previous, previous_data)
+
+
+def test_s3_without_credentials_says_so(
+    s3_proxy: ProxiedS3, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    store = open_store(s3_proxy.backend.uri(), timeout_s=5)
+    with pytest.raises(CheckpointError, match="no AWS credentials found") as caught:
+        store.put("k", b"x")
+    assert "\n" not in str(caught.value)
+    assert s3_proxy.proxy.log == []  # refused before any request
 
 
 def test_a_hung_upload_times_out_and_is_retried(s3_proxy: ProxiedS3) -> None:

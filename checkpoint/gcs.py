@@ -1,0 +1,171 @@
+"""A checkpoint store in Google Cloud Storage (google-cloud-storage).
+
+Credentials are Application Default Credentials (the VM's service account, or
+``gcloud auth application-default login``); with ``STORAGE_EMULATOR_HOST`` set, the
+client talks to that emulator anonymously (the library's own convention).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from spotring.checkpoint.errors import (
+    CheckpointError,
+    ObjectCorruptError,
+    ObjectNotFoundError,
+    one_line,
+)
+from spotring.checkpoint.store import BytesReader, Location, ObjectStore, check_key, check_prefix
+
+CHUNK = 32 * 2**20
+"""Resumable upload chunk (a multiple of 256 KiB): each is one request, retried alone."""
+
+
+class GcsStore(ObjectStore):
+    """Objects under ``gs://BUCKET/PREFIX``. Puts above 8 MiB are resumable uploads in
+    :data:`CHUNK` pieces (the object appears only when the last one lands)."""
+
+    def __init__(self, location: Location, *, timeout_s: float = 60.0) -> None:
+        self.uri = location.uri
+        self.bucket_name = location.bucket
+        self.prefix = location.prefix
+        self.timeout_s = timeout_s
+        self._timeout = (min(10.0, timeout_s), timeout_s)  # (connect, read)
+        self._client: Any = None
+        self._bucket: Any = None
+        self._retry: Any = None
+        self._lock = threading.Lock()
+
+    def _gcs(self) -> Any:
+        """The bucket handle, its client made on first use."""
+        with self._lock:
+            if self._bucket is None:
+                from google.cloud.storage import Client
+                from google.cloud.storage.retry import DEFAULT_RETRY
+
+                try:
+                    # project=None: bucket calls need none, and ADC may not name one.
+                    self._client = Client(project=None)
+                except Exception as error:
+                    raise self._fail("open", "", error) from error
+                self._bucket = self._client.bucket(self.bucket_name)
+                # Each attempt is bounded by the timeout; all attempts by this deadline.
+                self._retry = DEFAULT_RETRY.with_timeout(3 * self.timeout_s)
+            return self._bucket
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        import requests
+        from google.api_core.exceptions import GoogleAPIError
+        from google.auth.exceptions import GoogleAuthError
+        from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
+
+        return (
+            GoogleAPIError,
+            GoogleAuthError,
+            InvalidResponse,
+            DataCorruption,
+            requests.RequestException,
+            OSError,
+            ValueError,
+        )
+
+    def _fail(self, action: str, key: str, error: BaseException) -> CheckpointError:
+        from google.api_core.exceptions import Forbidden, NotFound, Unauthorized
+        from google.auth.exceptions import DefaultCredentialsError
+
+        where = f"{self.uri}/{key}" if key else self.uri
+        if isinstance(error, DefaultCredentialsError):
+            return CheckpointError(
+                f"cannot {action} {where}: no Google credentials found (the VM's service"
+                " account, or gcloud auth application-default login)"
+            )
+        if isinstance(error, (Forbidden, Unauthorized)):
+            return CheckpointError(
+                f"cannot {action} {where}: access denied (the account needs"
+                " roles/storage.objectUser on the bucket)"
+            )
+        if isinstance(error, NotFound) and "bucket" in str(error).lower():
+            return CheckpointError(
+                f"cannot {action} {where}: bucket {self.bucket_name} does not exist"
+            )
+        message = getattr(error, "message", None) or str(error)
+        return CheckpointError(f"cannot {action} {where}: {one_line(message)}")
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        name, reader = self._key(key), BytesReader(data)
+        blob = self._gcs().blob(name, chunk_size=CHUNK)
+        try:
+            blob.upload_from_file(
+                reader,
+                size=len(reader),
+                content_type="application/octet-stream",
+                timeout=self._timeout,
+                retry=self._retry,  # a whole-object overwrite: safe to repeat
+            )
+        except self._errors() as error:
+            raise self._fail("write", key, error) from error
+
+    def get(self, key: str) -> bytes:
+        from google.api_core.exceptions import NotFound
+        from google.cloud.storage.exceptions import DataCorruption
+
+        name = self._key(key)
+        try:
+            data: bytes = (
+                self._gcs().blob(name).download_as_bytes(timeout=self._timeout, retry=self._retry)
+            )
+        except NotFound as error:
+            raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from error
+        except DataCorruption as error:
+            raise ObjectCorruptError(
+                f"{self.uri}/{key} does not match its GCS checksum: {one_line(error)}"
+            ) from error
+        except self._errors() as error:
+            raise self._fail("read", key, error) from error
+        return data
+
+    def list(self, prefix: str = "") -> list[str]:
+        check_prefix(prefix)
+        bucket = self._gcs()
+        root = f"{self.prefix}/" if self.prefix else ""
+        try:
+            blobs = self._client.list_blobs(
+                bucket, prefix=root + prefix, timeout=self._timeout, retry=self._retry
+            )
+            return sorted(blob.name[len(root) :] for blob in blobs)
+        except self._errors() as error:
+            raise self._fail("list", prefix, error) from error
+
+    def delete(self, key: str) -> None:
+        from google.api_core.exceptions import NotFound
+
+        name = self._key(key)
+        try:
+            self._gcs().blob(name).delete(timeout=self._timeout, retry=self._retry)
+        except NotFound:
+            pass
+        except self._errors() as error:
+            raise self._fail("delete", key, error) from error
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        from google.api_core.exceptions import PreconditionFailed
+
+        name = self._key(key)
+        try:
+            self._gcs().blob(name).upload_from_string(
+                data,
+                content_type="application/json",
+                if_generation_match=0,  # only if no live object has this name
+                timeout=self._timeout,
+                retry=self._retry,
+            )
+        except PreconditionFailed:
+            return False
+        except self._errors() as error:
+            raise self._fail("create", key, error) from error
+        return True
