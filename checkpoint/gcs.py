@@ -51,7 +51,8 @@ class GcsStore(ObjectStore):
                     raise self._fail("open", "", error) from error
                 self._bucket = self._client.bucket(self.bucket_name)
                 # Each attempt is bounded by the timeout; all attempts by this deadline.
-                self._retry = DEFAULT_RETRY.with_timeout(3 * self.timeout_s)
+                bound = getattr(DEFAULT_RETRY, "with_timeout", None) or DEFAULT_RETRY.with_deadline
+                self._retry = bound(3 * self.timeout_s)  # with_timeout: api-core >= 2.16
             return self._bucket
 
     def _key(self, key: str) -> str:
