@@ -7,6 +7,7 @@ cases stay in tests/test_terraform.py, beside the AWS module's checks that use t
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -19,7 +20,13 @@ from typing import Any
 
 import pytest
 
-from tests.test_terraform import PLUGIN_DIR, REPO, Module, _terraform_cli_available
+from tests.test_terraform import (
+    PLUGIN_DIR,
+    REPO,
+    TERRAFORM,
+    Module,
+    _terraform_cli_available,
+)
 
 needs_terraform = pytest.mark.skipif(
     shutil.which("terraform") is None, reason="no terraform binary on PATH"
@@ -90,11 +97,37 @@ def parse_run(cloud: str, argv: list[str]) -> Any:
         pytest.fail(f"spotring_command does not parse: {shlex.join(argv)}: {error}")
 
 
+def cli_takes(cloud: str, option: str) -> bool:
+    """Whether `spotring run` (with ``cloud``'s options) takes ``option``."""
+    cli = importlib.import_module("spotring.autoscaler.cli")
+    pm, _ = _registry()
+    parser = cli.build_parser(pm, provider_class(cloud))
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return option in action.choices["run"]._option_string_actions
+    return option in parser._option_string_actions
+
+
+def parse_run_with_checkpoint(cloud: str, argv: list[str]) -> Any:
+    """parse_run for a command that passes --checkpoint URI. Until the CLI takes that
+    option (it comes with the storage layer, issue #24), the rest of it is parsed."""
+    if "--checkpoint" in argv and not cli_takes(cloud, "--checkpoint"):
+        at = argv.index("--checkpoint")
+        argv = argv[:at] + argv[at + 2 :]
+    return parse_run(cloud, argv)
+
+
 def spotring_argv(module: Module) -> list[str]:
     """The ``spotring_command`` output with every interpolation "2" (a valid name, region,
-    project, subscription and count)."""
+    project, subscription and count), without checkpoint_uri (its --checkpoint option)."""
     command = module.outputs["spotring_command"]["value"]
+    assert CHECKPOINT_OPTION in command, "spotring_command does not pass checkpoint_uri"
+    command = command.replace(CHECKPOINT_OPTION, "")
     return shlex.split(re.sub(r"\$\{[^}]*\}", "2", command))
+
+
+# How every module appends `--checkpoint URI` to spotring_command (empty without one).
+CHECKPOINT_OPTION = "${local.checkpoint_option}"
 
 
 def assert_software_versions_match_the_setup_script(module: Module) -> None:
@@ -167,6 +200,7 @@ def run_module_tests(directory: Path, provider: str, tmp_path: Path) -> None:
     if not (PLUGIN_DIR / "registry.terraform.io" / "hashicorp" / provider).is_dir():
         pytest.skip(f"no hashicorp/{provider} provider in the mirror at {PLUGIN_DIR}")
     shutil.copytree(directory, tmp_path / "terraform" / directory.name)
+    shutil.copytree(TERRAFORM / "modules", tmp_path / "terraform" / "modules")
     shutil.copytree(REPO / "worker_image", tmp_path / "worker_image")
     workdir = tmp_path / "terraform" / directory.name
     for args in (
@@ -176,3 +210,225 @@ def run_module_tests(directory: Path, provider: str, tmp_path: Path) -> None:
         done = terraform(workdir, *args)
         assert done.returncode == 0, f"terraform {args[0]}:\n{done.stdout}\n{done.stderr}"
     assert "0 failed" in done.stdout, done.stdout
+
+
+# ------------------------------------------------------------------ expressions, evaluated
+# Locals and module calls contain no resource: Terraform evaluates them without a
+# provider, from a copy of the module's variables.tf and the expressions as parsed.
+
+DRIVER_JOB = TERRAFORM / "modules" / "driver-job"
+
+
+def hcl_expression(value: Any) -> str:
+    """``value`` as python-hcl2 parsed it, written back as an HCL expression."""
+    if isinstance(value, list):
+        return "[" + ", ".join(hcl_expression(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return (
+            "{"
+            + ", ".join(f"{json.dumps(k)} = {hcl_expression(v)}" for k, v in value.items())
+            + "}"
+        )
+    if not isinstance(value, str):
+        return json.dumps(value)
+    if value.startswith("${") and _closing_brace(value, 1) == len(value) - 1:
+        # One interpolation: the expression as written (quoting it would escape the
+        # quotes of its own string literals).
+        return value[2:-1]
+    return json.dumps(value)  # a template; quotes outside interpolations only
+
+
+def _closing_brace(text: str, start: int) -> int:
+    depth, quote, i = 0, False, start
+    while i < len(text):
+        char = text[i]
+        if quote:
+            if char == "\\":
+                i += 1
+            elif char == '"':
+                quote = False
+        elif char == '"':
+            quote = True
+        elif char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def _local_closure(module: Module, texts: list[str]) -> list[str]:
+    wanted: list[str] = []
+    pending = list(texts)
+    while pending:
+        for name in re.findall(r"\blocal\.([A-Za-z_][\w-]*)", pending.pop()):
+            if name not in wanted:
+                assert name in module.locals, f"no local {name} in {module.directory.name}"
+                wanted.append(name)
+                pending.append(json.dumps(module.locals[name]))
+    return wanted
+
+
+def evaluate(
+    module: Module,
+    workdir: Path,
+    inputs: dict[str, Any],
+    outputs: dict[str, str],
+    *,
+    module_call: str | None = None,
+    replace: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The values of ``outputs`` (name: HCL expression) in a configuration of the
+    module's variables.tf, the locals they need (as parsed, after ``replace`` of the
+    references to resources and data sources), and the module call ``module_call``
+    (pointed at its source's absolute path), applied with ``inputs``."""
+    replace = replace or {}
+
+    def fix(expression: str) -> str:
+        for old, new in replace.items():
+            expression = expression.replace(old, new)
+        return expression
+
+    texts = [fix(expression) for expression in outputs.values()]
+    call = ""
+    if module_call is not None:
+        body = module.modules[module_call]
+        source = (module.directory / body["source"]).resolve()
+        lines = [f"  source = {json.dumps(str(source))}"]
+        for key, value in body.items():
+            if key != "source":
+                lines.append(f"  {key} = {fix(hcl_expression(value))}")
+        call = f'module "{module_call}" {{\n' + "\n".join(lines) + "\n}\n"
+        texts.append(call)
+    names = _local_closure(module, texts)
+    main_tf = "locals {\n"
+    for name in names:
+        main_tf += f"  {name} = {fix(hcl_expression(module.locals[name]))}\n"
+    main_tf += "}\n" + call
+    for name, expression in outputs.items():
+        main_tf += f'output "{name}" {{\n  value = {fix(expression)}\n}}\n'
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(module.directory / "variables.tf", workdir / "variables.tf")
+    (workdir / "main.tf").write_text(main_tf, encoding="utf-8")
+    (workdir / "terraform.tfvars.json").write_text(json.dumps(inputs), encoding="utf-8")
+    for args in (
+        ("init", "-input=false", "-backend=false"),
+        ("apply", "-auto-approve", "-input=false"),
+    ):
+        done = terraform(workdir, *args)
+        assert done.returncode == 0, main_tf + done.stdout + done.stderr
+    done = terraform(workdir, "output", "-json")
+    assert done.returncode == 0, done.stderr
+    return {name: body["value"] for name, body in json.loads(done.stdout).items()}
+
+
+# ------------------------------------------------------------------ systemd units
+
+
+def unit_settings(unit: str) -> dict[str, list[str]]:
+    """``Section.Key`` -> its values, in order, of a unit file's text."""
+    settings: dict[str, list[str]] = {}
+    section = ""
+    for line in unit.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        key, _, value = line.partition("=")
+        settings.setdefault(f"{section}.{key.strip()}", []).append(value.strip())
+    return settings
+
+
+_C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
+              "\\": "\\", '"': '"', "'": "'", "s": " "}  # fmt: skip
+
+
+def systemd_command_line(line: str) -> list[str]:
+    """The argv systemd runs for an ExecStart= value (systemd.service(5), "Command
+    lines"): words split on whitespace, double or single quotes, C-style backslash escapes,
+    then "%%" for a percent sign (any other specifier refused) and "$$" for a dollar sign
+    (any variable substitution refused: the units set none)."""
+    words: list[str] = []
+    word: list[str] | None = None
+    quote = ""
+    i = 0
+    while i < len(line):
+        char = line[i]
+        if char == "\\":
+            escaped = line[i + 1]
+            assert escaped in _C_ESCAPES, f"escape \\{escaped} in {line!r}"
+            word = (word or []) + [_C_ESCAPES[escaped]]
+            i += 2
+            continue
+        if quote:
+            if char == quote:
+                quote = ""
+            else:
+                word.append(char)  # type: ignore[union-attr]
+        elif char in "\"'":
+            quote = char
+            word = word or []
+        elif char.isspace():
+            if word is not None:
+                words.append("".join(word))
+                word = None
+        else:
+            assert not (char == ";" and word is None and line[i + 1 : i + 2].strip() == ""), (
+                f"an unquoted ; separates commands: {line!r}"
+            )
+            word = (word or []) + [char]
+        i += 1
+    assert not quote, f"unbalanced quoting: {line!r}"
+    if word is not None:
+        words.append("".join(word))
+    resolved = []
+    for word in words:
+        assert not re.search(r"%[^%]", word.replace("%%", "")), f"a specifier in {word!r}"
+        word = word.replace("%%", "%")
+        assert not re.search(r"\$[^$]", word.replace("$$", "")), f"a substitution in {word!r}"
+        resolved.append(word.replace("$$", "$"))
+    return resolved
+
+
+# ------------------------------------------------------------------ the job under systemd
+
+CHECKPOINT_URIS = {
+    "aws": "s3://ckpt-bucket/runs/spot-train",
+    "gcp": "gs://ckpt-bucket/runs/spot-train",
+    "azure": "https://ckptaccount.blob.core.windows.net/checkpoints/runs/spot-train",
+}
+
+
+def assert_unit_runs_spotring_command(
+    module: Module, workdir: Path, inputs: dict[str, Any], replace: dict[str, str]
+) -> None:
+    """The driver's unit runs what spotring_command says (--checkpoint included), with
+    job_command after `--`: both evaluated by Terraform from the module's expressions
+    (``replace`` names the resources they refer to by the variables they are made of)."""
+    cloud = module.directory.name
+    inputs = {
+        **inputs,
+        "checkpoint_uri": CHECKPOINT_URIS[cloud],
+        "job_command": ["python", "/opt/train/train.py", "--epochs", "90"],
+        "train_command": "python /opt/train/train.py --epochs 90",
+    }
+    values = evaluate(
+        module,
+        workdir,
+        inputs,
+        {
+            "command": hcl_expression(module.outputs["spotring_command"]["value"]),
+            "argv": "module.driver_job.argv",
+        },
+        module_call="driver_job",
+        replace=replace,
+    )
+    command = shlex.split(values["command"])
+    assert f"--checkpoint {CHECKPOINT_URIS[cloud]} --" in values["command"]
+    assert values["argv"] == ["/opt/spotring/venv/bin/spotring", *command[1:]], values
+    options = parse_run_with_checkpoint(cloud, command[1:])
+    assert options.command == "run" and options.provider == cloud

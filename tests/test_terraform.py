@@ -39,6 +39,10 @@ REPO = Path(__file__).resolve().parents[1]
 TERRAFORM = REPO / "terraform"
 AWS = TERRAFORM / "aws"
 
+needs_terraform_binary = pytest.mark.skipif(
+    shutil.which("terraform") is None, reason="no terraform binary on PATH"
+)
+
 _META_KEYS = {
     "__is_block__",
     "__comments__",
@@ -91,6 +95,7 @@ class Module:
         self.locals: dict[str, Any] = {}
         self.resources: dict[tuple[str, str], dict] = {}
         self.data: dict[tuple[str, str], dict] = {}
+        self.modules: dict[str, dict] = {}  # module calls, by name
         self.providers: list[dict[str, Any]] = []  # provider blocks, bodies included
         self.required_providers: set[str] = set()
         for path in sorted(directory.glob("*.tf")):
@@ -106,6 +111,8 @@ class Module:
                     for rtype, named in entry.items():
                         for rname, body in named.items():
                             target[(rtype, rname)] = body
+            for entry in doc.get("module", []):
+                self.modules.update(entry)
             for entry in doc.get("provider", []):
                 self.providers.append(entry)
             for block in doc.get("terraform", []):
@@ -143,6 +150,7 @@ def _module_strings(module: Module, *, validations: bool = True) -> list[str]:
         module.locals,
         list(module.resources.values()),
         list(module.data.values()),
+        list(module.modules.values()),
         module.providers,
     ]
     if validations:  # a variable's validation refers to the variable; that is no use of it
@@ -380,7 +388,12 @@ def test_driver_policy_is_the_only_one_on_the_driver_role(aws: Module) -> None:
         for (rtype, name), body in aws.resources.items()
         if rtype != "aws_iam_instance_profile" and any(role_ref.search(s) for s in _strings(body))
     ]
-    assert attached == [("aws_iam_role_policy", "driver")], attached
+    # The provider's calls, and with checkpoint_uri the checkpoints' (checkpoints.tf).
+    assert sorted(attached) == [
+        ("aws_iam_role_policy", "driver"),
+        ("aws_iam_role_policy", "driver_checkpoints"),
+    ], attached
+    assert aws.resource("aws_iam_role_policy", "driver_checkpoints")["count"] == CHECKPOINTS_ONLY
     role = aws.resource("aws_iam_role", "driver")
     assert "managed_policy_arns" not in role and "inline_policy" not in role
     policy = aws.resource("aws_iam_role_policy", "driver")
@@ -540,6 +553,22 @@ def https_url_cases(extra: str) -> list[tuple[dict[str, Any], str | None]]:
     ]
 
 
+def job_input_cases() -> list[tuple[dict[str, Any], str | None]]:
+    """The job's unit inputs every module takes (None) or refuses (the variable)."""
+    return [
+        ({"job_command": ["python", "/opt/train/train.py", "--tag", 'it\'s "a b" 100%']}, None),
+        ({"job_command": ["python", "train.py\nrm -rf /"]}, "job_command"),
+        ({"job_command": ["python", ""]}, "job_command"),
+        ({"job_args": ["--checkpoint-every", "300"]}, None),
+        ({"job_args": ["--", "python"]}, "job_args"),
+        ({"job_working_directory": "/opt/train"}, None),
+        ({"job_working_directory": "train"}, "job_working_directory"),
+        ({"job_working_directory": "/opt/my train"}, "job_working_directory"),
+        ({"job_ssh_identity_file": "/home/ubuntu/.ssh/spotring"}, None),
+        ({"job_ssh_identity_file": "~/.ssh/id_ed25519"}, "job_ssh_identity_file"),
+    ]
+
+
 def assert_plan_outcome(done: subprocess.CompletedProcess[str], refused: str | None) -> None:
     """`terraform plan` of a variables-only copy passed, or refused exactly ``refused``."""
     output = done.stdout + done.stderr
@@ -572,6 +601,17 @@ def aws_variables_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"ssh_ingress_cidrs": ["::/0"]}, "ssh_ingress_cidrs"),
         ({"ssh_ingress_cidrs": ["10.0.0.0/8", "0.0.0.0/0"]}, "ssh_ingress_cidrs"),
         *https_url_cases("aws"),
+        ({"checkpoint_uri": "s3://ckpt-bucket/runs/spot-train"}, None),
+        ({"checkpoint_uri": "s3://ckpt.bucket-1/a/"}, None),
+        ({"checkpoint_uri": "s3://ckpt-bucket"}, "checkpoint_uri"),  # no prefix
+        ({"checkpoint_uri": "s3://ckpt-bucket/"}, "checkpoint_uri"),
+        ({"checkpoint_uri": "s3://ckpt-bucket/runs/*"}, "checkpoint_uri"),  # IAM wildcard
+        ({"checkpoint_uri": "s3://ckpt-bucket/${aws:username}"}, "checkpoint_uri"),
+        ({"checkpoint_uri": "s3://ckpt-bucket//runs"}, "checkpoint_uri"),
+        ({"checkpoint_uri": "s3://Ckpt/runs"}, "checkpoint_uri"),
+        ({"checkpoint_uri": "gs://ckpt-bucket/runs"}, "checkpoint_uri"),
+        ({"checkpoint_uri": "/mnt/checkpoints"}, "checkpoint_uri"),
+        *job_input_cases(),
     ],
 )
 def test_terraform_validations(
@@ -670,12 +710,342 @@ def test_software_versions_match_the_setup_script(aws: Module) -> None:
         assert aws.variables[variable]["default"] == pinned.group(1), variable
 
 
+# ------------------------------------------------------------------ durable checkpoints
+
+CHECKPOINTS_ONLY = "${local.checkpoints ? 1 : 0}"
+BUCKET_ARN = "${local.checkpoint_bucket_arn}"
+UNDER_PREFIX = "${local.checkpoint_bucket_arn}/${local.checkpoint_prefix}/*"
+LOCK_OBJECT = "${local.checkpoint_bucket_arn}/${local.checkpoint_prefix}/lock.json"
+PREFIX_CONDITION = {
+    "test": "StringLike",
+    "variable": "s3:prefix",
+    "values": ["${local.checkpoint_prefix}/", "${local.checkpoint_prefix}/*"],
+}
+
+
+def _grants(statements: list[dict]) -> dict[str, set[str]]:
+    """action -> the resources it is granted on."""
+    grants: dict[str, set[str]] = {}
+    for statement in statements:
+        assert statement.get("effect", "Allow") == "Allow", statement
+        for action in statement["actions"]:
+            grants.setdefault(action, set()).update(statement["resources"])
+    return grants
+
+
+def test_checkpoint_permissions_exist_only_with_checkpoint_uri(aws: Module) -> None:
+    assert aws.locals["checkpoints"] == '${var.checkpoint_uri != ""}'
+    assert aws.variables["checkpoint_uri"]["default"] == ""
+    for who in ("worker", "driver"):
+        document = aws.data[("aws_iam_policy_document", f"{who}_checkpoints")]
+        assert document["count"] == CHECKPOINTS_ONLY, who
+        policy = aws.resource("aws_iam_role_policy", f"{who}_checkpoints")
+        assert policy["count"] == CHECKPOINTS_ONLY, who
+        assert policy["role"] == f"${{aws_iam_role.{who}.id}}"
+        assert policy["policy"] == f"${{data.aws_iam_policy_document.{who}_checkpoints[0].json}}"
+    # Nothing else in the provider's or the hook's policies touches S3.
+    for name in ("driver", "worker"):
+        for statement in _statements(aws, name):
+            assert not [a for a in statement["actions"] if a.startswith("s3:")], statement
+
+
+def test_checkpoint_permissions_are_scoped_to_the_prefix(aws: Module) -> None:
+    """Exactly the calls of the storage layer, on PREFIX/ of the one bucket: no wildcard
+    action, no other bucket, listing only under the prefix, the driver writing only the
+    lock."""
+    workers = _statements(aws, "worker_checkpoints")
+    driver = _statements(aws, "driver_checkpoints")
+    assert _grants(workers) == {
+        "s3:ListBucket": {BUCKET_ARN},
+        "s3:GetObject": {UNDER_PREFIX},
+        "s3:PutObject": {UNDER_PREFIX},
+        "s3:DeleteObject": {UNDER_PREFIX},
+        "s3:AbortMultipartUpload": {UNDER_PREFIX},
+    }
+    assert _grants(driver) == {
+        "s3:ListBucket": {BUCKET_ARN},
+        "s3:GetObject": {UNDER_PREFIX},
+        "s3:PutObject": {LOCK_OBJECT},
+        "s3:DeleteObject": {LOCK_OBJECT},
+    }
+    for statement in workers + driver:
+        assert all("*" not in action for action in statement["actions"]), statement
+        assert all(r != "*" and not r.endswith(":::*") for r in statement["resources"])
+        if statement["actions"] == ["s3:ListBucket"]:
+            assert statement["condition"] == [PREFIX_CONDITION], statement
+        else:
+            assert "condition" not in statement
+    assert aws.locals["checkpoint_bucket_arn"] == (
+        "arn:${data.aws_partition.current.partition}:s3:::${local.checkpoint_location[0]}"
+    )
+
+
+@needs_terraform_binary
+@pytest.mark.parametrize(
+    ("uri", "bucket_arn", "prefix"),
+    [
+        ("s3://ckpt-bucket/runs/spot-train", "arn:aws:s3:::ckpt-bucket", "runs/spot-train"),
+        ("s3://ckpt.bucket-1/a/", "arn:aws:s3:::ckpt.bucket-1", "a"),
+    ],
+)
+def test_checkpoint_uri_splits_into_bucket_and_prefix(
+    aws: Module, tmp_path: Path, uri: str, bucket_arn: str, prefix: str
+) -> None:
+    from tests.terraform_support import evaluate
+
+    values = evaluate(
+        aws,
+        tmp_path,
+        {**AWS_REQUIRED, "checkpoint_uri": uri},
+        {"arn": "local.checkpoint_bucket_arn", "prefix": "local.checkpoint_prefix",
+         "option": "local.checkpoint_option"},
+        replace={"data.aws_partition.current.partition": '"aws"'},
+    )  # fmt: skip
+    assert values == {"arn": bucket_arn, "prefix": prefix, "option": f" --checkpoint {uri}"}
+
+
+# ------------------------------------------------------------------ the job under systemd
+
+
+def assert_driver_runs_the_job_unit(module: Module, cloud: str, driver_script: str) -> None:
+    """The module calls ../modules/driver-job with its job variables, and the driver's
+    boot script (``driver_script``, as written) is its bootstrap followed by the unit's
+    installer, which is "" without job_command: compact() then leaves the bootstrap
+    alone, as it was before the unit existed."""
+    call = module.modules["driver_job"]
+    assert call["source"] == "../modules/driver-job"
+    assert (module.directory / call["source"]).is_dir()
+    assert call["group_name"] == "${var.name}"
+    assert call["provider_args"][:4] == ["--provider", cloud, "--group", "${var.name}"]
+    for argument, variable in (
+        ("ssh_user", "ssh_user"),
+        ("job_command", "job_command"),
+        ("job_args", "job_args"),
+        ("working_directory", "job_working_directory"),
+        ("ssh_identity_file", "job_ssh_identity_file"),
+        ("checkpoint_uri", "checkpoint_uri"),
+    ):
+        assert call[argument] == f"${{var.{variable}}}", argument
+    assert module.variables["job_command"]["default"] == []
+    script = driver_script.removeprefix("${base64encode(").removeprefix("${")
+    assert script.startswith('join("\\n", compact([templatefile(local.bootstrap_template, {'), (
+        script[:80]
+    )
+    assert script.rstrip(")}").endswith("}), module.driver_job.installer]"), script[-80:]
+    (args,) = _function_args(driver_script, "templatefile")
+    assert re.search(r'role\s*[=:]\s*"driver"', args[1])
+    journal = module.outputs["driver_journal_command"]["value"]
+    assert journal.startswith("${module.driver_job.enabled ? ") and journal.endswith(" : null}")
+    assert "sudo journalctl -u spotring-job -f" in journal
+
+
+def test_aws_driver_runs_the_job_unit(aws: Module) -> None:
+    assert_driver_runs_the_job_unit(aws, "aws", aws.locals["driver_bootstrap"])
+    (lifecycle,) = aws.resource("aws_instance", "driver")["lifecycle"]
+    conditions = [c["condition"] for c in lifecycle["precondition"]]
+    assert '${length(var.job_command) == 0 || var.ssh_user != "root"}' in conditions
+
+
+@needs_terraform_binary
+def test_aws_unit_runs_the_spotring_command(aws: Module, tmp_path: Path) -> None:
+    from tests.terraform_support import assert_unit_runs_spotring_command
+
+    assert_unit_runs_spotring_command(
+        aws, tmp_path, AWS_REQUIRED, {"aws_autoscaling_group.workers.name": "var.name"}
+    )
+
+
+JOB_COMMAND = [
+    "python", "/opt/train/train.py", "--tag", "it's \"a b\"", "100%", "$HOME", "${x}",
+    "back\\slash", ";", "--",
+]  # fmt: skip
+
+
+def _driver_job(tmp_path: Path, **inputs: Any) -> dict[str, Any]:
+    """The driver-job module's outputs for ``inputs`` (no provider needed)."""
+    from tests.terraform_support import DRIVER_JOB, terraform
+
+    arguments = {
+        "group_name": "spot-train",
+        "provider_args": ["--provider", "aws", "--group", "spot-train", "--region", "us-east-1"],
+        "ssh_user": "ubuntu",
+        **inputs,
+    }
+    body = "".join(f"  {k} = {json.dumps(v).replace('${', '$${')}\n" for k, v in arguments.items())
+    main_tf = f'module "job" {{\n  source = {json.dumps(str(DRIVER_JOB))}\n{body}}}\n'
+    for name in ("enabled", "argv", "unit", "installer"):
+        main_tf += f'output "{name}" {{\n  value = module.job.{name}\n}}\n'
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "main.tf").write_text(main_tf, encoding="utf-8")
+    for args in (("init", "-input=false", "-backend=false"), ("apply", "-auto-approve")):
+        done = terraform(tmp_path, *args)
+        assert done.returncode == 0, main_tf + done.stdout + done.stderr
+    done = terraform(tmp_path, "output", "-json")
+    assert done.returncode == 0, done.stderr
+    return {name: body["value"] for name, body in json.loads(done.stdout).items()}
+
+
+@needs_terraform_binary
+def test_driver_job_unit_runs_the_command_as_given(tmp_path: Path) -> None:
+    """Every argument reaches spotring as it is, spaces, quotes, %, $, backslashes and
+    semicolons included (systemd's quoting, checked by a parser of its rules and, where
+    there is one, by systemd-analyze)."""
+    from tests.terraform_support import systemd_command_line, unit_settings
+
+    uri = "s3://ckpt-bucket/runs/spot-train"
+    out = _driver_job(
+        tmp_path / "tf",
+        job_command=JOB_COMMAND,
+        job_args=["--checkpoint-every", "300"],
+        checkpoint_uri=uri,
+        working_directory="/opt/train",
+    )
+    assert out["enabled"] is True
+    assert out["argv"] == [
+        "/opt/spotring/venv/bin/spotring", "run",
+        "--provider", "aws", "--group", "spot-train", "--region", "us-east-1",
+        "--checkpoint-every", "300", "--checkpoint", uri, "--", *JOB_COMMAND,
+    ]  # fmt: skip
+    settings = unit_settings(out["unit"])
+    (exec_start,) = settings["Service.ExecStart"]
+    assert systemd_command_line(exec_start) == out["argv"]
+    expected = {
+        "Unit.Wants": ["network-online.target"],
+        "Unit.After": ["network-online.target"],
+        "Unit.StartLimitIntervalSec": ["0"],
+        "Unit.ConditionPathExists": ["!/var/lib/spotring/job-done"],
+        "Service.Type": ["simple"],
+        "Service.User": ["ubuntu"],
+        "Service.WorkingDirectory": ["/opt/train"],
+        "Service.Restart": ["on-failure"],
+        "Service.RestartSec": ["10"],
+        "Service.KillMode": ["mixed"],
+        "Service.SuccessExitStatus": ["130"],
+        "Install.WantedBy": ["multi-user.target"],
+    }
+    assert {k: settings.get(k) for k in expected} == expected
+    # No secret on the command line or in the environment: PATH and unbuffered output.
+    assert settings["Service.Environment"] == [
+        "PATH=/opt/spotring/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PYTHONUNBUFFERED=1",
+    ]
+    assert not {"Service.EnvironmentFile", "Service.Group"} & set(settings)
+
+    analyze = shutil.which("systemd-analyze")
+    if analyze:
+        # verify wants the executable to exist; the arguments are what it checks here.
+        unit = out["unit"].replace(
+            "ExecStart=/opt/spotring/venv/bin/spotring ", "ExecStart=/bin/true "
+        )
+        (tmp_path / "spotring-job.service").write_text(unit, encoding="utf-8")
+        done = subprocess.run(
+            [analyze, "verify", str(tmp_path / "spotring-job.service")],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_terraform_binary
+@pytest.mark.skipif(shutil.which("sh") is None, reason="needs sh")
+@pytest.mark.parametrize("identity", ["", "/srv/keys/spotring"])
+def test_driver_job_waits_for_an_ssh_key(tmp_path: Path, identity: str) -> None:
+    """Without an agent under systemd, a missing key would fail every worker (and have
+    the group replace them all): ExecStartPre fails until a key is readable."""
+    from tests.terraform_support import systemd_command_line, unit_settings
+
+    out = _driver_job(
+        tmp_path / "tf", job_command=["python", "train.py"], ssh_identity_file=identity
+    )
+    (pre,) = unit_settings(out["unit"])["Service.ExecStartPre"]
+    argv = systemd_command_line(pre)
+    assert argv[:2] == ["/bin/sh", "-c"] and len(argv) == 3
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    script = argv[2]
+    if identity:
+        assert out["argv"][out["argv"].index("--ssh-identity-file") + 1] == identity
+        key = tmp_path / "spotring-key"
+        script = script.replace(identity, str(key))
+    else:
+        assert "--ssh-identity-file" not in out["argv"]
+        key = home / ".ssh" / "id_ecdsa"
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    done = subprocess.run(
+        ["sh", "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1 and "no readable ssh key" in done.stderr, done.stderr
+    key.write_text("key", encoding="utf-8")
+    done = subprocess.run(
+        ["sh", "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@needs_terraform_binary
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_driver_job_installer_installs_enables_and_restarts_once(tmp_path: Path) -> None:
+    out = _driver_job(tmp_path / "tf", job_command=["python", "train.py"])
+    changed = _driver_job(tmp_path / "tf2", job_command=["python", "train.py", "--epochs", "2"])
+    bin_dir, units, state = tmp_path / "bin", tmp_path / "units", tmp_path / "state"
+    for directory in (bin_dir, units, state):
+        directory.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$*" >>{calls}\n', encoding="utf-8")
+    (bin_dir / "systemctl").chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "SPOTRING_SYSTEMD_DIR": str(units),
+        "SPOTRING_STATE_DIR": str(state),
+    }
+
+    def install(installer: str) -> list[str]:
+        calls.unlink(missing_ok=True)
+        script = f"set -euo pipefail\nlog() {{ :; }}\n{installer}"
+        done = subprocess.run(
+            ["bash", "-c", script], env=env, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        return calls.read_text().splitlines() if calls.exists() else []
+
+    (state / "job-done").touch()  # a finished job of an earlier unit
+    started = [
+        "daemon-reload",
+        "enable spotring-job.service",
+        "restart --no-block spotring-job.service",
+    ]
+    assert install(out["installer"]) == started
+    unit = units / "spotring-job.service"
+    assert unit.read_text() == out["unit"] and unit.stat().st_mode & 0o777 == 0o644
+    assert not (state / "job-done").exists(), "a new unit must forget an earlier job's end"
+    # A later boot (GCP runs the startup script at each): an unchanged unit is left alone.
+    (state / "job-done").touch()
+    assert install(out["installer"]) == []
+    assert (state / "job-done").exists()
+    assert install(changed["installer"]) == started
+    assert unit.read_text() == changed["unit"]
+    # What the driver runs: the bootstrap, then the installer (after main: a failed
+    # bootstrap exits first, set -e), is one valid bash script.
+    script = "\n".join([_render({"role": "driver", "lifecycle_hook_name": ""}), out["installer"]])
+    assert script.index('\n  main "$@"\nfi\n') < script.index("install_spotring_job()")
+    done = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+@needs_terraform_binary
+def test_driver_job_without_a_command_is_nothing(tmp_path: Path) -> None:
+    out = _driver_job(tmp_path, checkpoint_uri="s3://ckpt-bucket/runs")
+    assert out == {"enabled": False, "argv": [], "unit": "", "installer": ""}
+
+
 # ------------------------------------------------------------------ spotring_command
 
 
 def _spotring_argv(aws: Module) -> list[str]:
     command = aws.outputs["spotring_command"]["value"]
-    # Interpolations become "2": a valid group name, region string and process count.
+    # Without checkpoint_uri (its option is "" then); the other interpolations become
+    # "2": a valid group name, region string and process count.
+    assert "${local.checkpoint_option}" in command
+    command = command.replace("${local.checkpoint_option}", "")
     return shlex.split(re.sub(r"\$\{[^}]*\}", "2", command))
 
 
@@ -739,6 +1109,7 @@ def test_terraform_cli(tmp_path: Path) -> None:
         pytest.skip(reason)
     # A copy keeps .terraform/ and the lock file out of the repository.
     shutil.copytree(AWS, tmp_path / "terraform" / "aws")
+    shutil.copytree(TERRAFORM / "modules", tmp_path / "terraform" / "modules")
     shutil.copytree(REPO / "worker_image", tmp_path / "worker_image")
     workdir = tmp_path / "terraform" / "aws"
     env = {**os.environ, "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}

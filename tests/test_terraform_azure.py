@@ -31,12 +31,16 @@ import pytest
 
 from tests import test_terraform as generic
 from tests.terraform_support import (
+    CHECKPOINT_URIS,
     assert_formatted,
     assert_software_versions_match_the_setup_script,
+    assert_unit_runs_spotring_command,
+    evaluate,
     evaluate_output,
     needs_terraform,
     only,
     parse_run,
+    parse_run_with_checkpoint,
     plan_variables,
     provider_class,
     provider_iam,
@@ -56,9 +60,11 @@ from tests.test_terraform import (
     _template_variables,
     _templatefile_calls,
     _tf_files,
+    assert_driver_runs_the_job_unit,
     assert_https_only_validations,
     assert_plan_outcome,
     https_url_cases,
+    job_input_cases,
 )
 
 AZURE = TERRAFORM / "azure"
@@ -205,10 +211,22 @@ def test_workers_have_no_public_ip(azure: Module) -> None:
     assert "azurerm_public_ip" not in text
 
 
-def test_workers_have_no_identity(azure: Module) -> None:
-    """Workers make no Azure API call: no managed identity, no role."""
+def test_workers_have_no_identity_without_checkpoints(azure: Module) -> None:
+    """Workers make no Azure API call but the checkpoints' (checkpoint_uri): no managed
+    identity without them, and then one that holds only the container's role."""
     workers = azure.resource(SET, "workers")
     assert "identity" not in workers
+    (identity,) = [d["identity"] for d in workers["dynamic"] if "identity" in d]
+    assert identity["for_each"] == (
+        "${local.checkpoints ? [azurerm_user_assigned_identity.workers[0].id] : []}"
+    )
+    assert identity["content"] == [{"type": "UserAssigned", "identity_ids": ["${identity.value}"]}]
+    assert azure.resource("azurerm_user_assigned_identity", "workers")["count"] == CHECKPOINTS_ONLY
+    principal = "${azurerm_user_assigned_identity.workers[0].principal_id}"
+    assigned = [
+        a for _, a in only(azure, "azurerm_role_assignment") if a["principal_id"] == principal
+    ]
+    assert assigned == [azure.resource("azurerm_role_assignment", "workers_checkpoints")]
 
 
 def _linux_settings(azure: Module, site: str) -> dict[str, Any]:
@@ -256,7 +274,9 @@ def test_gpus_are_a_matter_of_size_and_image(azure: Module) -> None:
     """GPU sizes need only vm_size, slots_per_host and an image with the driver."""
     workers = azure.resource(SET, "workers")
     assert workers["source_image_id"] == "${var.source_image_id}"
-    (image,) = [d["source_image_reference"] for d in workers["dynamic"]]
+    (image,) = [
+        d["source_image_reference"] for d in workers["dynamic"] if "source_image_reference" in d
+    ]
     assert image["for_each"] == "${var.source_image_id == null ? [var.image] : []}"
     assert azure.variables["source_image_id"]["default"] is None
     assert azure.variables["horovod_gpu_operations"]["default"] == ""
@@ -280,7 +300,12 @@ def _roles(azure: Module) -> dict[str, list[str]]:
 
 
 def _assignments(azure: Module) -> dict[str, dict]:
-    return dict(only(azure, "azurerm_role_assignment"))
+    """The driver's custom roles' assignments (not the checkpoints' built-in role)."""
+    return {
+        name: body
+        for name, body in only(azure, "azurerm_role_assignment")
+        if name not in CHECKPOINT_ASSIGNMENTS
+    }
 
 
 def _assigned_role(assignment: dict) -> str:
@@ -480,8 +505,10 @@ def test_custom_data_renders_the_bootstrap_with_every_variable(azure: Module) ->
         assert re.search(r"group_name\s*[=:]\s*var\.name\b", args[1])
         assert re.search(r"region\s*[=:]\s*var\.location\b", args[1])
     for site, data in _custom_data(azure).items():
-        # Custom data is base64 (the API takes nothing else).
-        assert data.startswith("${base64encode(templatefile("), (site, data[:60])
+        # Custom data is base64 (the API takes nothing else); the driver's bootstrap is
+        # followed by the job unit's installer (test_driver_runs_the_job_unit).
+        start = "${base64encode(templatefile(" if site == "workers" else "${base64encode(join("
+        assert data.startswith(start), (site, data[:60])
         (args,) = _function_args(data, "templatefile")
         role = "worker" if site == "workers" else "driver"
         assert re.search(rf'role\s*[=:]\s*"{role}"', args[1]), (site, args[1])
@@ -535,6 +562,9 @@ def test_outputs(azure: Module) -> None:
     assert outputs["resource_group_name"]["value"] == "${azurerm_resource_group.cluster.name}"
     assert outputs["subscription_id"]["value"] == "${var.subscription_id}"
     assert {"driver_private_ip", "driver_public_ip", "spotring_command"} <= set(outputs)
+    assert outputs["worker_identity_client_id"]["value"] == (
+        "${local.checkpoints ? azurerm_user_assigned_identity.workers[0].client_id : null}"
+    )
 
 
 def test_spotring_command_shape(azure: Module) -> None:
@@ -570,6 +600,83 @@ def test_spotring_command_parses_with_the_cli(azure: Module) -> None:
         assert values.get(f"azure_{what}") == "2" or any(
             key.endswith(what) and value == "2" for key, value in values.items()
         ), (what, values)
+
+
+# ------------------------------------------------------------------ durable checkpoints
+
+CHECKPOINTS_ONLY = "${local.checkpoints ? 1 : 0}"
+CHECKPOINT_ASSIGNMENTS = {
+    "workers_checkpoints": "${azurerm_user_assigned_identity.workers[0].principal_id}",
+    "driver_checkpoints": DRIVER_PRINCIPAL,
+}
+STORAGE_ACCOUNT_ID = (
+    "/subscriptions/11111111-1111-1111-1111-111111111111/resourceGroups/rg-data/providers/"
+    "Microsoft.Storage/storageAccounts/ckptaccount"
+)
+
+
+def test_checkpoint_roles_are_on_the_container_only_with_checkpoint_uri(azure: Module) -> None:
+    for name, principal in CHECKPOINT_ASSIGNMENTS.items():
+        assignment = azure.resource("azurerm_role_assignment", name)
+        assert assignment["count"] == CHECKPOINTS_ONLY, name
+        assert assignment["principal_id"] == principal, name
+        assert assignment["principal_type"] == "ServicePrincipal", name
+        assert assignment["role_definition_name"] == "Storage Blob Data Contributor", name
+        assert assignment["scope"] == "${local.checkpoint_container_scope}", name
+        (lifecycle,) = assignment["lifecycle"]
+        conditions = " ".join(c["condition"] for c in lifecycle["precondition"])
+        assert "var.checkpoint_storage_account_id != null" in conditions
+        assert "/storageAccounts/${local.checkpoint_location[0]}" in conditions
+    assert azure.locals["checkpoint_container_scope"] == (
+        "${local.checkpoint_account_id}/blobServices/default/containers/"
+        "${local.checkpoint_location[1]}"
+    )
+    # No data actions in the module's own roles, no storage role anywhere else.
+    for name, body in only(azure, "azurerm_role_definition"):
+        (permissions,) = body["permissions"]
+        assert not [a for a in permissions["actions"] if "Storage" in a], name
+
+
+@needs_terraform
+@pytest.mark.parametrize("suffix", ["", "/"])
+def test_checkpoint_scope_is_the_container(azure: Module, tmp_path: Path, suffix: str) -> None:
+    values = evaluate(
+        azure,
+        tmp_path,
+        {
+            **VALID_INPUTS,
+            "checkpoint_uri": CHECKPOINT_URIS["azure"] + suffix,
+            "checkpoint_storage_account_id": STORAGE_ACCOUNT_ID,
+        },
+        {"scope": "local.checkpoint_container_scope", "account": "local.checkpoint_location[0]"},
+    )
+    assert values == {
+        "scope": f"{STORAGE_ACCOUNT_ID}/blobServices/default/containers/checkpoints",
+        "account": "ckptaccount",
+    }
+
+
+# ------------------------------------------------------------------ the job under systemd
+
+
+def test_driver_runs_the_job_unit(azure: Module) -> None:
+    driver = azure.resource("azurerm_linux_virtual_machine", "driver")
+    assert_driver_runs_the_job_unit(azure, "azure", driver["custom_data"])
+    journal = azure.outputs["driver_journal_command"]["value"]
+    assert "ssh -t ${var.ssh_user}@${coalesce(" in journal
+
+
+@needs_terraform
+def test_unit_runs_the_spotring_command(azure: Module, tmp_path: Path) -> None:
+    assert_unit_runs_spotring_command(
+        azure,
+        tmp_path,
+        VALID_INPUTS,
+        {
+            f"{SET}.workers.name": "var.name",
+            "azurerm_resource_group.cluster.name": "local.resource_group_name",
+        },
+    )
 
 
 # ------------------------------------------------------------------ terraform itself
@@ -650,12 +757,44 @@ def test_valid_inputs_pass_the_validations(variables_only: Path) -> None:
         ("ssh_user", "admin"),
         ("source_image_id", "ubuntu-24_04-lts"),
         ("tags", {"spotring-slots": "8"}),
+        ("checkpoint_uri", "https://ckptaccount.blob.core.windows.net/checkpoints"),
+        ("checkpoint_uri", "https://ckptaccount.blob.core.windows.net/check--points/runs"),
+        ("checkpoint_uri", "https://CkptAccount.blob.core.windows.net/checkpoints/runs"),
+        ("checkpoint_uri", "https://ckptaccount.blob.core.windows.net.evil.example/ckpt/runs"),
+        ("checkpoint_uri", "http://ckptaccount.blob.core.windows.net/checkpoints/runs"),
+        ("checkpoint_uri", "s3://ckpt-bucket/runs"),
+        ("checkpoint_storage_account_id", "ckptaccount"),
+        ("checkpoint_storage_account_id", STORAGE_ACCOUNT_ID + "/blobServices/default"),
+        ("job_command", ["python", "train.py\n"]),
+        ("job_args", ["--"]),
+        ("job_working_directory", "train"),
     ],
 )
 def test_bad_inputs_are_refused(variables_only: Path, variable: str, value: Any) -> None:
     done = plan_variables(variables_only, {**VALID_INPUTS, variable: value})
     assert done.returncode != 0, f"{variable} = {value!r} passed the validations"
     assert f"var.{variable}" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        (
+            {
+                "checkpoint_uri": CHECKPOINT_URIS["azure"],
+                "checkpoint_storage_account_id": STORAGE_ACCOUNT_ID,
+            },
+            None,
+        ),
+        ({"checkpoint_uri": CHECKPOINT_URIS["azure"] + "/"}, None),
+        *job_input_cases(),
+    ],
+)
+def test_job_and_checkpoint_validations(
+    variables_only: Path, overrides: dict[str, Any], refused: str | None
+) -> None:
+    done = plan_variables(variables_only, {**VALID_INPUTS, **overrides})
+    assert_plan_outcome(done, refused)
 
 
 def test_only_https_urls_for_wheels_and_indexes(azure: Module) -> None:
@@ -685,8 +824,10 @@ def _evaluate_spotring_command(azure: Module, workdir: Path, inputs: dict[str, A
     local = azure.locals["resource_group_name"]
     assert local.startswith("${") and local.endswith("}"), local
     main_tf = (
-        # The local's expression as written (a quoted copy would escape its quotes).
-        f"locals {{\n  resource_group_name = {local[2:-1]}\n}}\n"
+        # The locals' expressions as written (a quoted copy would escape their quotes).
+        f"locals {{\n  resource_group_name = {local[2:-1]}\n"
+        f"  checkpoints = {azure.locals['checkpoints'][2:-1]}\n"
+        f"  checkpoint_option = {azure.locals['checkpoint_option'][2:-1]}\n}}\n"
         f'output "spotring_command" {{\n  value = {json.dumps(value)}\n}}\n'
     )
     return evaluate_output(AZURE, workdir, main_tf, inputs, "spotring_command")
@@ -719,15 +860,21 @@ def _evaluate_spotring_command(azure: Module, workdir: Path, inputs: dict[str, A
             f"spotring-spot-train --subscription {SUBSCRIPTION} -np 2 --min-np 2 --max-np 8 "
             "-- python train.py",
         ),
+        (
+            {"checkpoint_uri": CHECKPOINT_URIS["azure"]},
+            "spotring run --provider azure --group spot-train --resource-group "
+            f"spotring-spot-train --subscription {SUBSCRIPTION} -np 2 --min-np 1 --max-np 4 "
+            f"--checkpoint {CHECKPOINT_URIS['azure']} -- python train.py",
+        ),
     ],
-    ids=["defaults", "gpus", "empty"],
+    ids=["defaults", "gpus", "empty", "checkpoints"],
 )
 def test_spotring_command_renders(
     azure: Module, tmp_path: Path, inputs: dict[str, Any], expected: str
 ) -> None:
     command = _evaluate_spotring_command(azure, tmp_path, {**VALID_INPUTS, **inputs})
     assert command == expected
-    options = _parse_run(shlex.split(command)[1:])
+    options = parse_run_with_checkpoint("azure", shlex.split(command)[1:])
     assert options.azure_subscription == SUBSCRIPTION
 
 

@@ -29,12 +29,16 @@ import pytest
 
 from tests import test_terraform as generic
 from tests.terraform_support import (
+    CHECKPOINT_URIS,
     assert_formatted,
     assert_software_versions_match_the_setup_script,
+    assert_unit_runs_spotring_command,
+    evaluate,
     evaluate_output,
     needs_terraform,
     only,
     parse_run,
+    parse_run_with_checkpoint,
     plan_variables,
     provider_class,
     provider_iam,
@@ -54,9 +58,11 @@ from tests.test_terraform import (
     _template_variables,
     _templatefile_calls,
     _tf_files,
+    assert_driver_runs_the_job_unit,
     assert_https_only_validations,
     assert_plan_outcome,
     https_url_cases,
+    job_input_cases,
 )
 
 GCP = TERRAFORM / "gcp"
@@ -265,7 +271,12 @@ def test_custom_roles_grant_exactly_the_provider_permissions(gcp: Module) -> Non
         for _, b in _bindings(gcp, DRIVER_SA)
         if _custom_role(gcp, b["role"])
     }
-    assert bound == {name for name, _ in only(gcp, "google_project_iam_custom_role")}
+    provider_roles = {
+        name
+        for name, _ in only(gcp, "google_project_iam_custom_role")
+        if name not in CHECKPOINT_ROLES
+    }
+    assert bound == provider_roles
     assert not {"compute.regionOperations.get", "compute.zoneOperations.get"} & granted
 
 
@@ -311,7 +322,12 @@ def test_service_accounts_hold_nothing_else(gcp: Module) -> None:
         kind
         for kind, _ in gcp.resources
         if "_iam_" in kind
-        and kind not in {"google_project_iam_member", "google_project_iam_custom_role"}
+        and kind
+        not in {
+            "google_project_iam_member",
+            "google_project_iam_custom_role",
+            "google_storage_bucket_iam_member",  # checkpoint_uri only: see below
+        }
     }
     assert not other_iam, f"unexpected IAM resources: {other_iam}"
     members = {body["member"] for _, body in only(gcp, "google_project_iam_member")}
@@ -537,6 +553,114 @@ def test_spotring_command_parses_with_the_cli(gcp: Module) -> None:
         assert any(what in key and value == "2" for key, value in values.items()), (what, values)
 
 
+# ------------------------------------------------------------------ durable checkpoints
+
+CHECKPOINTS_ONLY = "${local.checkpoints ? 1 : 0}"
+CHECKPOINT_ROLES = {"checkpoint_read", "checkpoint_write"}
+# binding -> (member, role, condition local)
+CHECKPOINT_BINDINGS = {
+    "worker_checkpoint_read": (WORKER_SA, "checkpoint_read", "checkpoint_read_condition"),
+    "worker_checkpoint_write": (WORKER_SA, "checkpoint_write", "checkpoint_write_condition"),
+    "driver_checkpoint_read": (DRIVER_SA, "checkpoint_read", "checkpoint_read_condition"),
+    "driver_checkpoint_lock": (DRIVER_SA, "checkpoint_write", "checkpoint_lock_condition"),
+}
+
+
+def test_checkpoint_roles_grant_exactly_the_object_calls(gcp: Module) -> None:
+    roles = dict(only(gcp, "google_project_iam_custom_role"))
+    read, write = roles["checkpoint_read"], roles["checkpoint_write"]
+    assert read["permissions"] == ["storage.objects.get", "storage.objects.list"]
+    assert write["permissions"] == ["storage.objects.create", "storage.objects.delete"]
+    for role in (read, write):
+        assert role["count"] == CHECKPOINTS_ONLY
+        assert role["project"] == "${local.checkpoint_bucket_project}"
+    assert gcp.locals["checkpoint_bucket_project"] == (
+        "${coalesce(var.checkpoint_bucket_project, var.project)}"
+    )
+
+
+def test_checkpoint_bindings_are_on_the_bucket_with_conditions(gcp: Module) -> None:
+    """Only with checkpoint_uri, on the checkpoint bucket (never the project), each with
+    its condition: the workers under PREFIX/, the driver reading there and writing the
+    lock alone."""
+    bindings = dict(only(gcp, "google_storage_bucket_iam_member"))
+    assert set(bindings) == set(CHECKPOINT_BINDINGS)
+    for name, (member, role, condition) in CHECKPOINT_BINDINGS.items():
+        binding = bindings[name]
+        assert binding["count"] == CHECKPOINTS_ONLY, name
+        assert binding["bucket"] == "${local.checkpoint_bucket}", name
+        assert binding["member"] == f"serviceAccount:{member}", name
+        assert binding["role"] == f"${{google_project_iam_custom_role.{role}[0].name}}", name
+        (cond,) = binding["condition"]
+        assert cond["expression"] == f"${{local.{condition}}}", name
+    # Nothing project-wide touches Cloud Storage.
+    for _, binding in only(gcp, "google_project_iam_member"):
+        assert "storage" not in str(binding.get("role", "")), binding
+    for _, role in only(gcp, "google_project_iam_custom_role"):
+        if _ not in CHECKPOINT_ROLES:
+            assert not [p for p in role["permissions"] if p.startswith("storage.")], role
+
+
+def test_checkpoint_scope_only_with_checkpoint_uri(gcp: Module) -> None:
+    assert gcp.locals["checkpoint_scopes"] == (
+        '${local.checkpoints ? ["https://www.googleapis.com/auth/devstorage.read_write"] : []}'
+    )
+    template = gcp.resource("google_compute_instance_template", "workers")
+    driver = gcp.resource("google_compute_instance", "driver")
+    for body in (template, driver):
+        (account,) = body["service_account"]
+        assert account["scopes"].endswith(", local.checkpoint_scopes)}"), account["scopes"]
+        assert "devstorage" not in account["scopes"]
+
+
+@needs_terraform
+@pytest.mark.parametrize(
+    "uri", ["gs://ckpt-bucket/runs/spot-train", "gs://ckpt-bucket/runs/spot-train/"]
+)
+def test_checkpoint_conditions_name_the_prefix(gcp: Module, tmp_path: Path, uri: str) -> None:
+    values = evaluate(
+        gcp,
+        tmp_path,
+        {**VALID_INPUTS, "checkpoint_uri": uri},
+        {name: f"local.{name}" for name in (
+            "checkpoint_bucket", "checkpoint_read_condition", "checkpoint_write_condition",
+            "checkpoint_lock_condition", "checkpoint_scopes", "checkpoint_bucket_project",
+        )},
+    )  # fmt: skip
+    objects = "projects/_/buckets/ckpt-bucket/objects/runs/spot-train/"
+    assert values == {
+        "checkpoint_bucket": "ckpt-bucket",
+        "checkpoint_read_condition": f'resource.name.startsWith("{objects}") || api.getAttribute('
+        '"storage.googleapis.com/objectListPrefix", "").startsWith("runs/spot-train/")',
+        "checkpoint_write_condition": f'resource.name.startsWith("{objects}")',
+        "checkpoint_lock_condition": f'resource.name == "{objects}lock.json"',
+        "checkpoint_scopes": ["https://www.googleapis.com/auth/devstorage.read_write"],
+        "checkpoint_bucket_project": "my-project",
+    }
+
+
+# ------------------------------------------------------------------ the job under systemd
+
+
+def test_driver_runs_the_job_unit(gcp: Module) -> None:
+    driver = gcp.resource("google_compute_instance", "driver")
+    assert_driver_runs_the_job_unit(gcp, "gcp", driver["metadata"]["startup-script"])
+    journal = gcp.outputs["driver_journal_command"]["value"]
+    assert "gcloud compute ssh ${var.ssh_user}@${google_compute_instance.driver.name}" in journal
+    assert '${var.driver_external_ip ? "" : " --tunnel-through-iap"}' in journal
+
+
+@needs_terraform
+def test_unit_runs_the_spotring_command(gcp: Module, tmp_path: Path) -> None:
+    assert CHECKPOINT_URIS["gcp"].startswith("gs://")
+    assert_unit_runs_spotring_command(
+        gcp,
+        tmp_path,
+        VALID_INPUTS,
+        {"google_compute_region_instance_group_manager.workers.name": "var.name"},
+    )
+
+
 # ------------------------------------------------------------------ terraform itself
 # These need the binary but no provider: they run wherever `terraform` is on PATH.
 
@@ -593,12 +717,41 @@ def test_valid_inputs_pass_the_validations(variables_only: Path) -> None:
         ("ssh_user", "root"),
         ("distribution_target_shape", "RANDOM"),
         ("labels", {"spotring-slots": "8"}),
+        ("checkpoint_uri", "gs://ckpt-bucket"),
+        ("checkpoint_uri", "gs://ckpt-bucket/runs/*"),
+        ("checkpoint_uri", 'gs://ckpt-bucket/a") || true || ("'),  # into a CEL condition
+        ("checkpoint_uri", "s3://ckpt-bucket/runs"),
+        ("checkpoint_bucket_project", "P"),
+        ("job_command", ["python", "train.py\n"]),
+        ("job_args", ["--"]),
+        ("job_working_directory", "train"),
     ],
 )
 def test_bad_inputs_are_refused(variables_only: Path, variable: str, value: Any) -> None:
     done = plan_variables(variables_only, {**VALID_INPUTS, variable: value})
     assert done.returncode != 0, f"{variable} = {value!r} passed the validations"
     assert f"var.{variable}" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        ({"checkpoint_uri": "gs://ckpt-bucket/runs/spot-train"}, None),
+        (
+            {
+                "checkpoint_uri": "gs://ckpt_bucket.1/a/",
+                "checkpoint_bucket_project": "other-project",
+            },
+            None,
+        ),
+        *job_input_cases(),
+    ],
+)
+def test_job_and_checkpoint_validations(
+    variables_only: Path, overrides: dict[str, Any], refused: str | None
+) -> None:
+    done = plan_variables(variables_only, {**VALID_INPUTS, **overrides})
+    assert_plan_outcome(done, refused)
 
 
 def test_only_https_urls_for_wheels_and_indexes(gcp: Module) -> None:
@@ -623,6 +776,8 @@ def _evaluate_spotring_command(gcp: Module, workdir: Path, inputs: dict[str, Any
     main_tf = (
         "locals {\n"
         f"  slots_per_host = {json.dumps(gcp.locals['slots_per_host'])}\n"
+        f"  checkpoints = {gcp.locals['checkpoints'][2:-1]}\n"
+        f"  checkpoint_option = {gcp.locals['checkpoint_option'][2:-1]}\n"
         "}\n"
         f'output "spotring_command" {{\n  value = {json.dumps(value)}\n}}\n'
     )
@@ -648,15 +803,21 @@ def _evaluate_spotring_command(gcp: Module, workdir: Path, inputs: dict[str, Any
             "spotring run --provider gcp --group spot-train --region us-central1 "
             "--project my-project -np 2 --min-np 2 --max-np 8 -- python train.py",
         ),
+        (
+            {"checkpoint_uri": "gs://ckpt-bucket/runs/spot-train"},
+            "spotring run --provider gcp --group spot-train --region us-central1 "
+            "--project my-project -np 2 --min-np 1 --max-np 4 "
+            "--checkpoint gs://ckpt-bucket/runs/spot-train -- python train.py",
+        ),
     ],
-    ids=["defaults", "gpus", "slots"],
+    ids=["defaults", "gpus", "slots", "checkpoints"],
 )
 def test_spotring_command_renders(
     gcp: Module, tmp_path: Path, inputs: dict[str, Any], expected: str
 ) -> None:
     command = _evaluate_spotring_command(gcp, tmp_path, {**VALID_INPUTS, **inputs})
     assert command == expected
-    _parse_run(shlex.split(command)[1:])
+    parse_run_with_checkpoint("gcp", shlex.split(command)[1:])
 
 
 def test_terraform_cli(tmp_path: Path) -> None:

@@ -44,10 +44,34 @@ resource "aws_iam_instance_profile" "driver" {
   role        = aws_iam_role.driver.name
 }
 
+# The job under systemd (job_command): ../modules/driver-job renders the unit
+# spotring-job.service and the snippet, appended to the driver's bootstrap below, that
+# installs and starts it when the bootstrap has finished. Nothing without job_command.
+module "driver_job" {
+  source = "../modules/driver-job"
+
+  group_name = var.name
+  # The options of spotring_command (outputs.tf), one argument per element.
+  provider_args = [
+    "--provider", "aws", "--group", var.name, "--region", var.region,
+    "-np", tostring(max(var.desired_capacity, 1) * var.slots_per_host),
+    "--min-np", tostring(max(var.min_size, 1) * var.slots_per_host),
+    "--max-np", tostring(var.max_size * var.slots_per_host),
+  ]
+  ssh_user          = var.ssh_user
+  job_command       = var.job_command
+  job_args          = var.job_args
+  working_directory = var.job_working_directory
+  ssh_identity_file = var.job_ssh_identity_file
+  checkpoint_uri    = var.checkpoint_uri
+}
+
 locals {
   # The same bootstrap as the workers (the driver needs horovod.runner and spotring),
-  # without the lifecycle hook: the driver is no member of the group.
-  driver_bootstrap = templatefile(local.bootstrap_template, {
+  # without the lifecycle hook: the driver is no member of the group. With job_command,
+  # the unit's installer follows it (cloud-init runs user data once: a job_command set
+  # later reaches a new driver only, `terraform apply -replace=aws_instance.driver`).
+  driver_bootstrap = join("\n", compact([templatefile(local.bootstrap_template, {
     role                   = "driver"
     ssh_user               = var.ssh_user
     ssh_authorized_keys    = join("\n", var.ssh_public_keys)
@@ -62,7 +86,7 @@ locals {
     lifecycle_hook_name    = ""
     job_setup_commands     = var.job_setup_commands
     requirements_lock      = chomp(file(local.requirements_lock_file))
-  })
+  }), module.driver_job.installer]))
 }
 
 resource "aws_instance" "driver" {
@@ -106,6 +130,11 @@ resource "aws_instance" "driver" {
       # 16 KiB is at most 21,844 base64 characters (whole 3-byte groups).
       condition     = length(base64gzip(local.driver_bootstrap)) <= 21844
       error_message = "The driver's user data is over EC2's 16 KiB even gzipped: shorten job_setup_commands (let it fetch a script) or ssh_public_keys."
+    }
+
+    precondition {
+      condition     = length(var.job_command) == 0 || var.ssh_user != "root"
+      error_message = "The job's unit (job_command) runs as ssh_user, which must not be root."
     }
   }
 }

@@ -46,6 +46,11 @@ output "ssh_user" {
 # -np counts processes: hosts x slots. --min-np is at least one host's worth even with
 # min_size = 0, since Horovod needs one process to start.
 output "spotring_command" {
-  description = "Command to run on the driver host (as ssh_user) to start elastic training on the group."
-  value       = "spotring run --provider aws --group ${aws_autoscaling_group.workers.name} --region ${var.region} -np ${max(var.desired_capacity, 1) * var.slots_per_host} --min-np ${max(var.min_size, 1) * var.slots_per_host} --max-np ${var.max_size * var.slots_per_host} -- ${var.train_command}"
+  description = "Command to run on the driver host (as ssh_user) to start elastic training on the group (with --checkpoint when checkpoint_uri is set). With job_command, the driver's spotring-job unit runs the same options for you."
+  value       = "spotring run --provider aws --group ${aws_autoscaling_group.workers.name} --region ${var.region} -np ${max(var.desired_capacity, 1) * var.slots_per_host} --min-np ${max(var.min_size, 1) * var.slots_per_host} --max-np ${var.max_size * var.slots_per_host}${local.checkpoint_option} -- ${var.train_command}"
+}
+
+output "driver_journal_command" {
+  description = "With job_command: how to follow the job's log (the journal of the driver's spotring-job unit) over ssh, at driver_address. null without job_command."
+  value       = module.driver_job.enabled ? "ssh -t ${var.ssh_user}@${coalesce(aws_instance.driver.public_ip, aws_instance.driver.private_ip)} sudo journalctl -u spotring-job -f" : null
 }

@@ -1,5 +1,31 @@
 # The driver host: runs `spotring run` (controller + Horovod's elastic driver) on demand.
-# Its system-assigned managed identity holds the custom roles of iam.tf and nothing else.
+# Its system-assigned managed identity holds the custom roles of iam.tf and nothing else
+# (and, with checkpoint_uri, the container's role of checkpoints.tf).
+
+# The job under systemd (job_command): ../modules/driver-job renders the unit
+# spotring-job.service and the snippet, appended to the driver's custom data below, that
+# installs and starts it when the bootstrap has finished. Custom data runs once, at
+# first boot, and changing it is ignored (see lifecycle below): a job_command set later
+# reaches a new driver only. Nothing without job_command.
+module "driver_job" {
+  source = "../modules/driver-job"
+
+  group_name = var.name
+  # The options of spotring_command (outputs.tf), one argument per element.
+  provider_args = [
+    "--provider", "azure", "--group", var.name, "--resource-group", local.resource_group_name,
+    "--subscription", var.subscription_id,
+    "-np", tostring(max(var.worker_count, 1) * var.slots_per_host),
+    "--min-np", tostring(max(var.min_worker_count, 1) * var.slots_per_host),
+    "--max-np", tostring(var.max_worker_count * var.slots_per_host),
+  ]
+  ssh_user          = var.ssh_user
+  job_command       = var.job_command
+  job_args          = var.job_args
+  working_directory = var.job_working_directory
+  ssh_identity_file = var.job_ssh_identity_file
+  checkpoint_uri    = var.checkpoint_uri
+}
 
 resource "azurerm_public_ip" "driver" {
   count = var.driver_public_ip ? 1 : 0
@@ -99,8 +125,8 @@ resource "azurerm_linux_virtual_machine" "driver" {
   }
 
   # The same bootstrap as the workers (the driver needs horovod.runner and spotring),
-  # run once by cloud-init at first boot.
-  custom_data = base64encode(templatefile(local.bootstrap_template, {
+  # run once by cloud-init at first boot; with job_command, the unit's installer after it.
+  custom_data = base64encode(join("\n", compact([templatefile(local.bootstrap_template, {
     role                   = "driver"
     ssh_user               = var.ssh_user
     ssh_authorized_keys    = join("\n", var.ssh_public_keys)
@@ -115,7 +141,7 @@ resource "azurerm_linux_virtual_machine" "driver" {
     lifecycle_hook_name    = ""
     job_setup_commands     = var.job_setup_commands
     requirements_lock      = chomp(file(local.requirements_lock_file))
-  }))
+  }), module.driver_job.installer])))
 
   # Serial log (cloud-init's output) in a managed storage account.
   boot_diagnostics {}

@@ -56,6 +56,16 @@ output "ssh_user" {
 # -np counts processes: hosts x slots. --min-np is at least one host's worth even with
 # min_worker_count = 0, since Horovod needs one process to start.
 output "spotring_command" {
-  description = "Command to run on the driver host (as ssh_user) to start elastic training on the scale set."
-  value       = "spotring run --provider azure --group ${azurerm_orchestrated_virtual_machine_scale_set.workers.name} --resource-group ${azurerm_resource_group.cluster.name} --subscription ${var.subscription_id} -np ${max(var.worker_count, 1) * var.slots_per_host} --min-np ${max(var.min_worker_count, 1) * var.slots_per_host} --max-np ${var.max_worker_count * var.slots_per_host} -- ${var.train_command}"
+  description = "Command to run on the driver host (as ssh_user) to start elastic training on the scale set (with --checkpoint when checkpoint_uri is set). With job_command, the driver's spotring-job unit runs the same options for you."
+  value       = "spotring run --provider azure --group ${azurerm_orchestrated_virtual_machine_scale_set.workers.name} --resource-group ${azurerm_resource_group.cluster.name} --subscription ${var.subscription_id} -np ${max(var.worker_count, 1) * var.slots_per_host} --min-np ${max(var.min_worker_count, 1) * var.slots_per_host} --max-np ${var.max_worker_count * var.slots_per_host}${local.checkpoint_option} -- ${var.train_command}"
+}
+
+output "driver_journal_command" {
+  description = "With job_command: how to follow the job's log (the journal of the driver's spotring-job unit) over ssh, at the driver's public IP, else its private IP (from a peered network, a VPN or Bastion). null without job_command."
+  value       = module.driver_job.enabled ? "ssh -t ${var.ssh_user}@${coalesce(try(azurerm_public_ip.driver[0].ip_address, ""), azurerm_network_interface.driver.private_ip_address)} sudo journalctl -u spotring-job -f" : null
+}
+
+output "worker_identity_client_id" {
+  description = "Client id of the workers' user-assigned managed identity (checkpoint_uri only; null without). Their only identity, so AZURE_CLIENT_ID need not name it."
+  value       = local.checkpoints ? azurerm_user_assigned_identity.workers[0].client_id : null
 }

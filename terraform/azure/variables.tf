@@ -346,6 +346,75 @@ variable "train_command" {
   default     = "python train.py"
 }
 
+# --- the job under systemd, durable checkpoints (driver.tf, checkpoints.tf) -------------
+
+variable "job_command" {
+  description = "The training command after `--`, one argument per element, e.g. [\"python\", \"/opt/train/train.py\"]. When set, the driver runs `spotring run` for it under the systemd unit spotring-job (restarted on failure, started at every boot), so a driver crash or reboot resumes the job. Empty: no unit; run spotring_command by hand. It must exist at the same path on every worker. Custom data runs once: set it before the driver is created (or replace the driver)."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for word in var.job_command : length(word) > 0 && !can(regex("[[:cntrl:]]", word))])
+    error_message = "job_command must hold non-empty arguments without newlines or other control characters."
+  }
+}
+
+variable "job_args" {
+  description = "Extra `spotring run` options for the unit's command, placed before --checkpoint and `--`, e.g. [\"--checkpoint-every\", \"300\", \"--checkpoint-keep\", \"3\"]. They are visible in the unit file and the process list: no secrets."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for word in var.job_args : length(word) > 0 && word != "--" && !can(regex("[[:cntrl:]]", word))])
+    error_message = "job_args must hold non-empty options without newlines or other control characters, and no `--` (job_command comes after it)."
+  }
+}
+
+variable "job_working_directory" {
+  description = "Working directory of the unit's `spotring run` on the driver; workers start their processes in the same directory. Empty means ssh_user's home directory."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.job_working_directory == "" || can(regex("^/[A-Za-z0-9._/@+-]*$", var.job_working_directory))
+    error_message = "job_working_directory must be \"\" or an absolute path of letters, digits and . _ / @ + -."
+  }
+}
+
+variable "job_ssh_identity_file" {
+  description = "Private key (absolute path on the driver) the unit's `spotring run` reaches the workers with (--ssh-identity-file). Empty means ssh's default keys of ssh_user (~/.ssh/id_ed25519, id_ecdsa, id_rsa). The unit runs without an ssh agent: copy the private half of a key in ssh_public_keys there; the unit waits (retrying every 10 s) until one is readable, so that no worker is failed for want of a key."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.job_ssh_identity_file == "" || can(regex("^/[A-Za-z0-9._/@+-]+$", var.job_ssh_identity_file))
+    error_message = "job_ssh_identity_file must be \"\" or an absolute path of letters, digits and . _ / @ + -."
+  }
+}
+
+variable "checkpoint_uri" {
+  description = "Where the job writes durable checkpoints (spotring run --checkpoint): https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX. Empty: no durable checkpoints and no storage permissions. When set (with checkpoint_storage_account_id), the workers get a user-assigned identity, and it and the driver's identity get Storage Blob Data Contributor on that one container; the unit's command (and spotring_command) pass --checkpoint."
+  type        = string
+  default     = ""
+
+  validation {
+    # No quotes or spaces in the prefix: it goes into the unit and spotring_command.
+    condition     = var.checkpoint_uri == "" || (can(regex("^https://[a-z0-9]{3,24}\\.blob\\.core\\.windows\\.net/[a-z0-9][a-z0-9-]{1,61}[a-z0-9]/[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*/?$", var.checkpoint_uri)) && !can(regex("^https://[^/]+/[^/]*--", var.checkpoint_uri)))
+    error_message = "checkpoint_uri must be \"\" or https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX: a storage account name (3-24 lowercase letters and digits), a container name (3-63 lowercase letters, digits and single hyphens) and a non-empty prefix of letters, digits and . _ - separated by single slashes."
+  }
+}
+
+variable "checkpoint_storage_account_id" {
+  description = "Resource id of checkpoint_uri's storage account, /subscriptions/SUB/resourceGroups/RG/providers/Microsoft.Storage/storageAccounts/ACCOUNT (az storage account show -n ACCOUNT --query id): the role assignments' scope is its container. Required with checkpoint_uri; the account may live in any resource group or subscription of the tenant."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.checkpoint_storage_account_id == null || can(regex("^/subscriptions/[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}/resourceGroups/[-\\w.()]+/providers/Microsoft\\.Storage/storageAccounts/[a-z0-9]{3,24}$", var.checkpoint_storage_account_id))
+    error_message = "checkpoint_storage_account_id must be null or a storage account resource id: /subscriptions/SUB/resourceGroups/RG/providers/Microsoft.Storage/storageAccounts/ACCOUNT."
+  }
+}
+
 variable "tags" {
   description = "Tags for every resource that takes them, including the scale set (its VMs) and the driver."
   type        = map(string)

@@ -39,6 +39,19 @@ resource "azurerm_orchestrated_virtual_machine_scale_set" "workers" {
   # drivers come with the image.
   extension_operations_enabled = false
 
+  # No managed identity unless checkpoint_uri: then a user-assigned one (a Flexible set
+  # takes no other kind) that may use the checkpoint container and nothing else
+  # (checkpoints.tf). It is the VMs' only identity, so the metadata service hands out its
+  # token without a client id (DefaultAzureCredential finds it).
+  dynamic "identity" {
+    for_each = local.checkpoints ? [azurerm_user_assigned_identity.workers[0].id] : []
+
+    content {
+      type         = "UserAssigned"
+      identity_ids = [identity.value]
+    }
+  }
+
   source_image_id = var.source_image_id
 
   dynamic "source_image_reference" {

@@ -1,5 +1,31 @@
 # The driver host: runs `spotring run` (controller + Horovod's elastic driver) on demand.
-# Its service account holds the custom roles of iam.tf and nothing else but log writing.
+# Its service account holds the custom roles of iam.tf and nothing else but log writing
+# (and, with checkpoint_uri, the bucket bindings of checkpoints.tf).
+
+# The job under systemd (job_command): ../modules/driver-job renders the unit
+# spotring-job.service and the snippet, appended to the driver's startup script below,
+# that installs and starts it when the bootstrap has finished. Startup scripts run at
+# every boot: a changed job_command reaches the driver at its next boot (or
+# `sudo google_metadata_script_runner startup`), restarting the unit. Nothing without
+# job_command.
+module "driver_job" {
+  source = "../modules/driver-job"
+
+  group_name = var.name
+  # The options of spotring_command (outputs.tf), one argument per element.
+  provider_args = [
+    "--provider", "gcp", "--group", var.name, "--region", var.region, "--project", var.project,
+    "-np", tostring(max(var.worker_count, 1) * local.slots_per_host),
+    "--min-np", tostring(max(var.min_worker_count, 1) * local.slots_per_host),
+    "--max-np", tostring(var.max_worker_count * local.slots_per_host),
+  ]
+  ssh_user          = var.ssh_user
+  job_command       = var.job_command
+  job_args          = var.job_args
+  working_directory = var.job_working_directory
+  ssh_identity_file = var.job_ssh_identity_file
+  checkpoint_uri    = var.checkpoint_uri
+}
 
 resource "google_compute_instance" "driver" {
   project      = var.project
@@ -49,13 +75,13 @@ resource "google_compute_instance" "driver" {
   }
 
   # The compute scope for the group and instance calls, logging for the bootstrap's
-  # output; the custom roles decide what the calls may do.
+  # output, Cloud Storage with checkpoint_uri; the roles decide what the calls may do.
   service_account {
     email = google_service_account.driver.email
-    scopes = [
+    scopes = concat([
       "https://www.googleapis.com/auth/compute",
       "https://www.googleapis.com/auth/logging.write",
-    ]
+    ], local.checkpoint_scopes)
   }
 
   shielded_instance_config {
@@ -76,7 +102,7 @@ resource "google_compute_instance" "driver" {
     "block-project-ssh-keys" = "TRUE"
     "enable-oslogin"         = "FALSE"
     "serial-port-enable"     = "FALSE"
-    "startup-script" = templatefile(local.bootstrap_template, {
+    "startup-script" = join("\n", compact([templatefile(local.bootstrap_template, {
       role                   = "driver"
       ssh_user               = var.ssh_user
       ssh_authorized_keys    = join("\n", var.ssh_public_keys)
@@ -91,7 +117,7 @@ resource "google_compute_instance" "driver" {
       lifecycle_hook_name    = ""
       job_setup_commands     = var.job_setup_commands
       requirements_lock      = chomp(file(local.requirements_lock_file))
-    })
+    }), module.driver_job.installer]))
   }
 
   lifecycle {

@@ -49,7 +49,7 @@ output "driver_service_account" {
 }
 
 output "worker_service_account" {
-  description = "Service account of the workers (log writing only)."
+  description = "Service account of the workers (log writing only, and checkpoints with checkpoint_uri)."
   value       = google_service_account.worker.email
 }
 
@@ -61,6 +61,11 @@ output "ssh_user" {
 # -np counts processes: hosts x slots. --min-np is at least one host's worth even with
 # min_worker_count = 0, since Horovod needs one process to start.
 output "spotring_command" {
-  description = "Command to run on the driver host (as ssh_user) to start elastic training on the group."
-  value       = "spotring run --provider gcp --group ${google_compute_region_instance_group_manager.workers.name} --region ${var.region} --project ${var.project} -np ${max(var.worker_count, 1) * local.slots_per_host} --min-np ${max(var.min_worker_count, 1) * local.slots_per_host} --max-np ${var.max_worker_count * local.slots_per_host} -- ${var.train_command}"
+  description = "Command to run on the driver host (as ssh_user) to start elastic training on the group (with --checkpoint when checkpoint_uri is set). With job_command, the driver's spotring-job unit runs the same options for you."
+  value       = "spotring run --provider gcp --group ${google_compute_region_instance_group_manager.workers.name} --region ${var.region} --project ${var.project} -np ${max(var.worker_count, 1) * local.slots_per_host} --min-np ${max(var.min_worker_count, 1) * local.slots_per_host} --max-np ${var.max_worker_count * local.slots_per_host}${local.checkpoint_option} -- ${var.train_command}"
+}
+
+output "driver_journal_command" {
+  description = "With job_command: how to follow the job's log (the journal of the driver's spotring-job unit), with gcloud as for ssh (through IAP without driver_external_ip; add --ssh-key-file as in README.md). null without job_command."
+  value       = module.driver_job.enabled ? "gcloud compute ssh ${var.ssh_user}@${google_compute_instance.driver.name} --zone ${google_compute_instance.driver.zone} --project ${var.project}${var.driver_external_ip ? "" : " --tunnel-through-iap"} --command 'sudo journalctl -u spotring-job -f'" : null
 }

@@ -337,6 +337,76 @@ variable "train_command" {
   default     = "python train.py"
 }
 
+# --- the job under systemd, durable checkpoints (driver.tf, checkpoints.tf) -------------
+
+variable "job_command" {
+  description = "The training command after `--`, one argument per element, e.g. [\"python\", \"/opt/train/train.py\"]. When set, the driver runs `spotring run` for it under the systemd unit spotring-job (restarted on failure, started at every boot), so a driver crash or reboot resumes the job. Empty: no unit; run spotring_command by hand. It must exist at the same path on every worker."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for word in var.job_command : length(word) > 0 && !can(regex("[[:cntrl:]]", word))])
+    error_message = "job_command must hold non-empty arguments without newlines or other control characters."
+  }
+}
+
+variable "job_args" {
+  description = "Extra `spotring run` options for the unit's command, placed before --checkpoint and `--`, e.g. [\"--checkpoint-every\", \"300\", \"--checkpoint-keep\", \"3\"]. They are visible in the unit file and the process list: no secrets."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for word in var.job_args : length(word) > 0 && word != "--" && !can(regex("[[:cntrl:]]", word))])
+    error_message = "job_args must hold non-empty options without newlines or other control characters, and no `--` (job_command comes after it)."
+  }
+}
+
+variable "job_working_directory" {
+  description = "Working directory of the unit's `spotring run` on the driver; workers start their processes in the same directory. Empty means ssh_user's home directory."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.job_working_directory == "" || can(regex("^/[A-Za-z0-9._/@+-]*$", var.job_working_directory))
+    error_message = "job_working_directory must be \"\" or an absolute path of letters, digits and . _ / @ + -."
+  }
+}
+
+variable "job_ssh_identity_file" {
+  description = "Private key (absolute path on the driver) the unit's `spotring run` reaches the workers with (--ssh-identity-file). Empty means ssh's default keys of ssh_user (~/.ssh/id_ed25519, id_ecdsa, id_rsa). The unit runs without an ssh agent: copy the private half of a key in ssh_public_keys there; the unit waits (retrying every 10 s) until one is readable, so that no worker is failed for want of a key."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.job_ssh_identity_file == "" || can(regex("^/[A-Za-z0-9._/@+-]+$", var.job_ssh_identity_file))
+    error_message = "job_ssh_identity_file must be \"\" or an absolute path of letters, digits and . _ / @ + -."
+  }
+}
+
+variable "checkpoint_uri" {
+  description = "Where the job writes durable checkpoints (spotring run --checkpoint): gs://BUCKET/PREFIX, a bucket with uniform bucket-level access (IAM conditions need it). Empty: no durable checkpoints and no storage permissions. When set, the workers' account may list, get, create and delete objects under PREFIX/, the driver's may list and get them and create and delete PREFIX/lock.json (bucket-level bindings with IAM conditions), both get the devstorage.read_write scope, and the unit's command (and spotring_command) pass --checkpoint."
+  type        = string
+  default     = ""
+
+  validation {
+    # No quotes, spaces or wildcards in the prefix: it goes into IAM condition
+    # expressions (CEL string literals) as it is.
+    condition     = var.checkpoint_uri == "" || can(regex("^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]/[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*/?$", var.checkpoint_uri))
+    error_message = "checkpoint_uri must be \"\" or gs://BUCKET/PREFIX: a bucket name (3-63 lowercase letters, digits, dots, hyphens, underscores) and a non-empty prefix of letters, digits and . _ - separated by single slashes."
+  }
+}
+
+variable "checkpoint_bucket_project" {
+  description = "Project that holds checkpoint_uri's bucket; null means project. The two custom roles of checkpoints.tf are created there: a project's custom roles can be granted on its own resources only."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.checkpoint_bucket_project == null || can(regex("^[a-z][a-z0-9-]{4,28}[a-z0-9]$", var.checkpoint_bucket_project))
+    error_message = "checkpoint_bucket_project must be null or a project id: 6-30 lowercase letters, digits or hyphens, starting with a letter."
+  }
+}
+
 variable "labels" {
   description = "Labels for every resource that takes them (the provider's default_labels), including the worker VMs."
   type        = map(string)

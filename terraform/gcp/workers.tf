@@ -52,10 +52,11 @@ resource "google_compute_instance_template" "workers" {
     }
   }
 
-  # A dedicated account that may only write logs; the scope says the same.
+  # A dedicated account that may only write logs (and, with checkpoint_uri, read and
+  # write checkpoints: checkpoints.tf); the scopes say the same.
   service_account {
     email  = google_service_account.worker.email
-    scopes = ["https://www.googleapis.com/auth/logging.write"]
+    scopes = concat(["https://www.googleapis.com/auth/logging.write"], local.checkpoint_scopes)
   }
 
   shielded_instance_config {

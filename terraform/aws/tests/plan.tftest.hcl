@@ -19,6 +19,12 @@ mock_provider "aws" {
     }
   }
 
+  mock_data "aws_partition" {
+    defaults = {
+      partition = "aws"
+    }
+  }
+
   mock_resource "aws_autoscaling_group" {
     defaults = {
       arn = "arn:aws:autoscaling:us-east-1:123456789012:autoScalingGroup:0000:autoScalingGroupName/spot-train"
@@ -96,6 +102,104 @@ run "defaults" {
     condition     = [for h in aws_autoscaling_group.workers.initial_lifecycle_hook : h.name] == ["spot-train-bootstrap"]
     error_message = "the launch lifecycle hook is missing"
   }
+
+  # No checkpoint_uri, no job_command: no storage permission, no unit.
+  assert {
+    condition     = length(aws_iam_role_policy.worker_checkpoints) == 0 && length(aws_iam_role_policy.driver_checkpoints) == 0
+    error_message = "storage permissions without checkpoint_uri"
+  }
+
+  assert {
+    condition     = !strcontains(local.driver_bootstrap, "spotring-job") && output.driver_journal_command == null
+    error_message = "a job unit without job_command"
+  }
+}
+
+run "durable_job" {
+  command = apply
+
+  variables {
+    checkpoint_uri        = "s3://ckpt-bucket/runs/spot-train/"
+    job_command           = ["python", "/opt/train/train.py", "--name", "it's \"a b\" 100%"]
+    job_args              = ["--checkpoint-every", "300", "--checkpoint-keep", "3"]
+    job_working_directory = "/opt/train"
+  }
+
+  assert {
+    condition     = output.spotring_command == "spotring run --provider aws --group spot-train --region us-east-1 -np 2 --min-np 1 --max-np 4 --checkpoint s3://ckpt-bucket/runs/spot-train/ -- python train.py"
+    error_message = "unexpected spotring_command: ${output.spotring_command}"
+  }
+
+  assert {
+    condition     = strcontains(local.driver_bootstrap, "\nExecStart=/opt/spotring/venv/bin/spotring \"run\" \"--provider\" \"aws\" \"--group\" \"spot-train\" \"--region\" \"us-east-1\" \"-np\" \"2\" \"--min-np\" \"1\" \"--max-np\" \"4\" \"--checkpoint-every\" \"300\" \"--checkpoint-keep\" \"3\" \"--checkpoint\" \"s3://ckpt-bucket/runs/spot-train/\" \"--\" \"python\" \"/opt/train/train.py\" \"--name\" \"it's \\\"a b\\\" 100%%\"\n")
+    error_message = "the unit's ExecStart is not the quoted command"
+  }
+
+  assert {
+    condition     = strcontains(local.driver_bootstrap, "\nRestart=on-failure\n") && strcontains(local.driver_bootstrap, "\nUser=ubuntu\n") && strcontains(local.driver_bootstrap, "\nWorkingDirectory=/opt/train\n")
+    error_message = "the unit does not restart on failure, as ssh_user, in job_working_directory"
+  }
+
+  assert {
+    condition     = aws_instance.driver.user_data_base64 == base64gzip(local.driver_bootstrap) && endswith(local.driver_bootstrap, "install_spotring_job\n")
+    error_message = "the driver's user data does not end with the unit's installer"
+  }
+
+  assert {
+    condition     = startswith(output.driver_journal_command, "ssh -t ubuntu@") && endswith(output.driver_journal_command, " sudo journalctl -u spotring-job -f")
+    error_message = "unexpected driver_journal_command: ${output.driver_journal_command}"
+  }
+
+  assert {
+    condition     = length(aws_iam_role_policy.worker_checkpoints) == 1 && aws_iam_role_policy.worker_checkpoints[0].role == aws_iam_role.worker.id
+    error_message = "the workers' role has no checkpoint policy"
+  }
+
+  assert {
+    condition     = length(aws_iam_role_policy.driver_checkpoints) == 1 && aws_iam_role_policy.driver_checkpoints[0].role == aws_iam_role.driver.id
+    error_message = "the driver's role has no checkpoint policy"
+  }
+
+  assert {
+    condition     = data.aws_iam_policy_document.worker_checkpoints[0].statement[0].resources == toset(["arn:aws:s3:::ckpt-bucket"])
+    error_message = "the workers' listing is not on the bucket"
+  }
+
+  assert {
+    condition     = [for c in data.aws_iam_policy_document.worker_checkpoints[0].statement[0].condition : [c.test, c.variable, toset(c.values)]] == [["StringLike", "s3:prefix", toset(["runs/spot-train/", "runs/spot-train/*"])]]
+    error_message = "the workers' listing is not limited to the prefix"
+  }
+
+  assert {
+    condition     = data.aws_iam_policy_document.worker_checkpoints[0].statement[1].resources == toset(["arn:aws:s3:::ckpt-bucket/runs/spot-train/*"])
+    error_message = "the workers' object access is not limited to the prefix"
+  }
+
+  assert {
+    condition     = data.aws_iam_policy_document.driver_checkpoints[0].statement[2].resources == toset(["arn:aws:s3:::ckpt-bucket/runs/spot-train/lock.json"])
+    error_message = "the driver may write more than the lock"
+  }
+}
+
+run "gcs_uri_on_aws" {
+  command = plan
+
+  variables {
+    checkpoint_uri = "gs://ckpt-bucket/runs"
+  }
+
+  expect_failures = [var.checkpoint_uri]
+}
+
+run "job_as_root" {
+  command = plan
+
+  variables {
+    ssh_user    = "root"
+    job_command = ["python", "train.py"]
+  }
+
+  expect_failures = [aws_instance.driver]
 }
 
 run "slots_and_zero_minimum" {

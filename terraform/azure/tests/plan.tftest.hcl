@@ -81,6 +81,17 @@ run "defaults" {
     condition     = azurerm_subnet.cluster.default_outbound_access_enabled == false
     error_message = "the subnet has default outbound access"
   }
+
+  # No checkpoint_uri, no job_command: no workers' identity, no storage role, no unit.
+  assert {
+    condition     = length(azurerm_user_assigned_identity.workers) == 0 && length(azurerm_role_assignment.workers_checkpoints) == 0 && length(azurerm_role_assignment.driver_checkpoints) == 0 && length(azurerm_orchestrated_virtual_machine_scale_set.workers.identity) == 0
+    error_message = "an identity or a storage role without checkpoint_uri"
+  }
+
+  assert {
+    condition     = !strcontains(base64decode(azurerm_linux_virtual_machine.driver.custom_data), "spotring-job") && output.driver_journal_command == null
+    error_message = "a job unit without job_command"
+  }
 }
 
 run "gpus_zone_and_a_public_driver" {
@@ -162,4 +173,55 @@ run "reserved_tags" {
   }
 
   expect_failures = [var.tags]
+}
+
+run "durable_job" {
+  command = plan
+
+  variables {
+    checkpoint_uri                = "https://ckptaccount.blob.core.windows.net/checkpoints/runs/spot-train"
+    checkpoint_storage_account_id = "/subscriptions/11111111-1111-1111-1111-111111111111/resourceGroups/rg-data/providers/Microsoft.Storage/storageAccounts/ckptaccount"
+    job_command                   = ["python", "/opt/train/train.py"]
+  }
+
+  assert {
+    condition     = output.spotring_command == "spotring run --provider azure --group spot-train --resource-group spotring-spot-train --subscription 00000000-0000-0000-0000-000000000000 -np 2 --min-np 1 --max-np 4 --checkpoint https://ckptaccount.blob.core.windows.net/checkpoints/runs/spot-train -- python train.py"
+    error_message = "unexpected spotring_command: ${output.spotring_command}"
+  }
+
+  assert {
+    condition     = azurerm_role_assignment.workers_checkpoints[0].scope == "/subscriptions/11111111-1111-1111-1111-111111111111/resourceGroups/rg-data/providers/Microsoft.Storage/storageAccounts/ckptaccount/blobServices/default/containers/checkpoints" && azurerm_role_assignment.driver_checkpoints[0].scope == azurerm_role_assignment.workers_checkpoints[0].scope
+    error_message = "the checkpoint roles are not assigned on the container"
+  }
+
+  assert {
+    condition     = azurerm_role_assignment.workers_checkpoints[0].role_definition_name == "Storage Blob Data Contributor" && azurerm_orchestrated_virtual_machine_scale_set.workers.identity[0].type == "UserAssigned"
+    error_message = "the workers' identity or role is not the expected one"
+  }
+
+  assert {
+    condition     = strcontains(base64decode(azurerm_linux_virtual_machine.driver.custom_data), "\nExecStart=/opt/spotring/venv/bin/spotring \"run\" \"--provider\" \"azure\" \"--group\" \"spot-train\"") && strcontains(base64decode(azurerm_linux_virtual_machine.driver.custom_data), "\nRestart=on-failure\n")
+    error_message = "the driver's custom data does not install the job's unit"
+  }
+}
+
+run "checkpoints_without_the_account_id" {
+  command = plan
+
+  variables {
+    checkpoint_uri = "https://ckptaccount.blob.core.windows.net/checkpoints/runs"
+  }
+
+  expect_failures = [azurerm_role_assignment.workers_checkpoints, azurerm_role_assignment.driver_checkpoints]
+}
+
+run "checkpoints_in_another_account" {
+  command = plan
+
+  variables {
+    checkpoint_uri                = "https://ckptaccount.blob.core.windows.net/checkpoints/runs"
+    checkpoint_storage_account_id = "/subscriptions/11111111-1111-1111-1111-111111111111/resourceGroups/rg-data/providers/Microsoft.Storage/storageAccounts/otheraccount"
+  }
+
+  expect_failures = [azurerm_role_assignment.workers_checkpoints, azurerm_role_assignment.driver_checkpoints]
 }

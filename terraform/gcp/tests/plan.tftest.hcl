@@ -87,6 +87,17 @@ run "defaults" {
     condition     = length(google_compute_firewall.driver_ssh) == 1 && google_compute_firewall.driver_ssh[0].source_ranges == toset(["35.235.240.0/20"])
     error_message = "ssh to the driver is not open from admin_cidrs"
   }
+
+  # No checkpoint_uri, no job_command: no storage permission or scope, no unit.
+  assert {
+    condition     = length(google_storage_bucket_iam_member.worker_checkpoint_read) == 0 && length(google_storage_bucket_iam_member.driver_checkpoint_lock) == 0 && length(google_project_iam_custom_role.checkpoint_write) == 0
+    error_message = "storage permissions without checkpoint_uri"
+  }
+
+  assert {
+    condition     = !contains(google_compute_instance_template.workers.service_account[0].scopes, "https://www.googleapis.com/auth/devstorage.read_write") && !strcontains(google_compute_instance.driver.metadata["startup-script"], "spotring-job") && output.driver_journal_command == null
+    error_message = "a storage scope or a job unit without checkpoint_uri and job_command"
+  }
 }
 
 run "gpus_zones_and_a_public_driver" {
@@ -176,4 +187,53 @@ run "reserved_labels" {
   }
 
   expect_failures = [var.labels]
+}
+
+run "durable_job" {
+  command = plan
+
+  variables {
+    checkpoint_uri = "gs://ckpt-bucket/runs/spot-train"
+    job_command    = ["python", "/opt/train/train.py"]
+  }
+
+  assert {
+    condition     = output.spotring_command == "spotring run --provider gcp --group spot-train --region us-central1 --project my-project -np 2 --min-np 1 --max-np 4 --checkpoint gs://ckpt-bucket/runs/spot-train -- python train.py"
+    error_message = "unexpected spotring_command: ${output.spotring_command}"
+  }
+
+  assert {
+    condition     = google_storage_bucket_iam_member.driver_checkpoint_lock[0].bucket == "ckpt-bucket" && google_storage_bucket_iam_member.driver_checkpoint_lock[0].condition[0].expression == "resource.name == \"projects/_/buckets/ckpt-bucket/objects/runs/spot-train/lock.json\""
+    error_message = "the driver's write binding is not on the lock alone"
+  }
+
+  assert {
+    condition     = google_storage_bucket_iam_member.worker_checkpoint_write[0].condition[0].expression == "resource.name.startsWith(\"projects/_/buckets/ckpt-bucket/objects/runs/spot-train/\")"
+    error_message = "the workers' write binding is not on the prefix"
+  }
+
+  assert {
+    condition     = contains(google_compute_instance_template.workers.service_account[0].scopes, "https://www.googleapis.com/auth/devstorage.read_write") && contains(google_compute_instance.driver.service_account[0].scopes, "https://www.googleapis.com/auth/devstorage.read_write")
+    error_message = "the hosts lack the Cloud Storage scope"
+  }
+
+  assert {
+    condition     = strcontains(google_compute_instance.driver.metadata["startup-script"], "\nExecStart=/opt/spotring/venv/bin/spotring \"run\" \"--provider\" \"gcp\" \"--group\" \"spot-train\"") && strcontains(google_compute_instance.driver.metadata["startup-script"], "\nRestart=on-failure\n") && endswith(google_compute_instance.driver.metadata["startup-script"], "install_spotring_job\n")
+    error_message = "the driver's startup script does not install the job's unit"
+  }
+
+  assert {
+    condition     = output.driver_journal_command == "gcloud compute ssh spotring@spot-train-driver --zone us-central1-a --project my-project --tunnel-through-iap --command 'sudo journalctl -u spotring-job -f'"
+    error_message = "unexpected driver_journal_command: ${output.driver_journal_command}"
+  }
+}
+
+run "s3_uri_on_gcp" {
+  command = plan
+
+  variables {
+    checkpoint_uri = "s3://ckpt-bucket/runs"
+  }
+
+  expect_failures = [var.checkpoint_uri]
 }
