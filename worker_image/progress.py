@@ -46,6 +46,7 @@ from types import ModuleType
 from typing import Any, cast
 
 from spotring.worker_image.signed_lines import SignedLine, is_int
+from spotring.worker_image.state_hooks import wrap_in_state_classes
 
 PROGRESS_FD_ENV = "SPOTRING_PROGRESS_FD"
 """The number of the descriptor of the worker's progress page (not secret)."""
@@ -196,32 +197,7 @@ class CommitCounter:
 
     def install(self, elastic: ModuleType) -> None:
         """Count ``elastic.State.commit`` and every subclass's own ``commit``."""
-        state = elastic.State
-        state.commit = self.wrap(state.commit)
-        wrap = self.wrap
-        previous = state.__dict__.get("__init_subclass__")
-
-        def __init_subclass__(cls: Any, **kwargs: Any) -> None:
-            if previous is not None:
-                previous.__func__(cls, **kwargs)
-            else:
-                super(state, cls).__init_subclass__(**kwargs)
-            if "commit" in cls.__dict__:
-                cls.commit = wrap(cls.__dict__["commit"])
-
-        state.__init_subclass__ = classmethod(__init_subclass__)
-        for subclass in _subclasses(state):  # defined before we were installed
-            if "commit" in subclass.__dict__:
-                subclass.commit = wrap(subclass.__dict__["commit"])  # type: ignore[attr-defined]  # a State
-
-
-def _subclasses(cls: type) -> list[type]:
-    found, stack = [], list(cls.__subclasses__())
-    while stack:
-        sub = stack.pop()
-        found.append(sub)
-        stack.extend(sub.__subclasses__())
-    return found
+        wrap_in_state_classes(elastic, "commit", self.wrap)
 
 
 def take_progress_page() -> ProgressPage | None:

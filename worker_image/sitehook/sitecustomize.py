@@ -10,6 +10,8 @@ In a worker started ahead of its join (``SPOTRING_WARM_FD`` set), Horovod's ``in
 is held until the driver sends the worker its slot (``spotring.worker_image.warm_start``).
 With ``SPOTRING_PROGRESS_FD``, the state's commits are counted into the supervisor's
 shared page (``spotring.worker_image.progress``); the descriptor is closed here too.
+With ``SPOTRING_CHECKPOINT_URI``, rank 0 copies commits to durable storage and a ring
+without state loads the newest (``spotring.worker_image.durable``).
 """
 
 import contextlib
@@ -39,6 +41,14 @@ def _prepare_worker() -> None:
             if fd.isdigit():
                 with contextlib.suppress(OSError):
                     os.close(int(fd))
+    if os.environ.get("SPOTRING_CHECKPOINT_URI"):  # durable.URI_ENV
+        try:
+            from spotring.worker_image import durable
+
+            durable.install_when_imported()
+        except Exception as error:  # the job runs; its commits are not made durable
+            print(f"spotring durable: not installed, no durable checkpoints: {error}",
+                  file=sys.stderr)  # fmt: skip
     key_fd = os.environ.get("SPOTRING_JOB_KEY_FD", "")  # peer_abort.JOB_KEY_FD_ENV
     if not key_fd and os.environ.get("SPOTRING_PEER_ABORT") != "1":
         return

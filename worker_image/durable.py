@@ -1,0 +1,410 @@
+"""Worker side of durable checkpoints: a copy of a commit, written in the background.
+
+With ``spotring run --checkpoint URI`` every worker gets :data:`URI_ENV` (and the
+cadence, the number kept, the job's id), and spotring's ``sitecustomize`` installs
+:class:`DurableCommits` on Horovod's ``State`` (``hvd.elastic.TorchState`` and
+spotring's ``TorchState`` alike) when the script imports Horovod:
+
+* **Write, off the training path.** After a commit that saved the state, rank 0 (every
+  rank holds the same committed state) copies the live state, which the commit has just
+  saved, into host memory when :data:`EVERY_ENV` seconds have passed since its last
+  copy: one more copy of the state per interval, on the training thread. A background
+  thread serialises it and writes it (data first, manifest last:
+  :class:`spotring.checkpoint.Checkpoints`); a newer copy replaces one still waiting.
+* **Read, on the first sync of a ring with no member of the previous one.** Horovod
+  ranks the surviving hosts first, so a rank 0 that has never synchronised belongs to
+  a ring in which nobody has state: the job's first ring, a ring formed after every
+  worker died, or the first ring of a restarted driver. That rank 0 loads the newest
+  complete checkpoint into the live objects before the sync broadcasts them.
+* **The job's commit count** travels with the state: it is broadcast at every sync
+  and stored in each checkpoint, so a resumed ring counts on from the checkpoint and
+  each checkpoint says which commit it holds.
+* **A noticed total reclaim**: when the driver publishes :data:`FLUSH_KEY` on its
+  rendezvous server (every host of the ring has announced its interruption), rank 0
+  writes the commit at which the ring stops to train synchronously before leaving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+URI_ENV = "SPOTRING_CHECKPOINT_URI"
+"""Where durable checkpoints go (not secret: credentials come from the host)."""
+EVERY_ENV = "SPOTRING_CHECKPOINT_EVERY"
+KEEP_ENV = "SPOTRING_CHECKPOINT_KEEP"
+JOB_ID_ENV = "SPOTRING_JOB_ID"
+
+FLUSH_KEY = "flush"
+"""Under the ``spotring`` scope of the rendezvous server: present while the driver asks
+the current ring to write its next commit durably before it stops."""
+
+MARKER = "spotring durable:"
+"""Starts the lines this module prints for the driver's log (informational only)."""
+
+DEFAULT_EVERY_SECONDS = 60.0
+FLUSH_TIMEOUT_SECONDS = 120.0
+"""How long a flush may hold the last commit before the ring leaves anyway."""
+
+
+@dataclass(frozen=True)
+class DurableConfig:
+    """The job's checkpoint settings, as the driver handed them to the worker."""
+
+    uri: str
+    every: float = DEFAULT_EVERY_SECONDS
+    keep: int = 3
+    job_id: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> DurableConfig | None:
+        """The settings in ``env``; None when the job writes no checkpoints."""
+        uri = env.get(URI_ENV, "")
+        if not uri:
+            return None
+        return cls(
+            uri=uri,
+            every=float(env.get(EVERY_ENV, DEFAULT_EVERY_SECONDS)),
+            keep=int(env.get(KEEP_ENV, 3)),
+            job_id=env.get(JOB_ID_ENV, ""),
+        )
+
+
+# ----------------------------------------------------------------- state <-> payload
+
+
+def _host_copy(value: Any) -> Any:
+    """A deep copy of a ``state_dict`` with every tensor copied into host memory."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return type(value)((k, _host_copy(v)) for k, v in value.items())
+    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+        return type(value)(_host_copy(v) for v in value)
+    return copy.deepcopy(value)
+
+
+def snapshot_state(state: Any) -> dict[str, Any]:
+    """Rank 0's committed state, copied out of the live objects right after a commit
+    saved them: each handler's ``state_dict`` and the plain attributes."""
+    from spotring.worker_image.horovod_internals import saved_attributes, state_handlers
+
+    handlers = {}
+    for name, handler in state_handlers(state).items():
+        state_dict = getattr(handler.value, "state_dict", None)
+        if state_dict is None:
+            raise TypeError(
+                f"cannot checkpoint {name!r}: {type(handler.value).__name__} has no state_dict()"
+            )
+        handlers[name] = _host_copy(state_dict())
+    attributes = _host_copy(dict(saved_attributes(state)))
+    return {"handlers": handlers, "attributes": attributes}
+
+
+def apply_snapshot(state: Any, snapshot: Mapping[str, Any]) -> None:
+    """Load ``snapshot`` into the live objects of ``state`` and commit it there."""
+    from spotring.worker_image.horovod_internals import state_handlers
+
+    handlers = state_handlers(state)
+    missing = sorted(set(snapshot["handlers"]) ^ set(handlers))
+    if missing:
+        raise ValueError(
+            f"the checkpoint does not match the state's objects ({', '.join(missing)})"
+        )
+    for name, state_dict in snapshot["handlers"].items():
+        handlers[name].value.load_state_dict(state_dict)
+    for name, value in snapshot["attributes"].items():
+        setattr(state, name, value)
+    state.save()
+
+
+def serialize(snapshot: Mapping[str, Any]) -> memoryview:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(dict(snapshot), buffer)
+    return buffer.getbuffer()
+
+
+def deserialize(payload: bytes) -> dict[str, Any]:
+    import torch
+
+    # weights_only: a checkpoint is data; nothing in it may run code when loaded.
+    loaded = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    if not isinstance(loaded, dict) or "handlers" not in loaded or "attributes" not in loaded:
+        raise ValueError("not a spotring checkpoint")
+    return loaded
+
+
+# ----------------------------------------------------------------- the writer
+
+
+@dataclass
+class _Pending:
+    commits: int
+    committed_at: float
+    snapshot: dict[str, Any]
+    done: threading.Event
+
+
+class BackgroundWriter:
+    """Writes snapshots on one thread; a newer snapshot replaces one still waiting.
+
+    Never dies silently: a failed write is printed (with the error) and the next
+    snapshot is tried as usual; the previous complete checkpoint stays the newest.
+    """
+
+    def __init__(self, write: Callable[[int, memoryview, dict[str, Any]], Any]) -> None:
+        self._write = write
+        self._pending: _Pending | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="spotring-durable", daemon=True)
+        self._thread.start()
+
+    def submit(self, commits: int, snapshot: dict[str, Any]) -> threading.Event:
+        """Queue ``snapshot`` (the state at commit ``commits``); an event set once it
+        was written or failed."""
+        pending = _Pending(commits, time.time(), snapshot, threading.Event())
+        with self._cond:
+            if self._pending is not None:
+                self._pending.done.set()  # superseded: never written
+            self._pending = pending
+            self._cond.notify()
+        return pending.done
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                pending, self._pending = self._pending, None
+            try:
+                started = time.monotonic()
+                payload = serialize(pending.snapshot)
+                pending.snapshot = {}
+                meta = {"commits": pending.commits, "committed_at": pending.committed_at}
+                self._write(pending.commits, payload, meta)
+                took = time.monotonic() - started
+                _say(
+                    f"checkpoint of commit {pending.commits} written "
+                    f"({len(payload) / 2**20:.1f} MiB in {took:.2f} s)"
+                )
+            except Exception as error:  # said, and the next one is tried
+                _say(f"checkpoint of commit {pending.commits} NOT written: {error}")
+            finally:
+                pending.done.set()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+
+def _say(message: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(f"{MARKER} {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------- the hooks
+
+
+class DurableCommits:
+    """Wraps ``commit`` and ``sync`` of Horovod's state classes (see the module)."""
+
+    def __init__(
+        self,
+        config: DurableConfig,
+        checkpoints: Any,  # spotring.checkpoint.Checkpoints
+        rank: Callable[[], int],
+        broadcast_object: Callable[..., Any],
+        flush_requested: Callable[[], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.commits = 0
+        """The job's commit count: ``commit`` calls since the job's first ring."""
+        self._checkpoints = checkpoints
+        self._rank = rank
+        self._broadcast_object = broadcast_object
+        self._flush_requested = flush_requested
+        self._clock = clock
+        self._synced = False
+        self._last_copy: float | None = None
+        self._writer: BackgroundWriter | None = None
+        self._depth = threading.local()
+
+    # -- commit
+
+    def wrap_commit(self, commit: Callable[..., Any]) -> Callable[..., Any]:
+        from horovod.common.exceptions import HostsUpdatedInterrupt
+
+        hooks = self
+
+        def durable_commit(state: Any, *args: Any, **kwargs: Any) -> Any:
+            depth = getattr(hooks._depth, "commit", 0)
+            hooks._depth.commit = depth + 1
+            try:
+                if depth:
+                    return commit(state, *args, **kwargs)
+                hooks.commits += 1
+                try:
+                    result = commit(state, *args, **kwargs)
+                except HostsUpdatedInterrupt:
+                    hooks._after_commit(state, ring_changing=True)
+                    raise
+                hooks._after_commit(state, ring_changing=False)
+                return result
+            finally:
+                hooks._depth.commit = depth
+
+        return _marked(durable_commit, commit)
+
+    def _after_commit(self, state: Any, ring_changing: bool) -> None:
+        if getattr(state, "steps_since_commit", 0) != 0:
+            return  # spotring's TorchState with commit_every: this call saved nothing
+        try:
+            if self._rank() != 0:
+                return
+        except ValueError:  # Horovod not initialised: not in a ring
+            return
+        flush = ring_changing and self._flush_requested_safely()
+        now = self._clock()
+        if not flush and self._last_copy is not None and now - self._last_copy < self.config.every:
+            return
+        self._last_copy = now
+        try:
+            snapshot = snapshot_state(state)
+        except Exception as error:  # never stop the training over a checkpoint
+            _say(f"cannot copy the state of commit {self.commits}: {error}")
+            return
+        done = self._writer_started().submit(self.commits, snapshot)
+        if flush:
+            _say(f"every host of the ring is leaving: writing commit {self.commits} now")
+            if not done.wait(FLUSH_TIMEOUT_SECONDS):
+                _say(
+                    f"the checkpoint of commit {self.commits} took over {FLUSH_TIMEOUT_SECONDS:g} s"
+                )
+
+    def _flush_requested_safely(self) -> bool:
+        try:
+            return self._flush_requested()
+        except Exception as error:  # the driver unreachable: the periodic copies remain
+            _say(f"cannot ask the driver whether to write now: {error}")
+            return False
+
+    def _writer_started(self) -> BackgroundWriter:
+        if self._writer is None:
+            self._writer = BackgroundWriter(self._checkpoints.write)
+        return self._writer
+
+    # -- sync
+
+    def wrap_sync(self, sync: Callable[..., Any]) -> Callable[..., Any]:
+        hooks = self
+
+        def durable_sync(state: Any, *args: Any, **kwargs: Any) -> Any:
+            depth = getattr(hooks._depth, "sync", 0)
+            hooks._depth.sync = depth + 1
+            try:
+                if depth:
+                    return sync(state, *args, **kwargs)
+                if not hooks._synced and hooks._rank() == 0:
+                    hooks._resume(state)
+                result = sync(state, *args, **kwargs)
+                # Every rank calls sync, so every rank takes part in this broadcast.
+                hooks.commits = int(
+                    hooks._broadcast_object(hooks.commits, 0, name="spotring.commits")
+                )
+                hooks._synced = True
+                return result
+            finally:
+                hooks._depth.sync = depth
+
+        return _marked(durable_sync, sync)
+
+    def _resume(self, state: Any) -> None:
+        """Load the newest complete checkpoint into ``state`` (rank 0 of a ring in
+        which nobody has state); a job without one starts from its initial state."""
+        loaded = self._checkpoints.load_latest()
+        if loaded is None:
+            _say(f"no checkpoint in {self.config.uri}: starting from the script's initial state")
+            return
+        info, payload = loaded
+        apply_snapshot(state, deserialize(payload))
+        self.commits = int(info.meta.get("commits", info.step))
+        committed_at = float(info.meta.get("committed_at", info.created_at))
+        self._last_copy = self._clock()  # what was just loaded needs no copy
+        _say(
+            f"resumed from the checkpoint of commit {self.commits} "
+            f"(committed {max(0.0, time.time() - committed_at):.1f} s ago)"
+        )
+
+    # -- installing
+
+    def install(self, elastic: ModuleType) -> None:
+        """Wrap ``elastic.State``'s ``commit`` and ``sync`` and every subclass's own."""
+        from spotring.worker_image.state_hooks import wrap_in_state_classes
+
+        wrap_in_state_classes(elastic, "commit", self.wrap_commit)
+        wrap_in_state_classes(elastic, "sync", self.wrap_sync)
+
+
+def _marked(wrapper: Callable[..., Any], wrapped: Callable[..., Any]) -> Callable[..., Any]:
+    wrapper.__wrapped__ = wrapped  # type: ignore[attr-defined]  # as functools.wraps
+    wrapper.__doc__ = wrapped.__doc__
+    wrapper.__name__ = getattr(wrapped, "__name__", wrapper.__name__)
+    return wrapper
+
+
+def install_when_imported(env: Mapping[str, str] = os.environ) -> DurableCommits | None:
+    """In a worker: durable checkpoints as the environment says, installed once
+    ``horovod.common.elastic`` is imported. None when the job writes none."""
+    from spotring.checkpoint import Checkpoints, open_store
+    from spotring.worker_image.after_import import call_after_import
+    from spotring.worker_image.peer_abort import read_generation_key
+
+    config = DurableConfig.from_env(env)
+    if config is None:
+        return None
+    checkpoints = Checkpoints(open_store(config.uri), job_id=config.job_id, keep=config.keep)
+
+    def rank() -> int:
+        from horovod.torch.mpi_ops import rank as horovod_rank
+
+        return int(horovod_rank())
+
+    def broadcast_object(value: Any, root_rank: int, name: str) -> Any:
+        from horovod.torch.functions import broadcast_object as horovod_broadcast_object
+
+        return horovod_broadcast_object(value, root_rank, name=name)
+
+    def flush_requested() -> bool:
+        return read_generation_key(FLUSH_KEY) is not None
+
+    hooks = DurableCommits(config, checkpoints, rank, broadcast_object, flush_requested)
+
+    def install(module: ModuleType) -> None:
+        try:
+            hooks.install(module)
+        except Exception as error:  # say so: the job runs, without durable copies
+            _say(f"not installed, no durable checkpoints: {error}")
+
+    call_after_import("horovod.common.elastic", install)
+    return hooks
