@@ -9,6 +9,7 @@ lists them. Bad input exits 2 with one line on stderr; no traceback.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import signal
@@ -26,7 +27,7 @@ from spotring.core.inventory import Inventory
 from spotring.core.job import JobShape
 from spotring.driver.compat import HorovodSetupError
 from spotring.driver.launcher import SshOptions
-from spotring.driver.options import ElasticOptions
+from spotring.driver.options import DurableOptions, ElasticOptions
 from spotring.driver.worker_env import parse_forwarded
 from spotring.providers.base import Provider
 from spotring.providers.options import (
@@ -314,6 +315,29 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "oldest: that worker is stopped and its host replaced (default: off; set it above "
         "the longest gap between commits, and a ring's formation and first step)",
     )
+    durable = run.add_argument_group("durable checkpoints")
+    durable.add_argument(
+        "--checkpoint",
+        metavar="URI",
+        help="write durable copies of the committed state, in the background, to URI: a "
+        "directory, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or "
+        "https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX; a ring that lost every "
+        "worker, or the same command run again, resumes from the newest",
+    )
+    durable.add_argument(
+        "--checkpoint-every",
+        type=positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="at most one durable copy per SECONDS, of the first commit after them (default: 60)",
+    )
+    durable.add_argument(
+        "--checkpoint-keep",
+        type=positive_int,
+        default=3,
+        metavar="K",
+        help="complete checkpoints kept; older ones are deleted (default: 3)",
+    )
     control.add_argument(
         "--no-replace",
         action="store_true",
@@ -391,6 +415,7 @@ def parse(
     if options.command == "run":
         options.job = _job_command(options.job, job)
         _check_elastic(options)
+        options.durable = _durable_options(options)
     return options, provider_cls
 
 
@@ -473,6 +498,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if options.command == "discover":
             return _discover(provider)
         return _run(options, provider, pm)
+    except UsageError as error:
+        _error(error)
+        return EXIT_USAGE
     except ConfigurationError as error:
         _error(f"{PROG} {options.command}: error: {error}")
         return EXIT_USAGE
@@ -540,6 +568,7 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
             verbose=options.verbose,
             warm_start=not options.cold_start,
             hang_timeout=options.hang_timeout,
+            durable=options.durable,
         ),
         refresh_interval=options.refresh_interval,
         launcher=options.launcher,
@@ -557,10 +586,34 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
     )
     # SIGTERM (a scheduler, `kill`) stops the job like Ctrl-C: workers first.
     signal.signal(signal.SIGTERM, _interrupt)
-    outcome = run_job(config, provider, pm, ProgressReporter(), options)
+    outcome = run_job(config, provider, pm, ProgressReporter())
     if outcome.exit_code:
         _error(f"{PROG} run: job failed: {outcome.message}")
     return outcome.exit_code
+
+
+def _durable_options(options: argparse.Namespace) -> DurableOptions | None:
+    """``--checkpoint`` and its settings; a URI that cannot name a store (a bad form, a
+    missing SDK) is a usage error now, before anything starts."""
+    if options.checkpoint is None:
+        return None
+    from spotring.checkpoint import CheckpointError, open_store
+
+    try:
+        store = open_store(options.checkpoint)
+    except CheckpointError as error:
+        raise UsageError(f"{PROG} run: error: --checkpoint: {error}") from None
+    return DurableOptions(
+        uri=store.uri,
+        every=options.checkpoint_every,
+        keep=options.checkpoint_keep,
+        job_id=job_id(options.job),
+    )
+
+
+def job_id(command: Sequence[str]) -> str:
+    """The job's name in its checkpoints: the same training command is the same job."""
+    return hashlib.sha256("\0".join(command).encode()).hexdigest()[:16]
 
 
 if __name__ == "__main__":

@@ -120,6 +120,11 @@ class EventLog:
         )
 
     @hookimpl
+    def spotring_ring_lost(self, size: int, why: str, checkpoint: dict[str, Any] | None) -> None:
+        """Every worker of the ring was lost; a new ring resumes from ``checkpoint``."""
+        self.write("ring_lost", size=size, why=why, resumed_from=checkpoint)
+
+    @hookimpl
     def spotring_ring_hung(self, hang: Hang) -> None:
         """A ring made no progress for ``--hang-timeout``: its slowest member is failed."""
         self.write(

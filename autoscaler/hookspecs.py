@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 # The markers live in spotring.core so plugins mark hooks without importing the
 # controller; they are re-exported here under their old names.
@@ -335,6 +335,25 @@ def spotring_ring_stalled(stall: Stall) -> None:
 
     :param stall: ``ring`` (the generation whose first commit ended it), ``start`` and
         ``end`` (epoch seconds) and ``seconds``.
+    """
+
+
+@event
+def spotring_ring_lost(size: int, why: str, checkpoint: dict[str, Any] | None) -> None:
+    """Every worker of the ring was lost, and a new ring starts from durable storage.
+
+    Only with ``--checkpoint``. Called on the Horovod thread that recorded the ring's
+    last worker (a reclaim: killed or lost workers), or on the driver's thread that
+    forms the next ring (every host of the ring left after its notice), before the
+    new ring's workers start; its rank 0 loads the newest complete checkpoint. Return
+    values are ignored.
+
+    :param size: workers the lost ring had.
+    :param why: what ended it, in a few words.
+    :param checkpoint: the newest complete checkpoint the new ring resumes from:
+        ``commits`` (the job's commit count it holds), ``age_seconds`` (since that
+        commit) and ``name``; None when there is none (the script starts over) or the
+        store could not be read.
     """
 
 

@@ -7,7 +7,6 @@ without argv.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import logging
@@ -29,6 +28,8 @@ from spotring.driver.options import ElasticOptions
 from spotring.providers.base import Provider
 
 if TYPE_CHECKING:
+    from spotring.autoscaler.durable_job import DurableJob
+    from spotring.driver.durable import RingLoss
     from spotring.driver.ring_progress import Hang, RingStatus, Stall
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,6 @@ def run_job(
     provider: Provider,
     pm: pluggy.PluginManager,
     reporter: ProgressReporter,
-    provider_options: argparse.Namespace,
 ) -> JobOutcome:
     """Run the job on ``provider``'s group until it ends; never leaves a worker behind.
 
@@ -84,7 +84,23 @@ def run_job(
     from spotring.driver.compat import require_horovod
 
     require_horovod()
-    # Horovod is imported here, not at the top: `spotring --help` stays fast.
+    # Horovod is imported in _run_locked, not at the top: `spotring --help` stays fast.
+    durable = None
+    if config.elastic.durable is not None:
+        from spotring.autoscaler.durable_job import DurableJob
+
+        durable = DurableJob(config.elastic.durable, reporter.say)
+    with durable.locked() if durable is not None else contextlib.nullcontext():
+        return _run_locked(config, provider, pm, reporter, durable)
+
+
+def _run_locked(
+    config: JobConfig,
+    provider: Provider,
+    pm: pluggy.PluginManager,
+    reporter: ProgressReporter,
+    durable: DurableJob | None,
+) -> JobOutcome:
     from spotring.driver.elastic import JobAborted, RingTracker, run_elastic
     from spotring.driver.launcher import ProcessLauncher
     from spotring.driver.ring_progress import RingProgress
@@ -113,7 +129,7 @@ def run_job(
         launcher.add_listener(_ProviderProcesses(provider))  # type: ignore[arg-type]  # listeners are duck-typed
     # The driver knows no plugin manager: the rings' events reach the plugins (the
     # progress lines, the events file, the metrics among them) through this listener.
-    ring_hooks = _RingHooks(pm.hook)
+    ring_hooks = _RingHooks(pm.hook, durable)
     rings = RingTracker(config.elastic.verbose, on_ring=ring_hooks.ring_formed)
     progress = RingProgress(config.elastic.hang_timeout, [ring_hooks])
     plugins = contextlib.ExitStack()  # the run's own: unregistered and closed at its end
@@ -126,7 +142,10 @@ def run_job(
     elastic = dataclasses.replace(
         config.elastic,
         nics=config.elastic.nics or (("lo",) if local else ()),
-        worker_env=worker_base_environment(os.environ, config.forwarded_env),
+        worker_env={
+            **worker_base_environment(os.environ, config.forwarded_env),
+            **(config.elastic.durable.worker_env() if config.elastic.durable else {}),
+        },
     )
 
     started = time.monotonic()
@@ -137,7 +156,10 @@ def run_job(
         inventory = controller.wait_for_inventory(elastic.start_timeout)
         reporter.started(provider, inventory)
         try:
-            run_elastic(config.command, controller, launcher, shape, elastic, rings, progress)
+            run_elastic(
+                config.command, controller, launcher, shape, elastic, rings, progress,
+                on_ring_lost=ring_hooks.ring_lost,
+            )  # fmt: skip
             outcome = JobOutcome(0)
         except JobAborted as aborted:
             if isinstance(aborted.cause, KeyboardInterrupt):
@@ -208,8 +230,9 @@ class _RingHooks:
     """The rings' events, from the driver's rendezvous server and progress tracker to
     the plugins' hooks, on the thread each comes on (the hookspecs say which)."""
 
-    def __init__(self, hook: pluggy.HookRelay) -> None:
+    def __init__(self, hook: pluggy.HookRelay, durable: DurableJob | None = None) -> None:
         self._hook = hook
+        self._durable = durable
 
     def ring_formed(self, size: int, hosts: Sequence[str]) -> None:
         self._hook.spotring_ring_formed(size=size, hosts=hosts)
@@ -225,6 +248,10 @@ class _RingHooks:
 
     def ring_hung(self, hang: Hang) -> None:
         self._hook.spotring_ring_hung(hang=hang)
+
+    def ring_lost(self, loss: RingLoss) -> None:
+        checkpoint = self._durable.newest() if self._durable is not None else None
+        self._hook.spotring_ring_lost(size=loss.size, why=loss.why, checkpoint=checkpoint)
 
 
 def _exit_status(error: BaseException | None) -> int:

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import IO
+from typing import IO, Any
 
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.core import Instance, InterruptionNotice
@@ -31,6 +31,7 @@ class ProgressReporter:
         self.host_failures: list[str] = []
         self.notices: dict[str, str] = {}  # address -> what its notice came to
         self._draining: dict[str, bool] = {}  # address -> no failure since its notice
+        self.resumes: list[dict[str, Any] | None] = []  # each lost ring's checkpoint
         self._lock = threading.Lock()  # one write per line
         self._state = threading.Lock()  # the fields above, written from several threads
 
@@ -98,6 +99,19 @@ class ProgressReporter:
             self.say(f"host {address} {what.replace('left', 'left the ring', 1)}")
 
     @hookimpl
+    def spotring_ring_lost(self, size: int, why: str, checkpoint: dict[str, Any] | None) -> None:
+        """Every worker of the ring was lost; a new ring resumes from ``checkpoint``."""
+        with self._state:
+            self.resumes.append(checkpoint)
+        if checkpoint is None:
+            self.say(f"ring lost ({why}); a new ring starts with no checkpoint to resume from")
+        else:
+            self.say(
+                f"ring lost ({why}); a new ring resumes from the checkpoint of commit "
+                f"{checkpoint['commits']}, taken {checkpoint['age_seconds']:.1f} s ago"
+            )
+
+    @hookimpl
     def spotring_ring_hung(self, hang: Hang) -> None:
         """A ring made no progress for ``--hang-timeout``."""
         self.say(
@@ -124,6 +138,12 @@ class ProgressReporter:
             "interruption notices: "
             + (", ".join(f"{a} ({what})" for a, what in self.notices.items()) or "none"),
         ]
+        if self.resumes:
+            lines.append("rings lost and resumed from durable checkpoints: " + ", ".join(
+                "no checkpoint" if c is None
+                else f"commit {c['commits']} ({c['age_seconds']:.1f} s old)"
+                for c in self.resumes
+            ))  # fmt: skip
         lines += [f"at {at:5.1f}s {what}" for at, what in events]
         width = max(len(line) for line in lines)
         print("spotring summary " + "-" * max(0, width - 17), file=self._stream)

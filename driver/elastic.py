@@ -38,7 +38,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from horovod.runner.elastic.driver import ElasticDriver
@@ -50,6 +50,7 @@ from spotring.core import InterruptionNotice
 from spotring.core.job import JobShape
 from spotring.driver import horovod_internals
 from spotring.driver.discovery import InventoryHostDiscovery, InventorySource
+from spotring.driver.durable import RingLoss, RingLossJudge, resume_lost_rings
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.options import ElasticOptions
 from spotring.driver.peer_failure import PeerFailureNotifier
@@ -97,6 +98,7 @@ def run_elastic(
     options: ElasticOptions,
     rendezvous: RingTracker | None = None,
     progress: RingProgress | None = None,
+    on_ring_lost: Callable[[RingLoss], None] | None = None,
 ) -> None:
     """Run ``command`` as an elastic Horovod job of ``job``'s worker counts on the
     controller's hosts.
@@ -104,7 +106,8 @@ def run_elastic(
     Returns when the job succeeds; raises ``RuntimeError`` with Horovod's message when
     it fails, and :class:`JobAborted` when the controller stopped it. ``progress``
     (default: one with ``options.hang_timeout`` and no listeners) hears every ring and
-    every member's commits while the job runs.
+    every member's commits while the job runs. With ``options.durable``, a ring that
+    lost every member starts again from durable storage, ``on_ring_lost`` told first.
     """
     rendezvous = rendezvous or RingTracker(options.verbose)
     # Listen only where the workers reach the driver, not on every interface.
@@ -112,7 +115,9 @@ def run_elastic(
     job_key = secrets.token_bytes(32)
     notifier = PeerFailureNotifier(job_key, lambda: rendezvous.generation, rendezvous.abandon)
     launcher.add_listener(_FailureRouter(controller, notifier))
-    notices = _NoticeRouter(controller, launcher)
+    notices = _NoticeRouter(
+        controller, launcher, rendezvous.request_flush if options.durable else None
+    )
     launcher.add_listener(notices)
     rendezvous.add_ring_listener(notices.ring_formed)
     warm_pool = WarmPool(launcher) if options.warm_start else None
@@ -137,6 +142,10 @@ def run_elastic(
         cooldown_range=options.cooldown_range,
         verbose=options.verbose,
     )
+    if options.durable is not None:
+        judge = RingLossJudge()
+        launcher.add_listener(judge)
+        resume_lost_rings(driver, judge, on_ring_lost or _log_ring_loss)
     notices.hold_rank_answers(driver)
     _quiet_exits_after_stop(driver)
     use_safe_worker_clients(driver)
@@ -198,6 +207,10 @@ def run_elastic(
                 f"thus causing the job to be terminated. The first process to do so was: "
                 f"Process name: {name} Exit code: {exit_code}"
             )
+
+
+def _log_ring_loss(loss: RingLoss) -> None:
+    log.warning("ring lost (%s): starting a new ring from durable storage", loss.why)
 
 
 def warm_worker_env(host: str, local_rank: int) -> dict[str, str]:
@@ -419,9 +432,16 @@ class _NoticeRouter:
 
     STOP_WAIT_SECONDS = 3.0
 
-    def __init__(self, controller: JobController, launcher: ProcessLauncher) -> None:
+    def __init__(
+        self,
+        controller: JobController,
+        launcher: ProcessLauncher,
+        request_flush: Callable[[], None] | None = None,
+    ) -> None:
         self._controller = controller
         self._launcher = launcher
+        self._request_flush = request_flush
+        self._ring: set[str] = set()  # the current ring's hosts
         self._leaving: set[str] = set()
         self._workers: dict[str, int] = {}  # host -> workers running there
         self._departed: dict[str, threading.Event] = {}  # host -> all its workers exited
@@ -453,12 +473,20 @@ class _NoticeRouter:
 
     def worker_noticed(self, host: str, notice: Notice) -> None:
         announced = InterruptionNotice(notice.kind, notice.deadline)
+        with self._lock:
+            last = bool(self._ring) and self._ring <= self._leaving | {host}
+        if last and self._request_flush is not None:
+            # Before the host leaves discovery: the commit at which the ring stops for
+            # its departure must find the request there (durable checkpoints).
+            log.info("every host of the ring is leaving: its last commit is made durable")
+            self._request_flush()
         if self._controller.host_noticed(host, announced):
             with self._lock:
                 self._leaving.add(host)
 
     def ring_formed(self, size: int, hosts: list[str]) -> None:
         with self._lock:
+            self._ring = set(hosts)
             gone = self._leaving - set(hosts)
             self._leaving -= gone
             for host in gone:

@@ -22,6 +22,7 @@ _DRIVER = "horovod.runner.elastic.driver:ElasticDriver"
 _CLIENT = "horovod.runner.common.util.network:BasicClient"
 _SERVER = "horovod.runner.http.http_server:RendezvousServer"
 _HTTP_SERVER = "horovod.runner.http.http_server:RendezvousHTTPServer"
+_REGISTRY = "horovod.runner.elastic.registration:WorkerStateRegistry"
 
 INTERNALS: tuple[tuple[str, str], ...] = (
     # The elastic driver (driver/elastic.py, driver/rendezvous.py, driver/peer_failure.py).
@@ -29,7 +30,7 @@ INTERNALS: tuple[tuple[str, str], ...] = (
     (_DRIVER, "_host_manager"),
     (_DRIVER, "_notify_workers_host_changes"),
     (_DRIVER, "_worker_registry"),
-    ("horovod.runner.elastic.registration:WorkerStateRegistry", "_barrier"),
+    (_REGISTRY, "_barrier"),
     (_DRIVER, "_handle_worker_exit"),
     (_DRIVER, "register_worker_server"),
     (_DRIVER, "get_slot_info"),
@@ -44,6 +45,21 @@ INTERNALS: tuple[tuple[str, str], ...] = (
     ("horovod.runner.elastic.worker", "HostUpdateResult"),
     ("horovod.runner.gloo_run", "create_slot_env_vars"),
     ("horovod.runner.util.network", "get_driver_ip"),
+    # A ring that lost every member starts again (driver/durable.py).
+    (_DRIVER, "_host_assignments"),
+    (_DRIVER, "_get_host_assignments"),
+    (_DRIVER, "_update_host_assignments"),
+    (_DRIVER, "resume"),
+    ("horovod.runner.elastic.discovery:HostManager", "blacklist"),
+    (_REGISTRY, "_on_workers_recorded"),
+    (_REGISTRY, "_action_event"),
+    (_REGISTRY, "record_failure"),
+    (_REGISTRY, "last_rendezvous"),
+    (_REGISTRY, "_reset_count"),
+    (_REGISTRY, "_reset_limit"),
+    (_REGISTRY, "get"),
+    (_REGISTRY, "size"),
+    ("horovod.runner.elastic.registration", "FAILURE"),
     # The driver's client of a worker's notification service (driver/rendezvous.py,
     # driver/peer_failure.py).
     (_CLIENT, "_send"),
@@ -95,6 +111,89 @@ def reset_barrier(driver: Any) -> threading.Barrier | None:
     registry = getattr(driver, "_worker_registry", None)
     barrier: threading.Barrier | None = getattr(registry, "_barrier", None)
     return barrier
+
+
+# ------------------------------------------------- a ring that lost every member
+
+
+def worker_registry(driver: Any) -> Any:
+    """The driver's ``WorkerStateRegistry``: where each reset records its workers."""
+    return driver._worker_registry
+
+
+def failed_slots(registry: Any) -> list[tuple[str, int]]:
+    """The (host, local_rank) slots the registry recorded as failed in this round."""
+    from horovod.runner.elastic.registration import FAILURE
+
+    return sorted(registry.get(FAILURE))
+
+
+def registry_size(registry: Any) -> int:
+    """How many workers the registry's current round waits for."""
+    size: int = registry.size()
+    return size
+
+
+def reset_limit_reached(registry: Any) -> bool:
+    """Whether another reset would exceed ``--reset-limit``."""
+    limit = registry._reset_limit
+    return limit is not None and registry._reset_count >= limit
+
+
+def blacklist(driver: Any, host: str) -> None:
+    """Blacklist ``host`` as Horovod blacklists a failed host (until its cooldown)."""
+    driver._host_manager.blacklist(host)
+
+
+def count_reset(registry: Any) -> None:
+    """Count a reset against ``--reset-limit``, as Horovod counts its own."""
+    registry._reset_count += 1
+
+
+def wrap_workers_recorded(registry: Any, wrapper: Callable[[Callable[[], None]], None]) -> None:
+    """Make the registry's end of a round (every worker recorded) call
+    ``wrapper(original)`` instead; ``original`` is Horovod's decision."""
+    original = registry._on_workers_recorded
+    registry._on_workers_recorded = lambda: wrapper(original)
+
+
+def wrap_record_failure(registry: Any, wrapper: Callable[..., Any]) -> None:
+    """Make the registry's ``record_failure(host, slot)`` (the driver's record of a
+    worker's failed exit) call ``wrapper(original, host, slot)`` instead."""
+    original = registry.record_failure
+    registry.record_failure = lambda host, slot: wrapper(original, host, slot)
+
+
+def wait_for_round_decision(registry: Any) -> None:
+    """Wait while the registry decides the end of a round (a new ring may be forming):
+    what was true of a slot before may not be after."""
+    registry._action_event.wait()
+
+
+def assigned_hosts(driver: Any) -> set[str]:
+    """The hosts of the ring the driver formed last."""
+    return set(driver._host_assignments)
+
+
+def hosts_to_assign(driver: Any, current_hosts: Any) -> set[str]:
+    """The hosts the driver would give ranks to from ``current_hosts``."""
+    assignments, _ = driver._get_host_assignments(current_hosts)
+    return set(assignments)
+
+
+def forget_host_assignments(driver: Any) -> None:
+    """Make the driver's next ring start every slot anew: none of the last ring's
+    workers remains to sync the others (Horovod refuses such a ring otherwise)."""
+    driver._host_assignments = {}
+
+
+def wrap_update_host_assignments(
+    driver: Any, wrapper: Callable[[Callable[[Any], Any], Any], Any]
+) -> None:
+    """Make the driver's ``_update_host_assignments(current_hosts)`` (its ranks for the
+    next ring) call ``wrapper(original, current_hosts)`` instead."""
+    original = driver._update_host_assignments
+    driver._update_host_assignments = lambda current_hosts: wrapper(original, current_hosts)
 
 
 def handle_worker_exit(driver: Any) -> Callable[[Any, int, float], None]:

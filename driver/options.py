@@ -7,6 +7,29 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class DurableOptions:
+    """``--checkpoint`` and its settings: where the workers write durable copies of
+    their commits, how often, how many are kept, and the job they belong to."""
+
+    uri: str
+    every: float = 60.0
+    keep: int = 3
+    job_id: str = ""
+    """Names the job in the checkpoints and the prefix's lock: the same command run
+    again is the same job (it resumes), another command is refused the prefix."""
+
+    def worker_env(self) -> dict[str, str]:
+        """What each worker is told (names from :mod:`spotring.worker_image.durable`;
+        nothing secret: the hosts' own identities reach the storage)."""
+        return {
+            "SPOTRING_CHECKPOINT_URI": self.uri,
+            "SPOTRING_CHECKPOINT_EVERY": repr(self.every),
+            "SPOTRING_CHECKPOINT_KEEP": str(self.keep),
+            "SPOTRING_JOB_ID": self.job_id,
+        }
+
+
+@dataclass(frozen=True)
 class ElasticOptions:
     """The elastic options of ``horovodrun``, by the same names, and the worker env.
 
@@ -25,5 +48,8 @@ class ElasticOptions:
     hang_timeout: float | None = None
     """``--hang-timeout``: fail the slowest member of a ring that made no progress (no
     commit) for this many seconds since its last commit or its formation; None: off."""
+    durable: DurableOptions | None = None
+    """``--checkpoint``: durable copies of the commits, and a ring that lost every
+    member starts again from the newest (:mod:`spotring.driver.durable`)."""
     worker_env: Mapping[str, str] = field(default_factory=dict)
     """The allow-listed and user-forwarded environment every worker starts from."""

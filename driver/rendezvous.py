@@ -66,6 +66,7 @@ from horovod.runner.http.http_server import (
 )
 
 from spotring.driver import horovod_internals
+from spotring.worker_image.durable import FLUSH_KEY
 from spotring.worker_image.peer_abort import ABANDONED_KEY, RING_KEY, RING_SCOPE
 
 log = logging.getLogger(__name__)
@@ -919,6 +920,15 @@ class RingTracker(RendezvousServer):
             with httpd.cache_lock:
                 value = str(generation).encode("ascii")
                 httpd.cache.setdefault(RING_SCOPE, {})[ABANDONED_KEY] = value
+
+    def request_flush(self) -> None:
+        """Every host of the current ring is leaving (all noticed): ask its rank 0 to
+        write the commit at which it stops to durable storage before it goes. The next
+        ring's ``init`` clears the store, and the request with it."""
+        httpd = self.httpd
+        with httpd.cache_lock:
+            value = str(self.generation).encode("ascii")
+            httpd.cache.setdefault(RING_SCOPE, {})[FLUSH_KEY] = value
 
     def init(self, host_alloc_plan):
         httpd = self.httpd

@@ -54,6 +54,18 @@ def spotring(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
         ),
         (["discover", "--provider", "local", "--hosts", "99", "--max-hosts", "4"], "--hosts"),
         ([], "required"),
+        (
+            ["run", "--provider", "local", "-np", "1", "-x", "SPOTRING_NOT_SET", "--", "true"],
+            "--env SPOTRING_NOT_SET: not set",
+        ),
+        (
+            ["run", "--provider", "local", "-np", "1", "--checkpoint", "s3://", "--", "true"],
+            "--checkpoint",
+        ),
+        (
+            ["run", "--provider", "local", "-np", "1", "--checkpoint", "ftp://x/y", "--", "true"],
+            "--checkpoint",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -4,7 +4,6 @@ thread every hook ran on."""
 
 from __future__ import annotations
 
-import argparse
 import io
 import threading
 import time
@@ -105,6 +104,10 @@ class ThreadRecorder:
     @hookimpl
     def spotring_ring_hung(self, hang: Any) -> None:
         self._saw("spotring_ring_hung")
+
+    @hookimpl
+    def spotring_ring_lost(self, size: int, why: str, checkpoint: Any) -> None:
+        self._saw("spotring_ring_lost")
 
 
 def eventually(condition: Callable[[], object], timeout: float = 10.0) -> None:
@@ -211,10 +214,11 @@ def test_the_jobs_hooks_run_on_its_thread_the_rings_on_horovods_and_the_trackers
 
     from spotring.autoscaler.job import JobConfig, run_job
     from spotring.driver import elastic
+    from spotring.driver.durable import RingLoss
 
     def fake_run_elastic(
         command: Any, controller: Any, launcher: Any, job: Any, options: Any, rings: Any,
-        progress: Any,
+        progress: Any, **kwargs: Any,
     ) -> None:  # fmt: skip
         rings.add_ring_listener(progress.ring_formed)  # as run_elastic does
         rings.start(address="127.0.0.1")
@@ -224,6 +228,7 @@ def test_the_jobs_hooks_run_on_its_thread_the_rings_on_horovods_and_the_trackers
             progress.slot_started("a", 0)
             on_thread(HOROVOD, rings.init, plan)
             progress.worker_progress("a", 0, 1, 0.0)
+            on_thread(HOROVOD, kwargs["on_ring_lost"], RingLoss(1, "every worker died"))
             on_thread(HOROVOD, rings.init, plan)  # a reset
             time.sleep(0.1)
             progress.worker_progress("a", 0, 2, 0.0)  # ends the stall; then it hangs
@@ -243,7 +248,7 @@ def test_the_jobs_hooks_run_on_its_thread_the_rings_on_horovods_and_the_trackers
         refresh_interval=0.05,
     )
     provider = ScriptedProvider([instance("a")])
-    outcome = run_job(config, provider, pm, ProgressReporter(io.StringIO()), argparse.Namespace())
+    outcome = run_job(config, provider, pm, ProgressReporter(io.StringIO()))
     assert outcome.exit_code == 0
     job = threading.current_thread().name
     assert recorder.threads == {
@@ -256,5 +261,6 @@ def test_the_jobs_hooks_run_on_its_thread_the_rings_on_horovods_and_the_trackers
         "spotring_ring_idle": {PROGRESS},
         "spotring_ring_stalled": {PROGRESS},
         "spotring_ring_hung": {PROGRESS},
+        "spotring_ring_lost": {HOROVOD},
         "spotring_job_finished": {job},
     }

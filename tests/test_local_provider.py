@@ -236,7 +236,7 @@ def test_the_launcher_tells_only_a_provider_that_declares_it_tracks_workers(
     from spotring.core import JobShape
     from spotring.driver.options import ElasticOptions
 
-    def run_elastic(command, controller, launcher, *rest) -> None:  # type: ignore[no-untyped-def]
+    def run_elastic(command, controller, launcher, *rest, **kwargs) -> None:  # type: ignore[no-untyped-def]
         launcher._tell("process_started", "host-0", 4242)  # as when a worker starts
         launcher._tell("process_exited", "host-0", 4242)
 

@@ -1,0 +1,180 @@
+"""End to end: durable checkpoints with real Horovod workers on the local provider.
+
+One job per state class, each taking several blows in turn (chaos on training
+progress, never on the clock):
+
+* spotring's ``TorchState``: every host hard-killed at once mid-epoch (``preempt all``)
+  -> a new ring resumes from the newest durable checkpoint, within the loss bound; then
+  the driver is SIGKILLed, the newest checkpoint is corrupted, and the same command is
+  run again -> it resumes from the one before, with one warning, and finishes with
+  every sample seen once per epoch.
+* ``hvd.elastic.TorchState``: every host noticed at once (``notice all``), no
+  replacement before they go -> the ring writes the commit at which it stops before
+  its hosts go, and the new ring loses nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.e2e_support import (
+    assert_every_sample_once,
+    commits,
+    job_output,
+    read_events,
+    running_job,
+    wait_for_events,
+)
+
+pytestmark = pytest.mark.e2e
+
+SPOTRING = str(Path(sys.executable).with_name("spotring"))
+JOB_TIMEOUT = 300
+
+
+def _argv(repo: Path, tmp: Path, state: str, *extra: str) -> list[str]:
+    return [
+        *(SPOTRING, "run", "--provider", "local", "-np", "2", "--hosts", "2"),
+        *("--refresh-interval", "0.5", "--boot-seconds", "1", "--control", str(tmp / "control")),
+        *("--checkpoint", str(tmp / "ckpt"), "--checkpoint-every", "0.5", *extra),
+        *("--", sys.executable, str(repo / "examples" / "train_digits.py")),
+        *("--events", str(tmp / "events.jsonl"), "--epochs", "3", "--step-seconds", "0.03"),
+        *("--state", state, "--audit-samples"),
+    ]
+
+
+def _checkpointed_step(directory: Path) -> tuple[int, str]:
+    """The script's step in the newest complete checkpoint, and its name."""
+    from spotring.checkpoint import Checkpoints, open_store
+    from spotring.worker_image.durable import deserialize
+
+    loaded = Checkpoints(open_store(str(directory)), job_id="any").load_latest()
+    assert loaded is not None, "no checkpoint yet"
+    info, payload = loaded
+    return int(deserialize(payload)["attributes"]["step"]), info.name
+
+
+def _wait_for_checkpoint(directory: Path, process: Any, after: str | None = None) -> None:
+    from spotring.checkpoint import Checkpoints, open_store
+
+    checkpoints = Checkpoints(open_store(str(directory)), job_id="any")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        names = [info.name for info in checkpoints.list()]
+        if names and names[0] != after:
+            return
+        assert process.poll() is None, "the job ended before writing a checkpoint"
+        time.sleep(0.1)
+    raise AssertionError("no new checkpoint was written")
+
+
+def _last_commit_before(recorded: list[dict[str, Any]], moment: float) -> int:
+    return max(e["step"] for e in recorded if e["event"] == "commit" and e["time"] < moment)
+
+
+def _first_resume_after(recorded: list[dict[str, Any]], moment: float) -> dict[str, Any]:
+    resumes = [e for e in recorded if e["event"] == "resume" and e["time"] > moment]
+    assert resumes, "no ring resumed"
+    return resumes[0]
+
+
+def test_whole_ring_loss_and_driver_restart_resume_from_durable_checkpoints(
+    repo: Path, tmp_path: Path
+) -> None:
+    events, control, ckpt = tmp_path / "events.jsonl", tmp_path / "control", tmp_path / "ckpt"
+    argv = _argv(repo, tmp_path, "spotring")
+    env = dict(os.environ)
+    with running_job(argv, cwd=tmp_path, env=env) as process:
+        wait_for_events(process, events, commits(size=2, steps=20), "20 commits")
+        _wait_for_checkpoint(ckpt, process)
+        durable_step, _ = _checkpointed_step(ckpt)
+        preempted_at = time.time()
+        control.write_text("preempt all\n")
+        resumed = _first_resume_after(
+            wait_for_events(
+                process,
+                events,
+                lambda r: any(e["event"] == "resume" and e["time"] > preempted_at for e in r),
+                "a resume after every host was preempted",
+            ),
+            preempted_at,
+        )
+        recorded = read_events(events)
+        last = _last_commit_before(recorded, preempted_at)
+        # Nothing older than the newest checkpoint at the loss; nothing beyond the
+        # last commit.
+        assert durable_step <= resumed["step"] <= last, (durable_step, resumed, last)
+
+        # Train on, then kill the driver outright and damage its newest checkpoint.
+        wait_for_events(
+            process, events, commits(size=2, steps=10, min_step=resumed["step"] + 1), "10 more"
+        )
+        _, newest = _checkpointed_step(ckpt)
+        _wait_for_checkpoint(ckpt, process, after=newest)
+        workers = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGKILL)
+        first_output = job_output(process, 30)
+        psutil.wait_procs(workers, timeout=30)  # they die with their driver
+    assert "ring lost (all 2 workers were killed or lost)" in first_output, first_output[-4000:]
+    previous_step, newest = _checkpointed_step(ckpt)
+    from spotring.checkpoint import Checkpoints, open_store
+
+    newest_info, before_newest, *_ = Checkpoints(open_store(str(ckpt)), job_id="any").list()
+    assert newest_info.name == newest
+    data = ckpt / newest_info.data_key
+    damaged = bytearray(data.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    data.write_bytes(bytes(damaged))
+    restarted_at = time.time()
+
+    with running_job(argv, cwd=tmp_path, env=env) as process:
+        output = job_output(process, JOB_TIMEOUT)
+    assert process.returncode == 0, output[-4000:]
+    assert output.count(newest) == 1, output[-4000:]  # one warning names it
+    recorded = read_events(events)
+    resumed = _first_resume_after(recorded, restarted_at)
+    assert resumed["step"] < previous_step  # the damaged newest one was skipped
+    assert f"resumed from the checkpoint of commit {before_newest.meta['commits']}" in output
+    assert recorded[-1]["event"] == "done" and recorded[-1]["epochs"] == 3
+    assert_every_sample_once(recorded)
+    assert "rings lost and resumed from durable checkpoints" not in output
+
+
+def test_a_noticed_total_reclaim_loses_no_commit(repo: Path, tmp_path: Path) -> None:
+    events, control = tmp_path / "events.jsonl", tmp_path / "control"
+    # Replacements boot for longer than the notice lasts: the ring has no host left to
+    # re-form around, and starts again from what it wrote when the notices came.
+    argv = _argv(
+        repo, tmp_path, "horovod",
+        *("--notice-lead", "8", "--boot-seconds", "15", "--checkpoint-every", "3600"),
+    )  # fmt: skip
+    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+        wait_for_events(process, events, commits(size=2, steps=20), "20 commits")
+        noticed_at = time.time()
+        control.write_text("notice all\n")
+        output = job_output(process, JOB_TIMEOUT)
+    assert process.returncode == 0, output[-4000:]
+    recorded = read_events(events)
+    resumed = _first_resume_after(recorded, noticed_at)
+    last = max(
+        e["step"] for e in recorded if e["event"] == "commit" and e["time"] < resumed["time"]
+    )
+    assert resumed["step"] == last, (resumed, last)  # 0 commits lost
+    assert "every host of the ring is leaving" in output
+    # The old ring's round may still wait for hosts when they die (it then forms on
+    # the replacements), or have ended with their deaths: either way, one resume.
+    lost = re.findall(r"ring lost \((.*)\); a new ring resumes from the checkpoint", output)
+    assert lost in (["every host of the ring left"], ["all 2 workers were killed or lost"]), output[
+        -6000:
+    ]
+    assert_every_sample_once(recorded)
+    assert recorded[-1]["event"] == "done"
