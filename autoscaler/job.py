@@ -187,6 +187,13 @@ def _run_locked(
         time.monotonic() - started,
         provider.events,
     )
+    if durable is not None and outcome.exit_code != 0:
+        newest = durable.newest()
+        if newest is not None:
+            reporter.say(
+                f"checkpoints kept in {durable.options.uri}: run the same command again to "
+                f"resume from commit {newest['commits']}"
+            )
     return outcome
 
 

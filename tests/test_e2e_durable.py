@@ -8,9 +8,9 @@ progress, never on the clock):
   the driver is SIGKILLed, the newest checkpoint is corrupted, and the same command is
   run again -> it resumes from the one before, with one warning, and finishes with
   every sample seen once per epoch.
-* ``hvd.elastic.TorchState``: every host noticed at once (``notice all``), no
-  replacement before they go -> the ring writes the commit at which it stops before
-  its hosts go, and the new ring loses nothing.
+* ``hvd.elastic.TorchState``, checkpoints in S3 (moto's server): every host noticed at
+  once (``notice all``), no replacement before they go -> the ring writes the commit
+  at which it stops before its hosts go, and the new ring loses nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from tests.e2e_support import (
     running_job,
     wait_for_events,
 )
+from tests.storage_emulators import Backend, s3_backend  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.e2e
 
@@ -149,15 +150,22 @@ def test_whole_ring_loss_and_driver_restart_resume_from_durable_checkpoints(
     assert "rings lost and resumed from durable checkpoints" not in output
 
 
-def test_a_noticed_total_reclaim_loses_no_commit(repo: Path, tmp_path: Path) -> None:
+def test_a_noticed_total_reclaim_loses_no_commit(
+    repo: Path,
+    tmp_path: Path,
+    s3_backend: Backend,  # noqa: F811 (the fixture)
+) -> None:
+    """Through S3 (moto's server, the real boto3 in the driver and the workers)."""
     events, control = tmp_path / "events.jsonl", tmp_path / "control"
     # Replacements boot for longer than the notice lasts: the ring has no host left to
     # re-form around, and starts again from what it wrote when the notices came.
     argv = _argv(
         repo, tmp_path, "horovod",
         *("--notice-lead", "8", "--boot-seconds", "15", "--checkpoint-every", "3600"),
+        *("--checkpoint", s3_backend.uri("notice")),
+        *(arg for name in s3_backend.env for arg in ("-x", name)),
     )  # fmt: skip
-    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+    with running_job(argv, cwd=tmp_path, env={**os.environ, **s3_backend.env}) as process:
         wait_for_events(process, events, commits(size=2, steps=20), "20 commits")
         noticed_at = time.time()
         control.write_text("notice all\n")
@@ -178,3 +186,47 @@ def test_a_noticed_total_reclaim_loses_no_commit(repo: Path, tmp_path: Path) -> 
     ]
     assert_every_sample_once(recorded)
     assert recorded[-1]["event"] == "done"
+
+
+BROKEN_SCRIPT = """
+import horovod.torch as hvd
+import torch
+from spotring.torch import TorchState
+
+hvd.init()
+model = torch.nn.Linear(2, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+state = TorchState(model, optimizer, step=0)
+
+
+@hvd.elastic.run
+def train(state):
+    while True:
+        optimizer.zero_grad()
+        model(torch.ones(4, 2)).sum().backward()
+        optimizer.step()
+        state.step += 1
+        state.commit()
+        if state.step == 30:
+            raise RuntimeError("a bug in the training script")
+
+
+train(state)
+"""
+
+
+def test_a_broken_script_stops_the_job_and_keeps_its_checkpoints(tmp_path: Path) -> None:
+    """Every worker exiting by itself with an error is no reclaim: no resume."""
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN_SCRIPT)
+    argv = [
+        *(SPOTRING, "run", "--provider", "local", "-np", "2", "--refresh-interval", "0.5"),
+        *("--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "0.01"),
+        *("--", sys.executable, str(script)),
+    ]
+    with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
+        output = job_output(process, JOB_TIMEOUT)
+    assert process.returncode == 1, output[-4000:]
+    assert "ring lost" not in output, output[-4000:]
+    assert "a bug in the training script" in output
+    assert re.search(r"checkpoints kept in .*: run the same command again to resume", output)
