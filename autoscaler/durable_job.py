@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 LEASE_SECONDS = 60.0
 """A lock whose heartbeat is older is taken over by the same job."""
 HEARTBEAT_SECONDS = LEASE_SECONDS / 4
+STORE_TIMEOUT_SECONDS = 10.0
 
 
 def checkpoint_summary(info: Any | None) -> dict[str, Any] | None:
@@ -49,7 +50,8 @@ class DurableJob:
 
         self.options = options
         self._say = say
-        self._store = open_store(options.uri)
+        # Short: the newest checkpoint is read on Horovod's thread as a new ring starts.
+        self._store = open_store(options.uri, timeout_s=STORE_TIMEOUT_SECONDS)
         self._checkpoints = Checkpoints(self._store, job_id=options.job_id, keep=options.keep)
         self.resumes = 0
         self.last_restored: dict[str, Any] | None = None

@@ -342,12 +342,20 @@ class DurableCommits:
     def _resume(self, state: Any) -> None:
         """Load the newest complete checkpoint into ``state`` (rank 0 of a ring in
         which nobody has state); a job without one starts from its initial state."""
-        loaded = self._checkpoints.load_latest()
-        if loaded is None:
-            _say(f"no checkpoint in {self.config.uri}: starting from the script's initial state")
-            return
-        info, payload = loaded
-        apply_snapshot(state, deserialize(payload))
+        try:
+            loaded = self._checkpoints.load_latest()
+            if loaded is None:
+                _say(
+                    f"no checkpoint in {self.config.uri}: starting from the script's initial state"
+                )
+                return
+            info, payload = loaded
+            apply_snapshot(state, deserialize(payload))
+        except Exception as error:
+            # Never train on from the initial state when a checkpoint could not be
+            # read: this worker fails, and the ring tries again without it.
+            _say(f"cannot resume from {self.config.uri}: {error}")
+            raise
         self.commits = int(info.meta.get("commits", info.step))
         committed_at = float(info.meta.get("committed_at", info.created_at))
         self._last_copy = self._clock()  # what was just loaded needs no copy
