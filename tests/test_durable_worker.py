@@ -71,6 +71,7 @@ class _Hooks:
             broadcast_object=hvd.broadcast_object,
             flush_requested=flush,
             clock=lambda: self.now,
+            flush_poll=0.01,
         )
 
     def commit(self, state: Any) -> None:
@@ -193,3 +194,29 @@ def test_a_failed_write_is_said_and_the_training_goes_on(
     hooks.now += 100
     hooks.commit(state)
     assert state.step == 2
+
+
+def test_while_the_driver_asks_every_commit_is_durable_before_training_goes_on(
+    tmp_path: Path,
+) -> None:
+    """The last host stays in its ring to the end (nobody to hand the state to): no ring
+    change at its commits, so rank 0 hears the request from its watcher."""
+    asked = threading.Event()
+    hooks = _Hooks(tmp_path, every=3600, flush=lambda: asked.is_set())
+    state = _make_state(TorchState, seed=1)
+    hooks.sync(state)
+    _train(state, 1)
+    hooks.commit(state)
+    hooks.wait_for(1)
+    asked.set()
+    time.sleep(0.2)  # the watcher asks every 10 ms here
+    for expected in (2, 3):
+        _train(state, 1)
+        hooks.commit(state)
+        assert hooks.checkpoints.list()[0].meta["commits"] == expected  # written already
+    asked.clear()
+    time.sleep(0.2)
+    _train(state, 1)
+    hooks.commit(state)  # not due for an hour, and no longer asked
+    time.sleep(0.2)
+    assert hooks.checkpoints.list()[0].meta["commits"] == 3

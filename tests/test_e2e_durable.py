@@ -162,7 +162,7 @@ def test_a_noticed_total_reclaim_loses_no_commit(
     argv = _argv(
         repo, tmp_path, "horovod",
         *("--notice-lead", "8", "--boot-seconds", "15", "--checkpoint-every", "3600"),
-        *("--checkpoint", s3_backend.uri("notice")),
+        *("--checkpoint", s3_backend.uri("notice"), "--events", str(tmp_path / "run.jsonl")),
         *(arg for name in s3_backend.env for arg in ("-x", name)),
     )  # fmt: skip
     with running_job(argv, cwd=tmp_path, env={**os.environ, **s3_backend.env}) as process:
@@ -178,6 +178,10 @@ def test_a_noticed_total_reclaim_loses_no_commit(
     )
     assert resumed["step"] == last, (resumed, last)  # 0 commits lost
     assert "every host of the ring is leaving" in output
+    # The driver still sees the ring's commits (the durable hooks and the progress
+    # counter both wrap Horovod's state).
+    run = read_events(tmp_path / "run.jsonl")
+    assert any(e["event"] == "stall" for e in run), [e["event"] for e in run]
     # The old ring's round may still wait for hosts when they die (it then forms on
     # the replacements), or have ended with their deaths: either way, one resume.
     lost = re.findall(r"ring lost \((.*)\); a new ring resumes from the checkpoint", output)

@@ -19,9 +19,10 @@ spotring's ``TorchState`` alike) when the script imports Horovod:
 * **The job's commit count** travels with the state: it is broadcast at every sync
   and stored in each checkpoint, so a resumed ring counts on from the checkpoint and
   each checkpoint says which commit it holds.
-* **A noticed total reclaim**: when the driver publishes :data:`FLUSH_KEY` on its
+* **A noticed total reclaim**: while the driver publishes :data:`FLUSH_KEY` on its
   rendezvous server (every host of the ring has announced its interruption), rank 0
-  writes the commit at which the ring stops to train synchronously before leaving.
+  writes every commit synchronously, the one at which the ring stops to train
+  included, before training on: what its hosts take with them was durable.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ MARKER = "spotring durable:"
 
 DEFAULT_EVERY_SECONDS = 60.0
 FLUSH_TIMEOUT_SECONDS = 120.0
+FLUSH_POLL_SECONDS = 0.5
+"""How often rank 0 asks the driver (a GET on its rendezvous server) for a flush."""
 """How long a flush may hold the last commit before the ring leaves anyway."""
 
 
@@ -236,6 +239,7 @@ class DurableCommits:
         broadcast_object: Callable[..., Any],
         flush_requested: Callable[[], bool],
         clock: Callable[[], float] = time.monotonic,
+        flush_poll: float = FLUSH_POLL_SECONDS,
     ) -> None:
         self.config = config
         self.commits = 0
@@ -249,6 +253,9 @@ class DurableCommits:
         self._last_copy: float | None = None
         self._writer: BackgroundWriter | None = None
         self._depth = threading.local()
+        self._flush_poll = flush_poll
+        self._flush_watch = threading.Event()  # set while the driver asks for it
+        self._flush_watcher: threading.Thread | None = None
 
     # -- commit
 
@@ -284,7 +291,8 @@ class DurableCommits:
                 return
         except ValueError:  # Horovod not initialised: not in a ring
             return
-        flush = ring_changing and self._flush_requested_safely()
+        self._watch_started()
+        flush = self._flush_watch.is_set() or (ring_changing and self._flush_requested_safely())
         now = self._clock()
         if not flush and self._last_copy is not None and now - self._last_copy < self.config.every:
             return
@@ -296,6 +304,8 @@ class DurableCommits:
             return
         done = self._writer_started().submit(self.commits, snapshot)
         if flush:
+            # Every commit from now until the ring stops, or its hosts go, is durable
+            # before the training goes on: nothing committed is lost with them.
             _say(f"every host of the ring is leaving: writing commit {self.commits} now")
             if not done.wait(FLUSH_TIMEOUT_SECONDS):
                 _say(
@@ -308,6 +318,31 @@ class DurableCommits:
         except Exception as error:  # the driver unreachable: the periodic copies remain
             _say(f"cannot ask the driver whether to write now: {error}")
             return False
+
+    def _watch_started(self) -> None:
+        """Rank 0 asks the driver twice a second, off the training path, whether every
+        host of the ring is leaving (a host that stays to the end, with nobody to hand
+        the state to, sees no ring change at its commits)."""
+        if self._flush_watcher is None:
+            self._flush_watcher = threading.Thread(
+                target=self._watch, name="spotring-durable-flush", daemon=True
+            )
+            self._flush_watcher.start()
+
+    def _watch(self) -> None:
+        failures = 0
+        while True:
+            try:
+                if self._flush_requested():
+                    self._flush_watch.set()
+                else:
+                    self._flush_watch.clear()
+                failures = 0
+            except Exception as error:  # said now and then; the ring-change check remains
+                failures += 1
+                if failures in (1, 10) or failures % 120 == 0:
+                    _say(f"cannot ask the driver whether every host is leaving: {error}")
+            time.sleep(self._flush_poll)
 
     def _writer_started(self) -> BackgroundWriter:
         if self._writer is None:
