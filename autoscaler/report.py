@@ -52,6 +52,8 @@ class Run:
     target: list[tuple[float, int]] = field(default_factory=list)
     notices: list[tuple[float, str]] = field(default_factory=list)
     failures: list[tuple[float, str]] = field(default_factory=list)
+    lost_rings: list[float] = field(default_factory=list)
+    """When a ring lost every worker (a new ring resumed from a durable checkpoint)."""
     stalls: list[tuple[float, float]] = field(default_factory=list)
     has_progress: bool = False
     """Whether the file records the rings' progress (``stall`` records)."""
@@ -108,6 +110,9 @@ def _timelines(run: Run) -> None:
             run.notices.append((at, f"{event.get('host')} {event.get('kind')}"))
         elif kind == "host_failed":
             run.failures.append((at, str(event.get("host"))))
+        elif kind == "ring_lost":
+            run.lost_rings.append(at)
+            run.world.append((at, 0))  # no worker until the next ring forms
         elif kind == "progress":
             run.has_progress = True
         elif kind == "job_finished":
@@ -167,6 +172,8 @@ def chart_png(run: Run) -> bytes:
         axes.axvline(at, color="tab:orange", ls=":", lw=1.5)
     for at, _ in run.failures:
         axes.axvline(at, color="tab:red", ls="-", lw=1)
+    for at in run.lost_rings:
+        axes.axvline(at, color="tab:purple", ls="--", lw=2)
     handles, _ = axes.get_legend_handles_labels()
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -174,6 +181,9 @@ def chart_png(run: Run) -> bytes:
     handles += [
         Line2D([], [], color="tab:orange", ls=":", label="interruption notice"),
         Line2D([], [], color="tab:red", label="host failure"),
+        Line2D(
+            [], [], color="tab:purple", ls="--", lw=2, label="ring lost: resumed from a checkpoint"
+        ),
         Patch(
             color="tab:red",
             alpha=0.12 if run.has_progress else 0.0,

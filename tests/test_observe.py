@@ -239,3 +239,20 @@ def test_provider_warnings_become_events_while_the_log_is_open(tmp_path: Path) -
     assert [(e["event"], e["source"], e["message"]) for e in lines(path)] == [
         ("provider_warning", "spotring.providers.azure", capacity)
     ]
+
+
+def test_report_shows_a_lost_ring_as_no_workers_until_the_next_ring(tmp_path: Path) -> None:
+    t0 = 1_800_000_000.0
+    records = [
+        {"v": 1, "t": t0, "event": "ring_formed", "size": 2, "hosts": ["a", "b"]},
+        {"v": 1, "t": t0 + 10, "event": "ring_lost", "size": 2,
+         "why": "all 2 workers were killed or lost",
+         "resumed_from": {"commits": 40, "age_seconds": 1.5, "name": "ckpt-x"}},
+        {"v": 1, "t": t0 + 30, "event": "ring_formed", "size": 2, "hosts": ["c", "d"]},
+    ]  # fmt: skip
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = read_events(path)
+    assert run.world == [(0.0, 2), (10.0, 0), (30.0, 2)]
+    assert run.lost_rings == [10.0]
+    write_report(path, tmp_path / "report.html")
