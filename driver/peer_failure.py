@@ -97,6 +97,12 @@ class PeerFailureNotifier:
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         log.info("told %d peers of %s[%d] that it died", len(delivered), host, local_rank)
+        # A refused connection: nothing listens there, the peer is gone too (every host
+        # reclaimed at once): it waits for nothing.
+        gone = [name for name in failed if name.endswith(f"({ConnectionRefusedError.__name__})")]
+        failed = [name for name in failed if name not in gone]
+        if gone:
+            log.info("%s gone too", ", ".join(sorted(gone)))
         if failed:
             log.warning(
                 "could not tell %s that %s[%d] died; they may wait out Gloo's timeout",
