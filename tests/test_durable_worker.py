@@ -194,6 +194,11 @@ def test_a_failed_write_is_said_and_the_training_goes_on(
     hooks.now += 100
     hooks.commit(state)
     assert state.step == 2
+    deadline = time.monotonic() + 10  # the next one is tried, and said, too
+    while "commit 2 NOT written" not in said and time.monotonic() < deadline:
+        time.sleep(0.05)
+        said += capfd.readouterr().err
+    assert "commit 2 NOT written" in said
 
 
 def test_while_the_driver_asks_every_commit_is_durable_before_training_goes_on(
