@@ -44,6 +44,7 @@ import binascii
 import collections
 import io
 import ipaddress
+import json
 import logging
 import pickle
 import pickletools
@@ -126,6 +127,20 @@ ANSWER_TIMEOUT_SECONDS = 20.0
 are about 150 bytes), and the most time it gives the connection and the whole answer,
 each (a service that trickles its answer gets no more than one that says nothing)."""
 
+MESH_WAIT_SECONDS = 10.0
+"""The longest a ``spotring-mesh-<r>`` request is held waiting for the rest of its
+scope; then it is answered 404 and asked again (until Gloo's own timeout)."""
+
+MESH_WAITERS_MARGIN = 64
+"""Mesh requests that may wait at once beyond twice the planned ring's ranks (each rank
+waits in one scope at a time); more are refused with 429, which fails that member's
+``init`` (a reset), never holds a thread."""
+
+MESH_MAGIC = b"SRM1"
+MESH_OK, MESH_ABANDONED = 0, 1
+_MESH_HEADER = struct.Struct(">III")  # size, wait (ms), host name length
+_MESH_ANSWER = struct.Struct(">4sIII")  # magic, status, local rank, entry size
+
 GET_RANK_AND_SIZE = "rank_and_size"  # horovod.runner.elastic.rendezvous
 PUT_WORKER_ADDRESSES = "worker_addresses"
 READ_ONLY_SCOPES = frozenset({RING_SCOPE, GET_RANK_AND_SIZE, PUT_WORKER_ADDRESSES})
@@ -133,6 +148,7 @@ READ_ONLY_SCOPES = frozenset({RING_SCOPE, GET_RANK_AND_SIZE, PUT_WORKER_ADDRESSE
 _PROCESS_SET_SUFFIX = re.compile(r"_process_set_hash_[0-9a-f]{1,64}\Z")
 _GLOO_KEY = re.compile(r"(rank_)?(0|[1-9][0-9]{0,8})\Z")  # as Gloo writes a rank
 _SLOT = re.compile(r"[0-9]{1,6}\Z")
+_MESH_KEY = re.compile(r"spotring-mesh-(0|[1-9][0-9]{0,8})\Z")
 
 # Every opcode the pickle of plain tuples, lists, dicts, str, bytes and ints may use.
 # Nothing that looks up a global (GLOBAL, STACK_GLOBAL, EXT*, INST), calls (REDUCE,
@@ -310,6 +326,90 @@ def _values(cache: dict[str, dict[str, bytes]]) -> list[bytes]:
 def _charge(value: bytes | None) -> int:
     """What a stored value counts against the store's budget (0: none stored)."""
     return 0 if value is None else len(value) + ENTRY_OVERHEAD_BYTES
+
+
+# ------------------------------------------------------------- one-request full mesh
+
+
+class MeshScope:
+    """One Gloo scope's full-mesh exchange (spotring's Horovod build,
+    ``worker_image/horovod-rendezvous.patch``): each rank ``PUT`` s its host name and
+    its ``size - 1`` pair addresses once, and is answered, once every rank has, with
+    its local rank and the one address of each peer's that is meant for it.
+
+    The addresses are kept in one ``size x (size - 1) x entry`` array, written row by
+    row as ranks arrive, so that each answer is two strided copies (O(N) bytes), not
+    N slices of N whole values.
+    """
+
+    def __init__(self, size: int, entry: int) -> None:
+        import numpy
+
+        self.size = size
+        self.entry = entry
+        self.hosts: list[bytes | None] = [None] * size
+        self.addresses = numpy.zeros((size, max(size - 1, 1), entry), dtype=numpy.uint8)
+        self.count = 0
+        self.charge = size * (max(size - 1, 1) * entry + 2 * ENTRY_OVERHEAD_BYTES)
+        self.local_ranks: list[int] | None = None
+        self.finished: set[int] = set()
+        self.ready = threading.Event()
+        """Set once every rank is in, and when the scope is dropped (a new ring) or the
+        ring abandoned: a waiter then looks again."""
+        self.dropped = False
+
+    def put(self, rank: int, host: bytes, addresses: bytes) -> None:
+        import numpy
+
+        row = numpy.frombuffer(addresses, dtype=numpy.uint8)
+        self.addresses[rank] = row.reshape(max(self.size - 1, 1), self.entry)
+        if self.hosts[rank] is None:
+            self.count += 1
+        self.hosts[rank] = host
+        if self.count == self.size and self.local_ranks is None:
+            seen: collections.Counter[bytes | None] = collections.Counter()
+            local_ranks = []
+            for name in self.hosts:
+                local_ranks.append(seen[name])
+                seen[name] += 1
+            self.local_ranks = local_ranks
+            self.ready.set()
+
+    def answer(self, rank: int) -> bytes:
+        """What rank ``rank`` is answered once every rank is in: its local rank and,
+        for each other rank ``i`` in order, entry ``rank`` (``rank - 1`` past ``i``)
+        of ``i`` 's addresses, as Gloo's ``extractAddress`` takes it."""
+        assert self.local_ranks is not None
+        head = _MESH_ANSWER.pack(MESH_MAGIC, MESH_OK, self.local_ranks[rank], self.entry)
+        below = self.addresses[:rank, rank - 1].tobytes() if rank else b""
+        above = self.addresses[rank + 1 :, rank].tobytes() if rank + 1 < self.size else b""
+        return head + below + above
+
+
+def mesh_request(body: bytes, planned: int, exact: bool) -> tuple[int, float, bytes, bytes]:
+    """``(size, wait seconds, host name, addresses)`` from a ``spotring-mesh-<r>``
+    body: its scope has ``planned`` ranks (``exact``), or at most that many (a process
+    set's). Raises :class:`HostileInput` for anything else."""
+    if len(body) < _MESH_HEADER.size:
+        raise HostileInput("a mesh request without its header")
+    size, wait_ms, host_length = _MESH_HEADER.unpack_from(body)
+    if not 2 <= size <= planned or (exact and size != planned):
+        raise HostileInput(f"a mesh of {size} ranks in a scope of {planned}")
+    if host_length > HOSTNAME_MAX_BYTES:
+        raise HostileInput(f"a host name of {host_length} bytes")
+    host = body[_MESH_HEADER.size : _MESH_HEADER.size + host_length]
+    addresses = body[_MESH_HEADER.size + host_length :]
+    if len(host) != host_length:
+        raise HostileInput("the body ended early")
+    entry, rest = divmod(len(addresses), size - 1)
+    if rest or not 0 < entry <= PAIR_ADDRESS_MAX_BYTES:
+        raise HostileInput(f"{len(addresses)} bytes of addresses for {size - 1} peers")
+    return size, min(wait_ms / 1000, MESH_WAIT_SECONDS), host, addresses
+
+
+def mesh_body_limit(size: int) -> int:
+    """The largest ``spotring-mesh-<r>`` body for a scope of ``size`` ranks."""
+    return _MESH_HEADER.size + HOSTNAME_MAX_BYTES + max(size - 1, 1) * PAIR_ADDRESS_MAX_BYTES
 
 
 # ------------------------------------------------------------- the driver's clients
@@ -499,6 +599,9 @@ class HardenedRendezvousHandler(RendezvousHandler):
 
     driver: ElasticDriverCalls | None = None
     deadline_seconds = REQUEST_DEADLINE_SECONDS
+    disable_nagle_algorithm = True
+    """An answer's body goes out as a second write after its headers: with Nagle's
+    algorithm it waited for the client's delayed ACK (40 ms on Linux) each time."""
     server: _RendezvousHTTPServer
     rfile: io.BufferedIOBase
 
@@ -508,6 +611,20 @@ class HardenedRendezvousHandler(RendezvousHandler):
         deadline = time.monotonic() + self.deadline_seconds
         reader = _DeadlineReader(self.connection, deadline, float(self.timeout or 3))
         self.rfile = io.BufferedReader(reader)
+
+    def parse_request(self) -> bool:
+        """http.server's, counting each request parsed (by method)."""
+        parsed = super().parse_request()
+        if parsed:
+            scope = self.path.split("/")[1] if self.path.count("/") >= 2 else ""
+            if self._is_gloo_scope(scope):
+                kind = "gloo"
+            elif scope in READ_ONLY_SCOPES:
+                kind = scope
+            else:
+                kind = "other"
+            self.server.count_request(f"{self.command} {kind}")
+        return bool(parsed)
 
     # -- answers
 
@@ -607,6 +724,8 @@ class HardenedRendezvousHandler(RendezvousHandler):
             self._register(key)
         elif scope in READ_ONLY_SCOPES:
             self._refuse(403, "read-only scope")
+        elif key.startswith("spotring-mesh-"):
+            self._mesh_exchange(scope, key)
         else:
             self._put_gloo_key(scope, key)
 
@@ -650,6 +769,42 @@ class HardenedRendezvousHandler(RendezvousHandler):
             self._refuse(413, "the store is full")
             return
         self.send_status_code(200)
+
+    def _mesh_exchange(self, scope: str, key: str) -> None:
+        """A rank's whole full-mesh exchange (see :class:`MeshScope`): store its host
+        name and addresses, wait (bounded) until every rank of the scope has, answer
+        its peers' addresses for it; 404 when the wait ran out (it asks again), an
+        abandoned ring's answer when the ring lost a member before it formed."""
+        base = _PROCESS_SET_SUFFIX.sub("", scope)
+        planned = self.server.scope_size.get(base)
+        match = _MESH_KEY.match(key)
+        if planned is None or match is None or int(match[1]) >= planned:
+            self._refuse(403, "not a rank of the current ring's rendezvous")
+            return
+        rank = int(match[1])
+        body = self._read_body(min(mesh_body_limit(planned), MAX_BODY_BYTES))
+        if body is None:
+            return
+        try:
+            size, wait, host, addresses = mesh_request(body, planned, exact=base == scope)
+        except HostileInput as error:
+            self._refuse(400, str(error))
+            return
+        if rank >= size:
+            self._refuse(400, f"rank {rank} of a mesh of {size}")
+            return
+        mesh, refusal = self.server.mesh_put(scope, size, rank, host, addresses)
+        if mesh is None:
+            self._refuse(*refusal)
+            return
+        answer = self.server.mesh_wait(mesh, rank, wait)
+        if answer is None:
+            self.send_status_code(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
 
     def _read_body(self, limit: int, room: int | None = None) -> bytes | None:
         """The request's body, or None once the request was refused. A body over
@@ -734,6 +889,9 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
 
     daemon_threads = True
     block_on_close = False
+    request_queue_size = MAX_CONNECTIONS
+    """The listen backlog (socketserver's default is 5: a ring's ranks arriving at
+    once were reset and had to retry)."""
 
     def __init__(self, addr: Any, handler: Any, verbose: int) -> None:
         super().__init__(addr, handler, verbose)
@@ -754,9 +912,27 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         self._registering_lock = threading.Lock()
         self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._warnings = _WarningBudget()
+        self.meshes: dict[str, MeshScope] = {}
+        """Each scope's one-request full-mesh exchange; under ``cache_lock``."""
+        self.mesh_waiters = 0
+        self.mesh_waiters_limit = MESH_WAITERS_MARGIN
+        self.requests: collections.Counter[str] = collections.Counter()
+        """Requests parsed, by method and kind (``"PUT gloo"``: a Gloo scope of the
+        ring; the benchmarks check them against the model of a ring's formation)."""
+        self._requests_lock = threading.Lock()
 
     def warn(self, message: str) -> None:
         self._warnings.warn(message)
+
+    def count_request(self, method: str) -> None:
+        with self._requests_lock:
+            self.requests[method] += 1
+
+    def take_requests(self) -> collections.Counter[str]:
+        """The requests counted since the last call (and start counting again)."""
+        with self._requests_lock:
+            counted, self.requests = self.requests, collections.Counter()
+        return counted
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """socketserver's (a thread per connection), up to :data:`MAX_CONNECTIONS`."""
@@ -786,6 +962,81 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         with self.cache_lock:
             self.store_bytes = sum(map(_charge, _values(self.cache)))
             self.store_budget = budget
+            self.mesh_waiters_limit = 2 * len(host_alloc_plan) + MESH_WAITERS_MARGIN
+            meshes, self.meshes = self.meshes, {}
+        for mesh in meshes.values():  # waiters of the old ring answer 404
+            mesh.dropped = True
+            mesh.ready.set()
+
+    # -- the one-request full mesh
+
+    def mesh_put(
+        self, scope: str, size: int, rank: int, host: bytes, addresses: bytes
+    ) -> tuple[MeshScope | None, tuple[int, str]]:
+        """Store rank ``rank`` 's part of ``scope`` 's mesh; the scope, or None and
+        the refusal (status, reason)."""
+        entry = len(addresses) // (size - 1)
+        with self.cache_lock:
+            mesh = self.meshes.get(scope)
+            if mesh is None:
+                mesh = MeshScope(size, entry)
+                if self.store_bytes + mesh.charge > self.store_budget:
+                    return None, (413, "the store is full")
+                self.meshes[scope] = mesh
+                self.store_bytes += mesh.charge
+            elif mesh.size != size or mesh.entry != entry:
+                return None, (
+                    400,
+                    f"a mesh of {size} x {entry} B in one of {mesh.size} x {mesh.entry} B",
+                )
+            mesh.put(rank, host, addresses)
+        return mesh, (200, "")
+
+    def mesh_wait(self, mesh: MeshScope, rank: int, wait: float) -> bytes | None:
+        """Rank ``rank`` 's answer once ``mesh`` is complete, within ``wait`` seconds;
+        the abandoned ring's answer if it was abandoned first; None (404) otherwise."""
+        if not mesh.ready.is_set():
+            with self.cache_lock:
+                if self.mesh_waiters >= self.mesh_waiters_limit:
+                    return None if wait <= 0 else self._too_many_waiters()
+                self.mesh_waiters += 1
+            try:
+                mesh.ready.wait(wait)
+            finally:
+                with self.cache_lock:
+                    self.mesh_waiters -= 1
+        if mesh.dropped:
+            return None
+        if mesh.local_ranks is not None:
+            return mesh.answer(rank)
+        if self.abandoned:
+            return _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
+        return None
+
+    def _too_many_waiters(self) -> bytes:
+        self.warn(
+            f"more than {self.mesh_waiters_limit} mesh requests waiting: answered as abandoned"
+        )
+        return _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
+
+    def wake_meshes(self) -> None:
+        """Every waiter looks again (the ring was abandoned)."""
+        with self.cache_lock:
+            meshes = list(self.meshes.values())
+        for mesh in meshes:
+            mesh.ready.set()
+
+    def _mesh_finished(self, scope: str, key: str) -> None:
+        """Rank ``key`` finished ``scope``: once every rank of its mesh has, the mesh
+        is dropped."""
+        with self.cache_lock:
+            mesh = self.meshes.get(scope)
+            if mesh is None or not key.isdigit() or int(key) >= mesh.size:
+                return
+            mesh.finished.add(int(key))
+            if len(mesh.finished) == mesh.size:
+                del self.meshes[scope]
+                self.store_bytes -= mesh.charge
 
     def store_room(self) -> int:
         """The bytes the store can still take."""
@@ -806,7 +1057,9 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
     def finish(self, scope: str, key: str) -> None:
         """Rank ``key`` is done with ``scope`` (Gloo's ``Finalize``). Horovod's
         ``DELETE``: a scope of the plan is cleared once every rank has finished it (and
-        every scope's count starts again); a process set's loses that rank's address."""
+        every scope's count starts again); a process set's loses that rank's address.
+        A scope's mesh is dropped once each of its ranks has finished it."""
+        self._mesh_finished(scope, key)
         if scope in self.scope_size:
             with self.finished_list_lock:
                 finished = self.finished_list[scope]
@@ -902,6 +1155,13 @@ class RingTracker(RendezvousServer):
         return httpd
 
     def stop(self) -> None:
+        if self.world_sizes:
+            log.debug(
+                "rendezvous: ring %d (scopes %s) served %s",
+                self.generation,
+                json.dumps(self.httpd.scope_size, sort_keys=True),
+                json.dumps(dict(self.httpd.take_requests()), sort_keys=True),
+            )
         super().stop()
         self.httpd.server_close()
 
@@ -920,6 +1180,7 @@ class RingTracker(RendezvousServer):
             with httpd.cache_lock:
                 value = str(generation).encode("ascii")
                 httpd.cache.setdefault(RING_SCOPE, {})[ABANDONED_KEY] = value
+            httpd.wake_meshes()
 
     def request_flush(self) -> None:
         """Every host of the current ring is leaving (all noticed): ask its rank 0 to
@@ -932,6 +1193,13 @@ class RingTracker(RendezvousServer):
 
     def init(self, host_alloc_plan):
         httpd = self.httpd
+        if self.world_sizes:
+            log.debug(
+                "rendezvous: ring %d (scopes %s) served %s",
+                self.generation,
+                json.dumps(httpd.scope_size, sort_keys=True),
+                json.dumps(dict(httpd.take_requests()), sort_keys=True),
+            )
         current = frozenset((slot.hostname, slot.local_rank) for slot in host_alloc_plan)
         httpd.planned_slots = httpd.planned_slots | current
         httpd.current_slots = current
