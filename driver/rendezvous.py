@@ -109,6 +109,9 @@ MAX_CONNECTIONS = 4096
 of N workers needs about 2 N: each worker's rank request waits for the whole ring, and
 each polls Gloo's keys one request at a time."""
 
+WORKER_IDLE_SECONDS = 30.0
+"""How long a server thread waits for another connection before it ends."""
+
 MAX_ADDRESSES = 16
 """Most addresses a registration may list. Horovod's worker sends each IPv4 address of
 each interface (of the one it uses towards the driver, under spotring: usually one),
@@ -704,10 +707,16 @@ class HardenedRendezvousHandler(RendezvousHandler):
         if value is None:
             self.send_status_code(404)
             return
+        self._send_value(value)
+
+    def _send_value(self, value: bytes) -> None:
+        """200 with ``value``, headers and body in one write (one segment for small
+        answers; a ring's ranks make thousands of these)."""
         self.send_response(200)
         self.send_header("Content-Length", str(len(value)))
-        self.end_headers()
-        self.wfile.write(value)
+        self._headers_buffer.append(b"\r\n")  # http.server's end_headers, with the body
+        self._headers_buffer.append(value)
+        self.flush_headers()
 
     def _rank_and_size(self, host: str, slot: int) -> bytes:
         driver = self.driver
@@ -801,10 +810,7 @@ class HardenedRendezvousHandler(RendezvousHandler):
         if answer is None:
             self.send_status_code(404)
             return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
+        self._send_value(answer)
 
     def _read_body(self, limit: int, room: int | None = None) -> bytes | None:
         """The request's body, or None once the request was refused. A body over
@@ -883,6 +889,44 @@ class _WarningBudget:
         log.warning("rendezvous: %s%s", message, suffix)
 
 
+class _Workers:
+    """Daemon threads that each serve one connection at a time, started when none is
+    idle and ended after :data:`WORKER_IDLE_SECONDS` idle: a ring's thousands of
+    short requests do not each start a thread (and wait for it to start). How many
+    run at once is the caller's bound."""
+
+    def __init__(self, target: Callable[..., None]) -> None:
+        self._target = target
+        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, *item: Any) -> None:
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1  # that worker takes this item (or another's: any item)
+        if start:
+            threading.Thread(target=self._run, name="spotring-rendezvous", daemon=True).start()
+        self._queue.put(item)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=WORKER_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # not promised to an item on its way
+                        self._idle -= 1
+                        return
+                continue
+            try:
+                self._target(*item)
+            finally:
+                with self._lock:
+                    self._idle += 1
+
+
 class _RendezvousHTTPServer(RendezvousHTTPServer):
     """Horovod's rendezvous HTTP server: one warning line instead of a traceback for a
     request that failed, and no thread of a hostile client holds up the driver's exit."""
@@ -911,6 +955,7 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         self._registering: set[tuple[str, int]] = set()
         self._registering_lock = threading.Lock()
         self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._workers = _Workers(self.process_request_thread)
         self._warnings = _WarningBudget()
         self.meshes: dict[str, MeshScope] = {}
         """Each scope's one-request full-mesh exchange; under ``cache_lock``."""
@@ -935,14 +980,15 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         return counted
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """socketserver's (a thread per connection), up to :data:`MAX_CONNECTIONS`."""
+        """socketserver's (a thread per connection, here an idle one reused), up to
+        :data:`MAX_CONNECTIONS`."""
         if not self._connections.acquire(blocking=False):
             self.warn(f"closed a connection from {client_address[0]}: too many open")
             self.shutdown_request(request)
             return
         try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread started: it will not release
+            self._workers.submit(request, client_address)
+        except BaseException:  # no thread took it: it will not release
             self._connections.release()
             raise
 
