@@ -139,6 +139,23 @@ MESH_WAITERS_MARGIN = 64
 waits in one scope at a time); more are refused with 429, which fails that member's
 ``init`` (a reset), never holds a thread."""
 
+CONNECTION_THREADS = 16
+"""Threads that serve connections, normally: a ring's ranks arriving at once queue for
+them rather than each taking a thread (a thousand threads contending for the GIL cost
+the driver more CPU than the requests themselves). When none of them has taken a
+connection for :data:`STUCK_SECONDS` (slow clients hold them all), one more is started,
+up to :data:`MAX_CONNECTIONS`."""
+
+STUCK_SECONDS = 0.1
+
+MESH_ANSWER_THREADS = 16
+"""Threads that answer parked ranks (the answers of a mesh of N ranks go out 16 at a
+time, not N threads at once); each answer is given :data:`REQUEST_DEADLINE_SECONDS`."""
+
+PARKED = b"parked"
+"""What :meth:`_RendezvousHTTPServer.mesh_answer_or_park` returns for a request it
+keeps waiting."""
+
 MESH_MAGIC = b"SRM1"
 MESH_OK, MESH_ABANDONED = 0, 1
 _MESH_HEADER = struct.Struct(">III")  # size, wait (ms), host name length
@@ -356,12 +373,14 @@ class MeshScope:
         self.charge = size * (max(size - 1, 1) * entry + 2 * ENTRY_OVERHEAD_BYTES)
         self.local_ranks: list[int] | None = None
         self.finished: set[int] = set()
-        self.ready = threading.Event()
-        """Set once every rank is in, and when the scope is dropped (a new ring) or the
-        ring abandoned: a waiter then looks again."""
         self.dropped = False
+        """A new ring replaced this one: its waiters are answered 404."""
+        self.parked: list[tuple[socket.socket, int, float]] = []
+        """Ranks waiting for the rest, ``(connection, rank, deadline)``: no thread
+        waits with them; they are answered when the mesh is complete, the ring
+        abandoned or replaced, or their deadline passes."""
 
-    def put(self, rank: int, host: bytes, addresses: bytes) -> None:
+    def put(self, rank: int, host: bytes, addresses: bytes | memoryview) -> None:
         import numpy
 
         row = numpy.frombuffer(addresses, dtype=numpy.uint8)
@@ -376,20 +395,28 @@ class MeshScope:
                 local_ranks.append(seen[name])
                 seen[name] += 1
             self.local_ranks = local_ranks
-            self.ready.set()
 
-    def answer(self, rank: int) -> bytes:
+    def answer(self, rank: int) -> memoryview:
         """What rank ``rank`` is answered once every rank is in: its local rank and,
         for each other rank ``i`` in order, entry ``rank`` (``rank - 1`` past ``i``)
-        of ``i`` 's addresses, as Gloo's ``extractAddress`` takes it."""
+        of ``i`` 's addresses, as Gloo's ``extractAddress`` takes it. Copied once,
+        straight from the array into the answer."""
+        import numpy
+
         assert self.local_ranks is not None
-        head = _MESH_ANSWER.pack(MESH_MAGIC, MESH_OK, self.local_ranks[rank], self.entry)
-        below = self.addresses[:rank, rank - 1].tobytes() if rank else b""
-        above = self.addresses[rank + 1 :, rank].tobytes() if rank + 1 < self.size else b""
-        return head + below + above
+        peers = self.size - 1
+        out = numpy.empty(_MESH_ANSWER.size + peers * self.entry, dtype=numpy.uint8)
+        view = out.data.cast("B")
+        _MESH_ANSWER.pack_into(view, 0, MESH_MAGIC, MESH_OK, self.local_ranks[rank], self.entry)
+        body = out[_MESH_ANSWER.size :].reshape(peers, self.entry)
+        if rank:
+            body[:rank] = self.addresses[:rank, rank - 1]
+        if rank < peers:
+            body[rank:] = self.addresses[rank + 1 :, rank]
+        return view
 
 
-def mesh_request(body: bytes, planned: int, exact: bool) -> tuple[int, float, bytes, bytes]:
+def mesh_request(body: bytes, planned: int, exact: bool) -> tuple[int, float, bytes, memoryview]:
     """``(size, wait seconds, host name, addresses)`` from a ``spotring-mesh-<r>``
     body: its scope has ``planned`` ranks (``exact``), or at most that many (a process
     set's). Raises :class:`HostileInput` for anything else."""
@@ -401,7 +428,7 @@ def mesh_request(body: bytes, planned: int, exact: bool) -> tuple[int, float, by
     if host_length > HOSTNAME_MAX_BYTES:
         raise HostileInput(f"a host name of {host_length} bytes")
     host = body[_MESH_HEADER.size : _MESH_HEADER.size + host_length]
-    addresses = body[_MESH_HEADER.size + host_length :]
+    addresses = memoryview(body)[_MESH_HEADER.size + host_length :]  # not copied
     if len(host) != host_length:
         raise HostileInput("the body ended early")
     entry, rest = divmod(len(addresses), size - 1)
@@ -709,14 +736,18 @@ class HardenedRendezvousHandler(RendezvousHandler):
             return
         self._send_value(value)
 
-    def _send_value(self, value: bytes) -> None:
-        """200 with ``value``, headers and body in one write (one segment for small
-        answers; a ring's ranks make thousands of these)."""
+    def _send_value(self, value: bytes | memoryview) -> None:
+        """200 with ``value``; headers and a small body in one write (a ring's ranks
+        make thousands of these), a large body written as it is (not copied)."""
         self.send_response(200)
         self.send_header("Content-Length", str(len(value)))
-        self._headers_buffer.append(b"\r\n")  # http.server's end_headers, with the body
-        self._headers_buffer.append(value)
-        self.flush_headers()
+        if len(value) <= 65536:
+            self._headers_buffer.append(b"\r\n")  # http.server's end_headers, with the body
+            self._headers_buffer.append(bytes(value))
+            self.flush_headers()
+        else:
+            self.end_headers()
+            self.wfile.write(value)
 
     def _rank_and_size(self, host: str, slot: int) -> bytes:
         driver = self.driver
@@ -806,11 +837,13 @@ class HardenedRendezvousHandler(RendezvousHandler):
         if mesh is None:
             self._refuse(*refusal)
             return
-        answer = self.server.mesh_wait(mesh, rank, wait)
-        if answer is None:
+        answer = self.server.mesh_answer_or_park(mesh, rank, wait, self.connection)
+        if answer is PARKED:
+            self.close_connection = True  # the answer is sent later, by another thread
+        elif answer is None:
             self.send_status_code(404)
-            return
-        self._send_value(answer)
+        else:
+            self._send_value(answer)
 
     def _read_body(self, limit: int, room: int | None = None) -> bytes | None:
         """The request's body, or None once the request was refused. A body over
@@ -895,20 +928,47 @@ class _Workers:
     short requests do not each start a thread (and wait for it to start). How many
     run at once is the caller's bound."""
 
-    def __init__(self, target: Callable[..., None]) -> None:
+    def __init__(self, target: Callable[..., None], limit: int | None = None) -> None:
         self._target = target
-        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._limit = limit
+        self._threads = 0
+        self._pending = 0
+        self._progress = time.monotonic()
+        self._queue: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = (
+            queue.SimpleQueue()
+        )
         self._lock = threading.Lock()
         self._idle = 0
 
     def submit(self, *item: Any) -> None:
+        """Serve ``target(*item)`` on a thread."""
+        self.submit_call(self._target, *item)
+
+    def submit_call(self, call: Callable[..., None], *args: Any) -> None:
+        """Run ``call(*args)`` on a thread."""
         with self._lock:
-            start = self._idle == 0
-            if not start:
+            start = self._idle == 0 and (self._limit is None or self._threads < self._limit)
+            if start:
+                self._threads += 1
+            elif self._idle:
                 self._idle -= 1  # that worker takes this item (or another's: any item)
+            # else: at the limit, all busy: the next one free takes it
+            self._pending += 1
         if start:
             threading.Thread(target=self._run, name="spotring-rendezvous", daemon=True).start()
-        self._queue.put(item)
+        self._queue.put((call, args))
+
+    def grow_if_stuck(self) -> None:
+        """One more thread when work waits and no thread has taken any for
+        :data:`STUCK_SECONDS` (every one is held, by slow clients)."""
+        now = time.monotonic()
+        with self._lock:
+            stuck = self._pending > 0 and self._idle == 0 and now - self._progress > STUCK_SECONDS
+            if stuck:
+                self._threads += 1
+                self._progress = now
+        if stuck:
+            threading.Thread(target=self._run, name="spotring-rendezvous", daemon=True).start()
 
     def _run(self) -> None:
         while True:
@@ -918,10 +978,17 @@ class _Workers:
                 with self._lock:
                     if self._idle > 0:  # not promised to an item on its way
                         self._idle -= 1
+                        self._threads -= 1
                         return
                 continue
+            with self._lock:
+                self._pending -= 1
+                self._progress = time.monotonic()
+            call, args = item
             try:
-                self._target(*item)
+                call(*args)
+            except Exception:  # a call's own errors are its own to report
+                log.debug("rendezvous: a server task failed", exc_info=True)
             finally:
                 with self._lock:
                     self._idle += 1
@@ -955,16 +1022,23 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         self._registering: set[tuple[str, int]] = set()
         self._registering_lock = threading.Lock()
         self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._workers = _Workers(self.process_request_thread)
+        self._workers = _Workers(self.process_request_thread, limit=CONNECTION_THREADS)
+        self._answerers = _Workers(self._answer_parked, limit=MESH_ANSWER_THREADS)
         self._warnings = _WarningBudget()
         self.meshes: dict[str, MeshScope] = {}
         """Each scope's one-request full-mesh exchange; under ``cache_lock``."""
         self.mesh_waiters = 0
+        """Ranks parked in a mesh (see :meth:`mesh_answer_or_park`)."""
         self.mesh_waiters_limit = MESH_WAITERS_MARGIN
+        self._detached: set[socket.socket] = set()
+        """Connections parked by their request: the thread that read it leaves them
+        open, and whoever answers them closes them."""
         self.requests: collections.Counter[str] = collections.Counter()
         """Requests parsed, by method and kind (``"PUT gloo"``: a Gloo scope of the
         ring; the benchmarks check them against the model of a ring's formation)."""
         self._requests_lock = threading.Lock()
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name="spotring-rendezvous-watch", daemon=True).start()
 
     def warn(self, message: str) -> None:
         self._warnings.warn(message)
@@ -993,9 +1067,17 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """socketserver's (serve, then close); a connection its request parked is left
+        open, to whoever answers it."""
         try:
-            super().process_request_thread(request, client_address)
-        finally:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        with self.cache_lock:
+            parked = request in self._detached
+            self._detached.discard(request)
+        if not parked:
+            self.shutdown_request(request)
             self._connections.release()
 
     # -- the store (Horovod's ``cache``), counted
@@ -1009,15 +1091,15 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
             self.store_bytes = sum(map(_charge, _values(self.cache)))
             self.store_budget = budget
             self.mesh_waiters_limit = 2 * len(host_alloc_plan) + MESH_WAITERS_MARGIN
-            meshes, self.meshes = self.meshes, {}
-        for mesh in meshes.values():  # waiters of the old ring answer 404
-            mesh.dropped = True
-            mesh.ready.set()
+            for mesh in self.meshes.values():  # waiters of the old ring answer 404
+                mesh.dropped = True
+                self._release_parked(mesh)
+            self.meshes = {}
 
     # -- the one-request full mesh
 
     def mesh_put(
-        self, scope: str, size: int, rank: int, host: bytes, addresses: bytes
+        self, scope: str, size: int, rank: int, host: bytes, addresses: bytes | memoryview
     ) -> tuple[MeshScope | None, tuple[int, str]]:
         """Store rank ``rank`` 's part of ``scope`` 's mesh; the scope, or None and
         the refusal (status, reason)."""
@@ -1036,28 +1118,37 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
                     f"a mesh of {size} x {entry} B in one of {mesh.size} x {mesh.entry} B",
                 )
             mesh.put(rank, host, addresses)
+            if mesh.local_ranks is not None and mesh.parked:
+                self._release_parked(mesh)
         return mesh, (200, "")
 
-    def mesh_wait(self, mesh: MeshScope, rank: int, wait: float) -> bytes | None:
-        """Rank ``rank`` 's answer once ``mesh`` is complete, within ``wait`` seconds;
-        the abandoned ring's answer if it was abandoned first; None (404) otherwise."""
-        if not mesh.ready.is_set():
-            with self.cache_lock:
-                if self.mesh_waiters >= self.mesh_waiters_limit:
-                    return None if wait <= 0 else self._too_many_waiters()
+    def mesh_answer_or_park(
+        self, mesh: MeshScope, rank: int, wait: float, connection: socket.socket
+    ) -> bytes | memoryview | None:
+        """Rank ``rank`` 's answer if ``mesh`` is complete (or the ring abandoned: its
+        answer; or replaced, or ``wait`` is 0: None, a 404); otherwise
+        :data:`PARKED`: ``connection`` waits in the mesh, without a thread, and is
+        answered later (see :meth:`_answer_parked`). At most
+        ``mesh_waiters_limit`` wait at once; more are answered as abandoned."""
+        with self.cache_lock:
+            if mesh.dropped:
+                return None
+            if mesh.local_ranks is not None:
+                ready = True
+            elif self.abandoned:
+                return _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
+            elif wait <= 0:
+                return None
+            elif self.mesh_waiters >= self.mesh_waiters_limit:
+                return self._too_many_waiters()
+            else:
+                ready = False
+                mesh.parked.append((connection, rank, time.monotonic() + wait))
                 self.mesh_waiters += 1
-            try:
-                mesh.ready.wait(wait)
-            finally:
-                with self.cache_lock:
-                    self.mesh_waiters -= 1
-        if mesh.dropped:
-            return None
-        if mesh.local_ranks is not None:
+                self._detached.add(connection)
+        if ready:
             return mesh.answer(rank)
-        if self.abandoned:
-            return _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
-        return None
+        return PARKED
 
     def _too_many_waiters(self) -> bytes:
         self.warn(
@@ -1065,12 +1156,71 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         )
         return _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
 
+    def _release_parked(self, mesh: MeshScope, expired_only: bool = False) -> None:
+        """Hand ``mesh`` 's parked ranks (those past their deadline only, with
+        ``expired_only``) to the server's threads to be answered. Under ``cache_lock``."""
+        now = time.monotonic()
+        keep = []
+        for connection, rank, deadline in mesh.parked:
+            if expired_only and deadline > now:
+                keep.append((connection, rank, deadline))
+                continue
+            self.mesh_waiters -= 1
+            self._answerers.submit(mesh, connection, rank)
+        mesh.parked = keep
+
+    def _answer_parked(self, mesh: MeshScope, connection: socket.socket, rank: int) -> None:
+        """Answer a parked rank as :meth:`mesh_answer_or_park` would now (a 404 when
+        the mesh is still incomplete: its wait ran out), and close its connection."""
+        try:
+            with self.cache_lock:
+                if mesh.dropped:
+                    value: bytes | memoryview | None = None
+                elif mesh.local_ranks is not None:
+                    value = b""  # built below, outside the lock
+                elif self.abandoned:
+                    value = _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
+                else:
+                    value = None
+            if value == b"":
+                value = mesh.answer(rank)
+            if value is None:
+                head = b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+                value = b""
+            else:
+                head = b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(value)
+            connection.settimeout(REQUEST_DEADLINE_SECONDS)  # the whole answer's
+            if len(value) <= 65536:
+                connection.sendall(head + bytes(value))
+            else:
+                connection.sendall(head)
+                connection.sendall(value)
+        except OSError:
+            log.debug("rendezvous: a waiting rank went away before its answer", exc_info=True)
+        finally:
+            self.shutdown_request(connection)
+            self._connections.release()
+
+    def _watch(self) -> None:
+        """Every 0.1 s: answer 404 to parked ranks whose wait ran out (they ask again),
+        and start a thread when slow clients hold every one."""
+        while not self._closed.wait(0.1):
+            self._workers.grow_if_stuck()
+            self._answerers.grow_if_stuck()
+            with self.cache_lock:
+                for mesh in self.meshes.values():
+                    if mesh.parked:
+                        self._release_parked(mesh, expired_only=True)
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
+
     def wake_meshes(self) -> None:
-        """Every waiter looks again (the ring was abandoned)."""
+        """Answer every parked rank now (the ring was abandoned)."""
         with self.cache_lock:
-            meshes = list(self.meshes.values())
-        for mesh in meshes:
-            mesh.ready.set()
+            for mesh in self.meshes.values():
+                self._release_parked(mesh)
 
     def _mesh_finished(self, scope: str, key: str) -> None:
         """Rank ``key`` finished ``scope``: once every rank of its mesh has, the mesh
