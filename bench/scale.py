@@ -117,7 +117,8 @@ def serve(kind: str) -> None:
             print("ok", flush=True)
         elif command == "usage":
             usage = resource.getrusage(resource.RUSAGE_SELF)
-            print(json.dumps({"cpu": usage.ru_utime + usage.ru_stime, "user": usage.ru_utime, "sys": usage.ru_stime, "nvcsw": usage.ru_nvcsw, "nivcsw": usage.ru_nivcsw}), flush=True)
+            cpu = {"user": usage.ru_utime, "sys": usage.ru_stime, "switches": usage.ru_nvcsw}
+            print(json.dumps({"cpu": usage.ru_utime + usage.ru_stime, **cpu}), flush=True)
 
 
 class ServerProcess:
