@@ -432,7 +432,12 @@ def measure(
             stock = {"cpu_s": float("nan"), "wall_s": float("nan"), "requests": 0,
                      "retried": float("nan"), "bytes": float("nan"), "formed": False,
                      "not_run": stock_stopped}  # fmt: skip
-        anchor = "Horovod's server, stock pattern" + ("" if stock["formed"] else " (partial)")
+        if stock["formed"]:
+            anchor = "Horovod's server, stock pattern"
+        elif "not_run" in stock:
+            anchor = "Horovod's server: not run, a smaller ring did not finish"
+        else:
+            anchor = f"Horovod's server: did not finish in {cap:.0f} s (counts so far)"
         extra = {
             "spotring": ours,
             "stock": stock,

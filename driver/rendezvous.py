@@ -139,7 +139,7 @@ MESH_WAITERS_MARGIN = 64
 waits in one scope at a time); more are refused with 429, which fails that member's
 ``init`` (a reset), never holds a thread."""
 
-CONNECTION_THREADS = 16
+CONNECTION_THREADS = 4
 """Threads that serve connections, normally: a ring's ranks arriving at once queue for
 them rather than each taking a thread (a thousand threads contending for the GIL cost
 the driver more CPU than the requests themselves). When none of them has taken a
