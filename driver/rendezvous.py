@@ -139,14 +139,14 @@ MESH_WAITERS_MARGIN = 64
 waits in one scope at a time); more are refused with 429, which fails that member's
 ``init`` (a reset), never holds a thread."""
 
-CONNECTION_THREADS = 4
+CONNECTION_THREADS = 8
 """Threads that serve connections, normally: a ring's ranks arriving at once queue for
 them rather than each taking a thread (a thousand threads contending for the GIL cost
 the driver more CPU than the requests themselves). When none of them has taken a
 connection for :data:`STUCK_SECONDS` (slow clients hold them all), one more is started,
 up to :data:`MAX_CONNECTIONS`."""
 
-STUCK_SECONDS = 0.1
+STUCK_SECONDS = 0.05
 
 MESH_ANSWER_THREADS = 16
 """Threads that answer parked ranks (the answers of a mesh of N ranks go out 16 at a
@@ -1202,9 +1202,10 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
             self._connections.release()
 
     def _watch(self) -> None:
-        """Every 0.1 s: answer 404 to parked ranks whose wait ran out (they ask again),
-        and start a thread when slow clients hold every one."""
-        while not self._closed.wait(0.1):
+        """Every :data:`STUCK_SECONDS`: start a thread when slow requests (clients, or
+        a registration whose addresses the driver probes) hold every one, and answer
+        404 to parked ranks whose wait ran out (they ask again)."""
+        while not self._closed.wait(STUCK_SECONDS):
             self._workers.grow_if_stuck()
             self._answerers.grow_if_stuck()
             with self.cache_lock:
