@@ -318,6 +318,18 @@ def form_ring(kind: str, size: int, cap: float) -> dict[str, Any]:
     }
 
 
+def stock_floor(size: int) -> dict[str, int]:
+    """Requests and answer bytes of the stock pattern for a ring of ``size`` hosts of
+    one slot, without a single poll that finds a key missing (a floor): per context
+    of k ranks, each rank sets 2 keys, reads ``rank_<i>`` for i below it and each
+    other rank's whole key twice ((k - 1) x 136 bytes), and deletes 1."""
+    requests = answers = 0
+    for k in (size, 1, size) * 2:  # global, local, cross; the process set's three
+        requests += k * 3 + k * (k - 1) // 2 + 2 * k * (k - 1)
+        answers += 2 * k * (k - 1) * (k - 1) * ENTRY
+    return {"requests": requests, "body_bytes": answers}
+
+
 def model_requests(scope_size: dict[str, int]) -> int:
     """The Gloo requests of one ring formation, spotring's Horovod build, with these
     plan scopes: per scope of k > 1 ranks, one exchange and one ``DELETE`` per rank
@@ -441,6 +453,7 @@ def measure(
         extra = {
             "spotring": ours,
             "stock": stock,
+            "stock pattern floor (computed)": stock_floor(size),
             "layout": f"{size} hosts x 1 slot; spotring 3 contexts, stock 6",
         }
         name = f"ring formation, {size} ranks"
