@@ -333,8 +333,9 @@ def stock_floor(size: int) -> dict[str, int]:
 def model_requests(scope_size: dict[str, int]) -> int:
     """The Gloo requests of one ring formation, spotring's Horovod build, with these
     plan scopes: per scope of k > 1 ranks, one exchange and one ``DELETE`` per rank
-    (each exchange answered at its first ask); a scope of one rank, nothing."""
-    return sum(2 * k for k in scope_size.values() if k > 1)
+    (each exchange answered at its first ask); a scope of one rank, nothing, but the
+    global scope of a ring of one: Horovod's two ``PUT`` s and its ``DELETE``."""
+    return sum(2 * k if k > 1 else 3 if scope == "global" else 0 for scope, k in scope_size.items())
 
 
 # ------------------------------------------------------------------ the model, with real workers
