@@ -51,6 +51,7 @@ BENCHMARKS: tuple[str, ...] = (
     "recovery",
     "kills",
     "notice",
+    "scale",
 )
 """Benchmark modules under ``bench/``, in the order ``bench/run`` runs them."""
 

@@ -44,6 +44,7 @@ import binascii
 import collections
 import io
 import ipaddress
+import json
 import logging
 import pickle
 import pickletools
@@ -108,6 +109,9 @@ MAX_CONNECTIONS = 4096
 of N workers needs about 2 N: each worker's rank request waits for the whole ring, and
 each polls Gloo's keys one request at a time."""
 
+WORKER_IDLE_SECONDS = 30.0
+"""How long a server thread waits for another connection before it ends."""
+
 MAX_ADDRESSES = 16
 """Most addresses a registration may list. Horovod's worker sends each IPv4 address of
 each interface (of the one it uses towards the driver, under spotring: usually one),
@@ -126,6 +130,37 @@ ANSWER_TIMEOUT_SECONDS = 20.0
 are about 150 bytes), and the most time it gives the connection and the whole answer,
 each (a service that trickles its answer gets no more than one that says nothing)."""
 
+MESH_WAIT_SECONDS = 10.0
+"""The longest a ``spotring-mesh-<r>`` request is held waiting for the rest of its
+scope; then it is answered 404 and asked again (until Gloo's own timeout)."""
+
+MESH_WAITERS_MARGIN = 64
+"""Mesh requests that may wait at once beyond twice the planned ring's ranks (each rank
+waits in one scope at a time); more are refused with 429, which fails that member's
+``init`` (a reset), never holds a thread."""
+
+CONNECTION_THREADS = 8
+"""Threads that serve connections, normally: a ring's ranks arriving at once queue for
+them rather than each taking a thread (a thousand threads contending for the GIL cost
+the driver more CPU than the requests themselves). When none of them has taken a
+connection for :data:`STUCK_SECONDS` (slow clients hold them all), one more is started,
+up to :data:`MAX_CONNECTIONS`."""
+
+STUCK_SECONDS = 0.05
+
+MESH_ANSWER_THREADS = 16
+"""Threads that answer parked ranks (the answers of a mesh of N ranks go out 16 at a
+time, not N threads at once); each answer is given :data:`REQUEST_DEADLINE_SECONDS`."""
+
+PARKED = b"parked"
+"""What :meth:`_RendezvousHTTPServer.mesh_answer_or_park` returns for a request it
+keeps waiting."""
+
+MESH_MAGIC = b"SRM1"
+MESH_OK, MESH_ABANDONED = 0, 1
+_MESH_HEADER = struct.Struct(">III")  # size, wait (ms), host name length
+_MESH_ANSWER = struct.Struct(">4sIII")  # magic, status, local rank, entry size
+
 GET_RANK_AND_SIZE = "rank_and_size"  # horovod.runner.elastic.rendezvous
 PUT_WORKER_ADDRESSES = "worker_addresses"
 READ_ONLY_SCOPES = frozenset({RING_SCOPE, GET_RANK_AND_SIZE, PUT_WORKER_ADDRESSES})
@@ -133,6 +168,7 @@ READ_ONLY_SCOPES = frozenset({RING_SCOPE, GET_RANK_AND_SIZE, PUT_WORKER_ADDRESSE
 _PROCESS_SET_SUFFIX = re.compile(r"_process_set_hash_[0-9a-f]{1,64}\Z")
 _GLOO_KEY = re.compile(r"(rank_)?(0|[1-9][0-9]{0,8})\Z")  # as Gloo writes a rank
 _SLOT = re.compile(r"[0-9]{1,6}\Z")
+_MESH_KEY = re.compile(r"spotring-mesh-(0|[1-9][0-9]{0,8})\Z")
 
 # Every opcode the pickle of plain tuples, lists, dicts, str, bytes and ints may use.
 # Nothing that looks up a global (GLOBAL, STACK_GLOBAL, EXT*, INST), calls (REDUCE,
@@ -310,6 +346,100 @@ def _values(cache: dict[str, dict[str, bytes]]) -> list[bytes]:
 def _charge(value: bytes | None) -> int:
     """What a stored value counts against the store's budget (0: none stored)."""
     return 0 if value is None else len(value) + ENTRY_OVERHEAD_BYTES
+
+
+# ------------------------------------------------------------- one-request full mesh
+
+
+class MeshScope:
+    """One Gloo scope's full-mesh exchange (spotring's Horovod build,
+    ``worker_image/horovod-rendezvous.patch``): each rank ``PUT`` s its host name and
+    its ``size - 1`` pair addresses once, and is answered, once every rank has, with
+    its local rank and the one address of each peer's that is meant for it.
+
+    The addresses are kept in one ``size x (size - 1) x entry`` array, written row by
+    row as ranks arrive, so that each answer is two strided copies (O(N) bytes), not
+    N slices of N whole values.
+    """
+
+    def __init__(self, size: int, entry: int) -> None:
+        import numpy
+
+        self.size = size
+        self.entry = entry
+        self.hosts: list[bytes | None] = [None] * size
+        self.addresses = numpy.zeros((size, max(size - 1, 1), entry), dtype=numpy.uint8)
+        self.count = 0
+        self.charge = size * (max(size - 1, 1) * entry + 2 * ENTRY_OVERHEAD_BYTES)
+        self.local_ranks: list[int] | None = None
+        self.finished: set[int] = set()
+        self.dropped = False
+        """A new ring replaced this one: its waiters are answered 404."""
+        self.parked: list[tuple[socket.socket, int, float]] = []
+        """Ranks waiting for the rest, ``(connection, rank, deadline)``: no thread
+        waits with them; they are answered when the mesh is complete, the ring
+        abandoned or replaced, or their deadline passes."""
+
+    def put(self, rank: int, host: bytes, addresses: bytes | memoryview) -> None:
+        import numpy
+
+        row = numpy.frombuffer(addresses, dtype=numpy.uint8)
+        self.addresses[rank] = row.reshape(max(self.size - 1, 1), self.entry)
+        if self.hosts[rank] is None:
+            self.count += 1
+        self.hosts[rank] = host
+        if self.count == self.size and self.local_ranks is None:
+            seen: collections.Counter[bytes | None] = collections.Counter()
+            local_ranks = []
+            for name in self.hosts:
+                local_ranks.append(seen[name])
+                seen[name] += 1
+            self.local_ranks = local_ranks
+
+    def answer(self, rank: int) -> memoryview:
+        """What rank ``rank`` is answered once every rank is in: its local rank and,
+        for each other rank ``i`` in order, entry ``rank`` (``rank - 1`` past ``i``)
+        of ``i`` 's addresses, as Gloo's ``extractAddress`` takes it. Copied once,
+        straight from the array into the answer."""
+        import numpy
+
+        assert self.local_ranks is not None
+        peers = self.size - 1
+        out = numpy.empty(_MESH_ANSWER.size + peers * self.entry, dtype=numpy.uint8)
+        view = out.data.cast("B")
+        _MESH_ANSWER.pack_into(view, 0, MESH_MAGIC, MESH_OK, self.local_ranks[rank], self.entry)
+        body = out[_MESH_ANSWER.size :].reshape(peers, self.entry)
+        if rank:
+            body[:rank] = self.addresses[:rank, rank - 1]
+        if rank < peers:
+            body[rank:] = self.addresses[rank + 1 :, rank]
+        return view
+
+
+def mesh_request(body: bytes, planned: int, exact: bool) -> tuple[int, float, bytes, memoryview]:
+    """``(size, wait seconds, host name, addresses)`` from a ``spotring-mesh-<r>``
+    body: its scope has ``planned`` ranks (``exact``), or at most that many (a process
+    set's). Raises :class:`HostileInput` for anything else."""
+    if len(body) < _MESH_HEADER.size:
+        raise HostileInput("a mesh request without its header")
+    size, wait_ms, host_length = _MESH_HEADER.unpack_from(body)
+    if not 2 <= size <= planned or (exact and size != planned):
+        raise HostileInput(f"a mesh of {size} ranks in a scope of {planned}")
+    if host_length > HOSTNAME_MAX_BYTES:
+        raise HostileInput(f"a host name of {host_length} bytes")
+    host = body[_MESH_HEADER.size : _MESH_HEADER.size + host_length]
+    addresses = memoryview(body)[_MESH_HEADER.size + host_length :]  # not copied
+    if len(host) != host_length:
+        raise HostileInput("the body ended early")
+    entry, rest = divmod(len(addresses), size - 1)
+    if rest or not 0 < entry <= PAIR_ADDRESS_MAX_BYTES:
+        raise HostileInput(f"{len(addresses)} bytes of addresses for {size - 1} peers")
+    return size, min(wait_ms / 1000, MESH_WAIT_SECONDS), host, addresses
+
+
+def mesh_body_limit(size: int) -> int:
+    """The largest ``spotring-mesh-<r>`` body for a scope of ``size`` ranks."""
+    return _MESH_HEADER.size + HOSTNAME_MAX_BYTES + max(size - 1, 1) * PAIR_ADDRESS_MAX_BYTES
 
 
 # ------------------------------------------------------------- the driver's clients
@@ -499,6 +629,9 @@ class HardenedRendezvousHandler(RendezvousHandler):
 
     driver: ElasticDriverCalls | None = None
     deadline_seconds = REQUEST_DEADLINE_SECONDS
+    disable_nagle_algorithm = True
+    """An answer's body goes out as a second write after its headers: with Nagle's
+    algorithm it waited for the client's delayed ACK (40 ms on Linux) each time."""
     server: _RendezvousHTTPServer
     rfile: io.BufferedIOBase
 
@@ -508,6 +641,20 @@ class HardenedRendezvousHandler(RendezvousHandler):
         deadline = time.monotonic() + self.deadline_seconds
         reader = _DeadlineReader(self.connection, deadline, float(self.timeout or 3))
         self.rfile = io.BufferedReader(reader)
+
+    def parse_request(self) -> bool:
+        """http.server's, counting each request parsed (by method)."""
+        parsed = super().parse_request()
+        if parsed:
+            scope = self.path.split("/")[1] if self.path.count("/") >= 2 else ""
+            if self._is_gloo_scope(scope):
+                kind = "gloo"
+            elif scope in READ_ONLY_SCOPES:
+                kind = scope
+            else:
+                kind = "other"
+            self.server.count_request(f"{self.command} {kind}")
+        return bool(parsed)
 
     # -- answers
 
@@ -587,10 +734,20 @@ class HardenedRendezvousHandler(RendezvousHandler):
         if value is None:
             self.send_status_code(404)
             return
+        self._send_value(value)
+
+    def _send_value(self, value: bytes | memoryview) -> None:
+        """200 with ``value``; headers and a small body in one write (a ring's ranks
+        make thousands of these), a large body written as it is (not copied)."""
         self.send_response(200)
         self.send_header("Content-Length", str(len(value)))
-        self.end_headers()
-        self.wfile.write(value)
+        if len(value) <= 65536:
+            self._headers_buffer.append(b"\r\n")  # http.server's end_headers, with the body
+            self._headers_buffer.append(bytes(value))
+            self.flush_headers()
+        else:
+            self.end_headers()
+            self.wfile.write(value)
 
     def _rank_and_size(self, host: str, slot: int) -> bytes:
         driver = self.driver
@@ -607,6 +764,8 @@ class HardenedRendezvousHandler(RendezvousHandler):
             self._register(key)
         elif scope in READ_ONLY_SCOPES:
             self._refuse(403, "read-only scope")
+        elif key.startswith("spotring-mesh-"):
+            self._mesh_exchange(scope, key)
         else:
             self._put_gloo_key(scope, key)
 
@@ -650,6 +809,41 @@ class HardenedRendezvousHandler(RendezvousHandler):
             self._refuse(413, "the store is full")
             return
         self.send_status_code(200)
+
+    def _mesh_exchange(self, scope: str, key: str) -> None:
+        """A rank's whole full-mesh exchange (see :class:`MeshScope`): store its host
+        name and addresses, wait (bounded) until every rank of the scope has, answer
+        its peers' addresses for it; 404 when the wait ran out (it asks again), an
+        abandoned ring's answer when the ring lost a member before it formed."""
+        base = _PROCESS_SET_SUFFIX.sub("", scope)
+        planned = self.server.scope_size.get(base)
+        match = _MESH_KEY.match(key)
+        if planned is None or match is None or int(match[1]) >= planned:
+            self._refuse(403, "not a rank of the current ring's rendezvous")
+            return
+        rank = int(match[1])
+        body = self._read_body(min(mesh_body_limit(planned), MAX_BODY_BYTES))
+        if body is None:
+            return
+        try:
+            size, wait, host, addresses = mesh_request(body, planned, exact=base == scope)
+        except HostileInput as error:
+            self._refuse(400, str(error))
+            return
+        if rank >= size:
+            self._refuse(400, f"rank {rank} of a mesh of {size}")
+            return
+        mesh, refusal = self.server.mesh_put(scope, size, rank, host, addresses)
+        if mesh is None:
+            self._refuse(*refusal)
+            return
+        answer = self.server.mesh_answer_or_park(mesh, rank, wait, self.connection)
+        if answer is PARKED:
+            self.close_connection = True  # the answer is sent later, by another thread
+        elif answer is None:
+            self.send_status_code(404)
+        else:
+            self._send_value(answer)
 
     def _read_body(self, limit: int, room: int | None = None) -> bytes | None:
         """The request's body, or None once the request was refused. A body over
@@ -728,12 +922,87 @@ class _WarningBudget:
         log.warning("rendezvous: %s%s", message, suffix)
 
 
+class _Workers:
+    """Daemon threads that each serve one connection at a time, started when none is
+    idle and ended after :data:`WORKER_IDLE_SECONDS` idle: a ring's thousands of
+    short requests do not each start a thread (and wait for it to start). How many
+    run at once is the caller's bound."""
+
+    def __init__(self, target: Callable[..., None], limit: int | None = None) -> None:
+        self._target = target
+        self._limit = limit
+        self._threads = 0
+        self._pending = 0
+        self._progress = time.monotonic()
+        self._queue: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, *item: Any) -> None:
+        """Serve ``target(*item)`` on a thread."""
+        self.submit_call(self._target, *item)
+
+    def submit_call(self, call: Callable[..., None], *args: Any) -> None:
+        """Run ``call(*args)`` on a thread."""
+        with self._lock:
+            start = self._idle == 0 and (self._limit is None or self._threads < self._limit)
+            if start:
+                self._threads += 1
+            elif self._idle:
+                self._idle -= 1  # that worker takes this item (or another's: any item)
+            # else: at the limit, all busy: the next one free takes it
+            self._pending += 1
+        if start:
+            threading.Thread(target=self._run, name="spotring-rendezvous", daemon=True).start()
+        self._queue.put((call, args))
+
+    def grow_if_stuck(self) -> None:
+        """One more thread when work waits and no thread has taken any for
+        :data:`STUCK_SECONDS` (every one is held, by slow clients)."""
+        now = time.monotonic()
+        with self._lock:
+            stuck = self._pending > 0 and self._idle == 0 and now - self._progress > STUCK_SECONDS
+            if stuck:
+                self._threads += 1
+                self._progress = now
+        if stuck:
+            threading.Thread(target=self._run, name="spotring-rendezvous", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=WORKER_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # not promised to an item on its way
+                        self._idle -= 1
+                        self._threads -= 1
+                        return
+                continue
+            with self._lock:
+                self._pending -= 1
+                self._progress = time.monotonic()
+            call, args = item
+            try:
+                call(*args)
+            except Exception:  # a call's own errors are its own to report
+                log.debug("rendezvous: a server task failed", exc_info=True)
+            finally:
+                with self._lock:
+                    self._idle += 1
+
+
 class _RendezvousHTTPServer(RendezvousHTTPServer):
     """Horovod's rendezvous HTTP server: one warning line instead of a traceback for a
     request that failed, and no thread of a hostile client holds up the driver's exit."""
 
     daemon_threads = True
     block_on_close = False
+    request_queue_size = MAX_CONNECTIONS
+    """The listen backlog (socketserver's default is 5: a ring's ranks arriving at
+    once were reset and had to retry)."""
 
     def __init__(self, addr: Any, handler: Any, verbose: int) -> None:
         super().__init__(addr, handler, verbose)
@@ -753,27 +1022,62 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         self._registering: set[tuple[str, int]] = set()
         self._registering_lock = threading.Lock()
         self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._workers = _Workers(self.process_request_thread, limit=CONNECTION_THREADS)
+        self._answerers = _Workers(self._answer_parked, limit=MESH_ANSWER_THREADS)
         self._warnings = _WarningBudget()
+        self.meshes: dict[str, MeshScope] = {}
+        """Each scope's one-request full-mesh exchange; under ``cache_lock``."""
+        self.mesh_waiters = 0
+        """Ranks parked in a mesh (see :meth:`mesh_answer_or_park`)."""
+        self.mesh_waiters_limit = MESH_WAITERS_MARGIN
+        self._detached: set[socket.socket] = set()
+        """Connections parked by their request: the thread that read it leaves them
+        open, and whoever answers them closes them."""
+        self.requests: collections.Counter[str] = collections.Counter()
+        """Requests parsed, by method and kind (``"PUT gloo"``: a Gloo scope of the
+        ring; the benchmarks check them against the model of a ring's formation)."""
+        self._requests_lock = threading.Lock()
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name="spotring-rendezvous-watch", daemon=True).start()
 
     def warn(self, message: str) -> None:
         self._warnings.warn(message)
 
+    def count_request(self, method: str) -> None:
+        with self._requests_lock:
+            self.requests[method] += 1
+
+    def take_requests(self) -> collections.Counter[str]:
+        """The requests counted since the last call (and start counting again)."""
+        with self._requests_lock:
+            counted, self.requests = self.requests, collections.Counter()
+        return counted
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        """socketserver's (a thread per connection), up to :data:`MAX_CONNECTIONS`."""
+        """socketserver's (a thread per connection, here an idle one reused), up to
+        :data:`MAX_CONNECTIONS`."""
         if not self._connections.acquire(blocking=False):
             self.warn(f"closed a connection from {client_address[0]}: too many open")
             self.shutdown_request(request)
             return
         try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread started: it will not release
+            self._workers.submit(request, client_address)
+        except BaseException:  # no thread took it: it will not release
             self._connections.release()
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """socketserver's (serve, then close); a connection its request parked is left
+        open, to whoever answers it."""
         try:
-            super().process_request_thread(request, client_address)
-        finally:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        with self.cache_lock:
+            parked = request in self._detached
+            self._detached.discard(request)
+        if not parked:
+            self.shutdown_request(request)
             self._connections.release()
 
     # -- the store (Horovod's ``cache``), counted
@@ -786,6 +1090,150 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         with self.cache_lock:
             self.store_bytes = sum(map(_charge, _values(self.cache)))
             self.store_budget = budget
+            self.mesh_waiters_limit = 2 * len(host_alloc_plan) + MESH_WAITERS_MARGIN
+            for mesh in self.meshes.values():  # waiters of the old ring answer 404
+                mesh.dropped = True
+                self._release_parked(mesh)
+            self.meshes = {}
+
+    # -- the one-request full mesh
+
+    def mesh_put(
+        self, scope: str, size: int, rank: int, host: bytes, addresses: bytes | memoryview
+    ) -> tuple[MeshScope | None, tuple[int, str]]:
+        """Store rank ``rank`` 's part of ``scope`` 's mesh; the scope, or None and
+        the refusal (status, reason)."""
+        entry = len(addresses) // (size - 1)
+        with self.cache_lock:
+            mesh = self.meshes.get(scope)
+            if mesh is None:
+                mesh = MeshScope(size, entry)
+                if self.store_bytes + mesh.charge > self.store_budget:
+                    return None, (413, "the store is full")
+                self.meshes[scope] = mesh
+                self.store_bytes += mesh.charge
+            elif mesh.size != size or mesh.entry != entry:
+                return None, (
+                    400,
+                    f"a mesh of {size} x {entry} B in one of {mesh.size} x {mesh.entry} B",
+                )
+            mesh.put(rank, host, addresses)
+            if mesh.local_ranks is not None and mesh.parked:
+                self._release_parked(mesh)
+        return mesh, (200, "")
+
+    def mesh_answer_or_park(
+        self, mesh: MeshScope, rank: int, wait: float, connection: socket.socket
+    ) -> bytes | memoryview | None:
+        """Rank ``rank`` 's answer if ``mesh`` is complete (or the ring abandoned: its
+        answer; or replaced, or ``wait`` is 0: None, a 404); otherwise
+        :data:`PARKED`: ``connection`` waits in the mesh, without a thread, and is
+        answered later (see :meth:`_answer_parked`). At most
+        ``mesh_waiters_limit`` wait at once; more are answered as abandoned."""
+        with self.cache_lock:
+            if mesh.dropped:
+                return None
+            if mesh.local_ranks is not None:
+                ready = True
+            elif self.abandoned:
+                return _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
+            elif wait <= 0:
+                return None
+            elif self.mesh_waiters >= self.mesh_waiters_limit:
+                return self._too_many_waiters()
+            else:
+                ready = False
+                mesh.parked.append((connection, rank, time.monotonic() + wait))
+                self.mesh_waiters += 1
+                self._detached.add(connection)
+        if ready:
+            return mesh.answer(rank)
+        return PARKED
+
+    def _too_many_waiters(self) -> bytes:
+        self.warn(
+            f"more than {self.mesh_waiters_limit} mesh requests waiting: answered as abandoned"
+        )
+        return _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
+
+    def _release_parked(self, mesh: MeshScope, expired_only: bool = False) -> None:
+        """Hand ``mesh`` 's parked ranks (those past their deadline only, with
+        ``expired_only``) to the server's threads to be answered. Under ``cache_lock``."""
+        now = time.monotonic()
+        keep = []
+        for connection, rank, deadline in mesh.parked:
+            if expired_only and deadline > now:
+                keep.append((connection, rank, deadline))
+                continue
+            self.mesh_waiters -= 1
+            self._answerers.submit(mesh, connection, rank)
+        mesh.parked = keep
+
+    def _answer_parked(self, mesh: MeshScope, connection: socket.socket, rank: int) -> None:
+        """Answer a parked rank as :meth:`mesh_answer_or_park` would now (a 404 when
+        the mesh is still incomplete: its wait ran out), and close its connection."""
+        try:
+            with self.cache_lock:
+                if mesh.dropped:
+                    value: bytes | memoryview | None = None
+                elif mesh.local_ranks is not None:
+                    value = b""  # built below, outside the lock
+                elif self.abandoned:
+                    value = _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
+                else:
+                    value = None
+            if value == b"":
+                value = mesh.answer(rank)
+            if value is None:
+                head = b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+                value = b""
+            else:
+                head = b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(value)
+            connection.settimeout(REQUEST_DEADLINE_SECONDS)  # the whole answer's
+            if len(value) <= 65536:
+                connection.sendall(head + bytes(value))
+            else:
+                connection.sendall(head)
+                connection.sendall(value)
+        except OSError:
+            log.debug("rendezvous: a waiting rank went away before its answer", exc_info=True)
+        finally:
+            self.shutdown_request(connection)
+            self._connections.release()
+
+    def _watch(self) -> None:
+        """Every :data:`STUCK_SECONDS`: start a thread when slow requests (clients, or
+        a registration whose addresses the driver probes) hold every one, and answer
+        404 to parked ranks whose wait ran out (they ask again)."""
+        while not self._closed.wait(STUCK_SECONDS):
+            self._workers.grow_if_stuck()
+            self._answerers.grow_if_stuck()
+            with self.cache_lock:
+                for mesh in self.meshes.values():
+                    if mesh.parked:
+                        self._release_parked(mesh, expired_only=True)
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
+
+    def wake_meshes(self) -> None:
+        """Answer every parked rank now (the ring was abandoned)."""
+        with self.cache_lock:
+            for mesh in self.meshes.values():
+                self._release_parked(mesh)
+
+    def _mesh_finished(self, scope: str, key: str) -> None:
+        """Rank ``key`` finished ``scope``: once every rank of its mesh has, the mesh
+        is dropped."""
+        with self.cache_lock:
+            mesh = self.meshes.get(scope)
+            if mesh is None or not key.isdigit() or int(key) >= mesh.size:
+                return
+            mesh.finished.add(int(key))
+            if len(mesh.finished) == mesh.size:
+                del self.meshes[scope]
+                self.store_bytes -= mesh.charge
 
     def store_room(self) -> int:
         """The bytes the store can still take."""
@@ -806,7 +1254,9 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
     def finish(self, scope: str, key: str) -> None:
         """Rank ``key`` is done with ``scope`` (Gloo's ``Finalize``). Horovod's
         ``DELETE``: a scope of the plan is cleared once every rank has finished it (and
-        every scope's count starts again); a process set's loses that rank's address."""
+        every scope's count starts again); a process set's loses that rank's address.
+        A scope's mesh is dropped once each of its ranks has finished it."""
+        self._mesh_finished(scope, key)
         if scope in self.scope_size:
             with self.finished_list_lock:
                 finished = self.finished_list[scope]
@@ -902,6 +1352,13 @@ class RingTracker(RendezvousServer):
         return httpd
 
     def stop(self) -> None:
+        if self.world_sizes:
+            log.debug(
+                "rendezvous: ring %d (scopes %s) served %s",
+                self.generation,
+                json.dumps(self.httpd.scope_size, sort_keys=True),
+                json.dumps(dict(self.httpd.take_requests()), sort_keys=True),
+            )
         super().stop()
         self.httpd.server_close()
 
@@ -920,6 +1377,7 @@ class RingTracker(RendezvousServer):
             with httpd.cache_lock:
                 value = str(generation).encode("ascii")
                 httpd.cache.setdefault(RING_SCOPE, {})[ABANDONED_KEY] = value
+            httpd.wake_meshes()
 
     def request_flush(self) -> None:
         """Every host of the current ring is leaving (all noticed): ask its rank 0 to
@@ -932,6 +1390,13 @@ class RingTracker(RendezvousServer):
 
     def init(self, host_alloc_plan):
         httpd = self.httpd
+        if self.world_sizes:
+            log.debug(
+                "rendezvous: ring %d (scopes %s) served %s",
+                self.generation,
+                json.dumps(httpd.scope_size, sort_keys=True),
+                json.dumps(dict(httpd.take_requests()), sort_keys=True),
+            )
         current = frozenset((slot.hostname, slot.local_rank) for slot in host_alloc_plan)
         httpd.planned_slots = httpd.planned_slots | current
         httpd.current_slots = current

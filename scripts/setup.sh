@@ -8,8 +8,11 @@
 # torch >= 2.1 (it asks for C++14; torch's headers need C++17). We build it once with
 # CMAKE_CXX_STANDARD 17 (the fix upstream merged after the release) for CPU with Gloo
 # and PyTorch, with worker_image/horovod-failure-paths.patch (where a dying peer made
-# every other worker std::terminate, Horovod now raises an error it recovers from), and
-# cache the wheel under $SPOTRING_CACHE (default ~/.cache/spotring).
+# every other worker std::terminate, Horovod now raises an error it recovers from) and
+# then worker_image/horovod-rendezvous.patch (each Gloo context forms with one request
+# per rank to the driver's rendezvous server instead of about 2N, and the global
+# process set reuses the global contexts), and cache the wheel under $SPOTRING_CACHE
+# (default ~/.cache/spotring), keyed on both patches.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,9 +43,11 @@ if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
   "${pip[@]}" "torch==$torch_version" numpy cloudpickle psutil pyyaml packaging
 fi
 
-horovod_patch="$root/worker_image/horovod-failure-paths.patch"
-# Wheels are cached per patch: changing the patch builds (and installs) a new one.
-horovod_build=$(sha1sum <"$horovod_patch" | cut -c1-12)
+# Applied in this order (worker_image/bootstrap.sh.tftpl applies the same list).
+horovod_patches=("$root/worker_image/horovod-failure-paths.patch"
+  "$root/worker_image/horovod-rendezvous.patch")
+# Wheels are cached per set of patches: changing one builds (and installs) a new one.
+horovod_build=$(cat "${horovod_patches[@]}" | sha1sum | cut -c1-12)
 wheels="$cache/wheels/horovod-$horovod_version-$horovod_build"
 
 HOROVOD_CXX_INCLUDES="-include cstdint -include string -include stdexcept -include memory \
@@ -61,7 +66,10 @@ build_horovod_wheel() {
     "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
   grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" \
     || { log "C++17 patch did not apply"; return 1; }
-  patch -s -p1 -d "$src" <"$horovod_patch" || { log "$horovod_patch did not apply"; return 1; }
+  local horovod_patch
+  for horovod_patch in "${horovod_patches[@]}"; do
+    patch -s -p1 -d "$src" <"$horovod_patch" || { log "$horovod_patch did not apply"; return 1; }
+  done
   # Newer toolchains: CMake >= 4 refuses the bundled gloo's cmake_minimum_required,
   # and GCC >= 13 no longer pulls <string>, <stdexcept>, ... in transitively.
   CMAKE_POLICY_VERSION_MINIMUM=3.5 CXXFLAGS="${CXXFLAGS:-} $HOROVOD_CXX_INCLUDES" \

@@ -26,7 +26,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "worker_image" / "bootstrap.sh.tftpl"
 LOCK = REPO / "worker_image" / "requirements-worker.txt"
-HOROVOD_PATCH = REPO / "worker_image" / "horovod-failure-paths.patch"
+HOROVOD_PATCHES = [
+    REPO / "worker_image" / "horovod-failure-paths.patch",
+    REPO / "worker_image" / "horovod-rendezvous.patch",
+]
+"""spotring's Horovod patches, in the order scripts/setup.sh and the bootstrap apply them."""
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -101,7 +105,7 @@ def run_sourced(
         "SPOTRING_STATE_DIR": str(tmp_path / "state"),
         "SPOTRING_ENV_FILE": str(tmp_path / "environment"),
         "CALLS": str(tmp_path / "calls.log"),
-        "SPOTRING_HOROVOD_PATCH": str(HOROVOD_PATCH),
+        "SPOTRING_HOROVOD_PATCH_DIR": str(REPO / "worker_image"),
         **(env or {}),
     }
     return subprocess.run(
@@ -266,12 +270,13 @@ def _fake_horovod_tree(root: Path, standard: int = 14) -> Path:
 
 
 def _patched_sources_before() -> dict[str, str]:
-    """For each file spotring's Horovod patch changes, the lines it expects (its
+    """For each file spotring's Horovod patches change, the lines they expect (their
     context and removed lines), with filler between the hunks, as ``patch`` finds them
-    in the real source."""
+    in the real source. (No two patches change the same file.)"""
     files: dict[str, list[str]] = {}
     lines: list[str] = []
-    for line in HOROVOD_PATCH.read_text().splitlines():
+    patch_lines = [line for path in HOROVOD_PATCHES for line in path.read_text().splitlines()]
+    for line in patch_lines:
         if line.startswith("--- a/"):
             lines = files.setdefault(line[len("--- a/") :], [])
         elif line.startswith("+++ "):
@@ -297,6 +302,11 @@ def test_patch_switches_both_cmake_files_to_cxx17(script: Path, tmp_path: Path) 
     assert "horovod_global.initialization_failed = false;" in operations
     pair = (src / "third_party" / "gloo" / "gloo" / "transport" / "tcp" / "pair.cc").read_text()
     assert "catch (const ::gloo::EnforceNotMet& ex)" in pair
+    # and the second patch, after the first
+    store = (src / "horovod" / "common" / "gloo" / "http_store.cc").read_text()
+    assert '"spotring-mesh-"' in store
+    mesh = (src / "third_party" / "gloo" / "gloo" / "rendezvous" / "context.cc").read_text()
+    assert "store.exchangeFullMesh(" in mesh
 
 
 def test_bootstrap_finds_the_horovod_patch_in_the_installed_package(
@@ -308,10 +318,11 @@ def test_bootstrap_finds_the_horovod_patch_in_the_installed_package(
     src = _fake_horovod_tree(tmp_path / "tree")
     done = run_sourced(
         path, f"patch_horovod_source {shlex.quote(str(src))}", tmp_path,
-        {"SPOTRING_HOROVOD_PATCH": ""},
+        {"SPOTRING_HOROVOD_PATCH_DIR": ""},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "could not form its Gloo context" in (src / "horovod/common/operations.cc").read_text()
+    assert "spotring-mesh-" in (src / "horovod/common/gloo/http_store.cc").read_text()
 
 
 def test_patch_fails_loudly_when_it_does_not_apply(script: Path, tmp_path: Path) -> None:

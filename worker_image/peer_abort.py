@@ -342,9 +342,10 @@ class CollectiveAbort:
     def abort_formation(self) -> int:
         """Make the ring being formed (if an ``init`` attempt is in progress) fail: shut
         down the sockets it opened for Gloo's pairs, and go on shutting down those it
-        opens next until the attempt ends (Gloo forms six contexts one after another:
-        one formed after the abort would leave its ring half-formed, its members
-        waiting on each other until Gloo's timeout). How many were open at first."""
+        opens next until the attempt ends (Gloo forms three contexts one after another,
+        six with a stock Horovod build: one formed after the abort would leave its ring
+        half-formed, its members waiting on each other until Gloo's timeout). How many
+        were open at first."""
         with self._lock:
             forming = self._forming
             if forming is None:
