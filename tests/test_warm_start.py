@@ -91,6 +91,11 @@ def test_a_warm_worker_holds_until_handed_its_slot_then_runs_on_as_that_rank() -
     spec = warm_spec(HELD)
     warm = launcher.prestart(spec)
     assert warm.wait_held(30), out.getvalue()
+    # The hold is signalled on its own channel; the line printed before it may still
+    # be on its way through the output thread on a loaded machine.
+    deadline = time.monotonic() + 10
+    while not out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert out.getvalue() == "[warm]<host-1:0>: started\n"  # held: nothing after the hold
     assert listener.events == [("process_started", "host-1")]  # not a Horovod worker yet
     code, _ = launcher(slot_spec(spec), [threading.Event()], warm)
