@@ -48,6 +48,7 @@ BENCHMARKS: tuple[str, ...] = (
     "azure_discovery",
     "driver_overhead",
     "commit",
+    "durable",
     "recovery",
     "kills",
     "notice",
