@@ -5,6 +5,7 @@ The bottom floor: the controller (``spotring.autoscaler``), the Horovod side
 imports nothing of spotring.
 """
 
+from spotring.core.capacity import CapacityShortage, ShortageCause
 from spotring.core.errors import ConfigurationError, ProviderError
 from spotring.core.hooks import PROJECT, hookimpl, hookspec
 from spotring.core.instance import (
@@ -20,6 +21,7 @@ from spotring.core.options import CoreOptions
 
 __all__ = [
     "PROJECT",
+    "CapacityShortage",
     "ConfigurationError",
     "CoreOptions",
     "Instance",
@@ -29,6 +31,7 @@ __all__ = [
     "JobShape",
     "Lifecycle",
     "ProviderError",
+    "ShortageCause",
     "hookimpl",
     "hookspec",
     "hosts_for_slots",

@@ -69,6 +69,10 @@ class Instance:
     cloud_state: str = ""
     """The cloud's own state string(s), kept for logs and debugging."""
     labels: Mapping[str, str] = field(default_factory=dict)
+    group: str = ""
+    """The name of the group the member belongs to, in a job that spans several
+    (:meth:`spotring.providers.base.Provider.group_name`); empty from a provider that
+    does not set it."""
     failure: str = ""
     """Why the cloud says this member failed for good, or empty: it will not run again
     by itself and the group does not replace it (a spot VM evicted and kept

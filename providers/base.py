@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 # The value types a provider reports and the errors it raises live in spotring.core;
 # they are re-exported here, where plugin authors have always imported them.
+from spotring.core.capacity import CapacityShortage, ShortageCause
 from spotring.core.errors import ConfigurationError, ProviderError
 from spotring.core.instance import (
     Instance,
@@ -51,6 +52,7 @@ from spotring.core.job import hosts_for_slots
 from spotring.core.options import CoreOptions
 
 __all__ = [
+    "CapacityShortage",
     "ConfigurationError",
     "CoreOptions",
     "Instance",
@@ -60,6 +62,7 @@ __all__ = [
     "Provider",
     "ProviderError",
     "ProviderRegistry",
+    "ShortageCause",
     "hosts_for_slots",
     "is_valid_address",
 ]
@@ -88,6 +91,9 @@ class Provider(abc.ABC):
     without a resize command): spotring then never steers the group's size."""
     can_replace: bool = True
     """False when :meth:`replace_instance` cannot work: failed hosts are only left out."""
+    can_remove: bool = False
+    """True when :meth:`remove_instance` works: the controller may then hand a host of
+    this group back (a fallback host, once a preferred group has capacity again)."""
     runs_workers_locally: ClassVar[bool] = False
     """True when the group's hosts are simulated on this machine and workers run as
     local processes (the embedded ``local`` provider, and test doubles of clouds)."""
@@ -164,6 +170,45 @@ class Provider(abc.ABC):
         Idempotent: replacing a member already being replaced, or already gone, is not
         an error.
         """
+
+    @classmethod
+    def groups_from_options(cls, options: argparse.Namespace, core: CoreOptions) -> list[Provider]:
+        """One provider per group the options name, in the user's order of preference.
+
+        A job may span several groups of one provider (``--group`` given more than
+        once). The default makes one provider with :meth:`from_options`; a provider
+        that takes several groups overrides this. Raises :class:`ConfigurationError`.
+        """
+        return [cls.from_options(options, core)]
+
+    def group_name(self) -> str:
+        """A short name for the group, unique within the job: what
+        :attr:`Instance.group`, events, metrics and the report show. Default: the
+        provider's name."""
+        return self.name
+
+    def group_lifecycle(self) -> Lifecycle | None:
+        """What the group launches (spot or on-demand), read from its configuration,
+        or None when unknown (the controller then goes by its members). May call the
+        cloud (reads only); called on the controller's thread."""
+        return None
+
+    def capacity_shortage(self, since: float) -> CapacityShortage | None:
+        """The newest failure to add members to the group that the cloud reported at or
+        after ``since`` (epoch seconds), or None.
+
+        Reads only, like :meth:`list_instances`; called on the controller's thread after
+        a refresh while the group is below the size asked of it. Raises
+        :class:`ProviderError` when the cloud cannot be asked. The default reports
+        nothing: the controller then goes by the group staying below its target.
+        """
+        return None
+
+    def remove_instance(self, instance_id: str) -> None:
+        """Take ``instance_id`` out of the group for good and lower the group's target
+        size by one (a fallback host handed back). Idempotent: a member already gone is
+        not an error. Only called when :attr:`can_remove` is set."""
+        raise NotImplementedError(f"{self.name} cannot remove a single member")
 
     def size_limits(self) -> tuple[int, int] | None:
         """The group's own (min, max) size, if it has one. Optional."""
