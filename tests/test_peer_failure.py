@@ -118,6 +118,33 @@ def test_abort_touches_a_context_once() -> None:
             sock.close()
 
 
+def test_a_message_for_the_formed_ring_has_gloo_fail_its_waits_too() -> None:
+    aborted: list[str] = []
+    guard = CollectiveAbort(KEY, lambda: 3, lambda: aborted.append("contexts") or True)
+    guard.context_formed((), 3)
+    assert guard.handle(PeerFailedRequest.sign(KEY, 3, 1, "host-1[0]"))
+    assert aborted == ["contexts"]
+
+
+def test_the_contexts_of_a_ring_being_formed_are_not_failed_for_the_last_ring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ring = FormingRing(monkeypatch)
+    aborted: list[str] = []
+    guard = CollectiveAbort(KEY, lambda: 4, lambda: aborted.append("contexts") or True)
+    guard.context_formed((), 3)
+    thread = ring.start(guard.track_init(guard.track_attempt(ring.init)))
+    try:
+        # Ring 3's contexts were shut down before this init began; ring 4's must live.
+        assert guard.handle(PeerFailedRequest.sign(KEY, 3, 1, "host-8[0]"))
+        # And a message for ring 4 aborts its formation by its sockets alone.
+        assert guard.handle(PeerFailedRequest.sign(KEY, 4, 2, "host-9[0]"))
+        thread.join(5)
+        assert aborted == []
+    finally:
+        ring.close()
+
+
 # ------------------------------------------------------------ through Horovod's service
 
 

@@ -27,6 +27,8 @@ INTERNALS: tuple[tuple[str, str], ...] = (
     ("horovod.torch", "init"),
     ("horovod.torch.elastic", "init"),
     ("horovod.common.basics:HorovodBasics", "init"),
+    # The loaded library, for spotring's own entry point (worker_image/peer_abort.py).
+    ("horovod.torch.mpi_ops", "_basics"),
     # The worker's notification service (worker_image/peer_abort.py).
     ("horovod.runner.elastic.worker:WorkerNotificationManager", "_service"),
     (_SERVICE, "_handle"),
@@ -67,6 +69,24 @@ def wrap_basics_init(
     every framework's ``hvd.init`` calls, with ``wrap(init)``."""
     cls = basics.HorovodBasics
     cls.init = wrap(cls.init)
+
+
+def abort_collectives() -> bool:
+    """Fail every Gloo send and receive in progress, or started later, on this process's
+    current contexts (spotring's patched Horovod, ``horovod-failure-paths.patch``):
+    Horovod's background loop then reports the error and the elastic reset begins.
+    Contexts formed afterwards are not affected. False when the installed Horovod lacks
+    the entry point, or has no Gloo."""
+    import ctypes
+
+    import horovod.torch.mpi_ops as mpi_ops
+
+    try:
+        entry = mpi_ops._basics.MPI_LIB_CTYPES.horovod_spotring_abort_collectives
+    except AttributeError:  # a Horovod without spotring's patch
+        return False
+    entry.restype = ctypes.c_bool
+    return bool(entry())
 
 
 # ------------------------------------------------------------- the notification service

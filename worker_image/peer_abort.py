@@ -254,6 +254,14 @@ class CollectiveAbort:
     :param key: the job key messages must be signed with; None rejects every message.
     :param read_generation: returns the ring generation of the context just formed
         (None when it cannot be learned: then messages for that context are rejected).
+    :param abort_contexts: fails every wait on the Gloo contexts that exist now
+        (:func:`.horovod_internals.abort_collectives`); returns whether it could.
+
+    Aborting the formed ring does two things. It shuts down the context's sockets, which
+    fails every pair and the operations queued on them. And it has Gloo fail every wait
+    of those contexts: a survivor's receive posted to another survivor that already left
+    for the reset, or to any of several ranks, is queued on no pair whose socket fails;
+    it waited out ``HOROVOD_GLOO_TIMEOUT_SECONDS`` about once in fifty hard kills.
 
     While an ``init`` is in progress (the ring forming), a message for a ring newer
     than the last one formed is for the ring being formed: a member died while it
@@ -263,10 +271,14 @@ class CollectiveAbort:
     """
 
     def __init__(
-        self, key: bytes | None, read_generation: Callable[[], int | None] = lambda: None
+        self,
+        key: bytes | None,
+        read_generation: Callable[[], int | None] = lambda: None,
+        abort_contexts: Callable[[], bool] = lambda: False,
     ) -> None:
         self._key = key
         self._read_generation = read_generation
+        self._abort_contexts = abort_contexts
         self._lock = threading.Lock()
         self._context_sockets: set[int] = set()
         self._generation: int | None = None
@@ -337,6 +349,11 @@ class CollectiveAbort:
         with self._lock:
             targets, self._context_sockets = self._context_sockets, set()
             newer = generation is not None and generation > (self._generation or 0)
+            if not newer and self._forming is None:
+                # Under the lock: an init attempt (which marks itself forming under it
+                # first) makes its contexts after this, and they are not aborted. While
+                # one forms, the ring this message is for has been shut down already.
+                self._abort_contexts()
         return _shutdown(targets) + (self.abort_formation() if newer else 0)
 
     def abort_formation(self) -> int:
@@ -508,7 +525,9 @@ def install() -> CollectiveAbort:
             return _guard
         import horovod.torch.mpi_ops as mpi_ops
 
-        guard = CollectiveAbort(take_job_key(), _read_ring_generation)
+        guard = CollectiveAbort(
+            take_job_key(), _read_ring_generation, horovod_internals.abort_collectives
+        )
         formation = watch_abandoned_formation(
             retry_failed_formation(guard.track_attempt(mpi_ops.init), mpi_ops.shutdown),
             guard.abort_formation,

@@ -1,0 +1,38 @@
+"""One rank of the two-rank Horovod ring of tests/test_gloo_abort.py.
+
+Both ranks form the ring and allreduce once. Rank 1 then stops itself (SIGSTOP): alive,
+its sockets open, it never answers, so rank 0's background loop waits in a Gloo receive
+that no failing socket will end. Rank 0, told to go on its stdin, allreduces and, half a
+second later on another thread, calls spotring's Gloo abort (unless ``--no-abort``);
+it prints how its allreduce ended.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import horovod.torch as hvd
+import torch
+
+from spotring.worker_image import horovod_internals
+
+hvd.init()
+hvd.allreduce(torch.ones(1), name="formed")
+print("ready", flush=True)
+if hvd.rank() == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(600)
+    sys.exit(0)
+
+sys.stdin.readline()
+if "--no-abort" not in sys.argv:
+    threading.Timer(0.5, horovod_internals.abort_collectives).start()
+start = time.monotonic()
+try:
+    hvd.allreduce(torch.ones(1), name="stuck")
+    print("completed", flush=True)
+except hvd.HorovodInternalError:
+    print(f"failed after {time.monotonic() - start:.2f} s", flush=True)
+os._exit(0)  # not hvd.shutdown: its background loop has already ended
