@@ -307,6 +307,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--diagnose", action="store_true", help="see the module docstring")
     args = parser.parse_args()
+    # Started in the background by a shell, this process (and so every driver it
+    # starts) may have SIGINT ignored: the drivers would never see the Ctrl-C it sends.
+    # A handled signal is back to its default in a child after exec.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rows = measure(args.quick, args.kills, args.seed, args.diagnose)
     print(format_table(rows))
     print(json.dumps(rows[0]["extra"]), flush=True)
