@@ -68,7 +68,12 @@ from horovod.runner.http.http_server import (
 
 from spotring.driver import horovod_internals
 from spotring.worker_image.durable import FLUSH_KEY
-from spotring.worker_image.peer_abort import ABANDONED_KEY, RING_KEY, RING_SCOPE
+from spotring.worker_image.peer_abort import (
+    ABANDONED_KEY,
+    ABANDONED_SLOT_PREFIX,
+    RING_KEY,
+    RING_SCOPE,
+)
 
 log = logging.getLogger(__name__)
 
@@ -725,6 +730,10 @@ class HardenedRendezvousHandler(RendezvousHandler):
             value: bytes | None = self._rank_and_size(*slot)
         elif scope == PUT_WORKER_ADDRESSES:
             value = None  # never stored: it holds each worker's secret key
+        elif scope == RING_SCOPE and key.startswith(ABANDONED_SLOT_PREFIX):
+            forming = self._planned_slot(key.removeprefix(ABANDONED_SLOT_PREFIX))
+            generation = None if forming is None else self.server.abandoned_for(forming)
+            value = None if generation is None else str(generation).encode("ascii")
         else:
             value = horovod_internals.stored_value(self, scope, key)
             if value is None and self.server.abandoned and self._is_member_address(scope, key):
@@ -752,8 +761,18 @@ class HardenedRendezvousHandler(RendezvousHandler):
     def _rank_and_size(self, host: str, slot: int) -> bytes:
         driver = self.driver
         assert driver is not None
+        if self.server.rank_asked((host, slot)):
+            # Its worker was told its rank in the current ring and asks again: it left
+            # that ring, which cannot form without it. Members still forming it (a
+            # new worker, past the store, waiting in Gloo's connect for this one) would
+            # wait out five times Gloo's timeout unless they hear it was abandoned. A
+            # ring that already trained is being reset: nothing of it reads the store.
+            log.debug("rendezvous: %s[%d] left ring %d", host, slot, self.server.generation)
+            self.server.abandon()
         driver.record_ready(host, slot)
-        return str(driver.get_slot_info(host, slot).to_response_string()).encode("ascii")
+        answer = str(driver.get_slot_info(host, slot).to_response_string()).encode("ascii")
+        self.server.rank_given((host, slot))
+        return answer
 
     def do_PUT(self) -> None:
         parsed = self._scope_and_key()
@@ -1013,6 +1032,11 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         """The current ring's slots: only they may register."""
         self.abandoned = False
         """The current ring lost a member while forming (see ``RingTracker.abandon``)."""
+        self.generation = 0
+        """The current ring's generation (``RingTracker.generation``); under ``cache_lock``."""
+        self._ranked: dict[tuple[str, int], int] = {}
+        """Each slot of the current ring that was told its rank: the generation of the
+        ring it was told it for; under ``cache_lock``."""
         # Each rank finishing a scope counts once, however often it says so.
         self.finished_list: collections.defaultdict[str, set[str]] = collections.defaultdict(set)
         self.store_bytes = 0
@@ -1217,6 +1241,43 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         self._closed.set()
         super().server_close()
 
+    def abandon(self) -> None:
+        """Abandon the current ring (see ``RingTracker.abandon``)."""
+        with self.cache_lock:
+            self.abandoned = True
+            value = str(self.generation).encode("ascii")
+            self.cache.setdefault(RING_SCOPE, {})[ABANDONED_KEY] = value
+        self.wake_meshes()
+
+    def new_ring(self, generation: int, slots: frozenset[tuple[str, int]]) -> None:
+        """Ring ``generation`` of ``slots`` is the current one now (the store was cleared)."""
+        with self.cache_lock:
+            self.generation = generation
+            self.abandoned = False
+            self._ranked = {slot: seen for slot, seen in self._ranked.items() if slot in slots}
+            self.cache.setdefault(RING_SCOPE, {})[RING_KEY] = str(generation).encode("ascii")
+
+    def rank_given(self, slot: tuple[str, int]) -> None:
+        """``slot`` was told its rank in the current ring."""
+        with self.cache_lock:
+            self._ranked[slot] = self.generation
+
+    def rank_asked(self, slot: tuple[str, int]) -> bool:
+        """``slot`` asks for its rank (and is no longer in a ring until told it).
+        Whether it was already told it in the current ring: its worker left that ring
+        (its ``init`` failed, or the ring is being reset)."""
+        with self.cache_lock:
+            return self.generation > 0 and self._ranked.pop(slot, None) == self.generation
+
+    def abandoned_for(self, slot: tuple[str, int]) -> int | None:
+        """The current ring's generation if it was abandoned and ``slot`` is forming it
+        (told its rank in it, not asking again); else None. A member that already left
+        for the next ring must not abort that one's formation for this one."""
+        with self.cache_lock:
+            if self.abandoned and self._ranked.get(slot) == self.generation:
+                return self.generation
+            return None
+
     def wake_meshes(self) -> None:
         """Answer every parked rank now (the ring was abandoned)."""
         with self.cache_lock:
@@ -1372,12 +1433,7 @@ class RingTracker(RendezvousServer):
         the store (connecting to their peers) that the driver cannot message yet ask
         for ``spotring/abandoned``, published here until the next ring clears it."""
         if generation == self.generation:
-            httpd = self.httpd
-            httpd.abandoned = True
-            with httpd.cache_lock:
-                value = str(generation).encode("ascii")
-                httpd.cache.setdefault(RING_SCOPE, {})[ABANDONED_KEY] = value
-            httpd.wake_meshes()
+            self.httpd.abandon()
 
     def request_flush(self) -> None:
         """Every host of the current ring is leaving (all noticed): ask its rank 0 to
@@ -1402,10 +1458,7 @@ class RingTracker(RendezvousServer):
         httpd.current_slots = current
         result = super().init(host_alloc_plan)  # clears the store
         self.world_sizes.append(len(host_alloc_plan))
-        httpd.abandoned = False
-        with httpd.cache_lock:
-            value = str(self.generation).encode("ascii")
-            httpd.cache.setdefault(RING_SCOPE, {})[RING_KEY] = value
+        httpd.new_ring(self.generation, current)
         hosts = sorted({slot.hostname for slot in host_alloc_plan})
         for listener in self._ring_listeners:
             listener(len(host_alloc_plan), hosts)

@@ -6,6 +6,8 @@ import logging
 import os
 import socket
 import threading
+import time
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -480,6 +482,75 @@ def test_a_first_init_leaves_a_ring_abandoned_while_it_formed(
         tracker.stop()
 
 
+def test_a_member_asking_for_its_rank_again_abandons_the_ring_it_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member whose ``init`` failed asks for its rank again and waits (at Horovod's
+    barrier) for the next ring; the others still forming the ring it left (a new worker
+    in Gloo's connect, waiting for it) hear that ring was abandoned instead of waiting
+    out five times Gloo's timeout (150 s seen in bench/kills). The member that left is
+    not told: it would abort the next ring's formation for the last one's."""
+    import urllib.request
+
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    from spotring.driver.elastic import RingTracker
+    from spotring.driver.rendezvous import rendezvous_handler
+    from spotring.worker_image.peer_abort import ABANDONED_KEY, read_generation_key
+
+    next_ring = threading.Event()
+
+    class Driver:  # Horovod's barrier: a slot asking again waits for the next ring
+        def __init__(self) -> None:
+            self.asked: set[str] = set()
+
+        def record_ready(self, host: str, slot: int) -> None:
+            if host in self.asked:
+                assert next_ring.wait(10)
+            self.asked.add(host)
+
+        def get_slot_info(self, host: str, slot: int) -> Any:
+            rank = int(host.rsplit("-", 1)[1])
+            return SlotInfo(host, rank, slot, rank, 2, 1, 2)
+
+        def register_worker_server(self, *args: Any) -> None:
+            pass
+
+    tracker = RingTracker()
+    port = tracker.start(rendezvous_handler(Driver()), "127.0.0.1")
+    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
+    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", str(port))
+
+    def ask_rank(host: str) -> None:
+        url = f"http://127.0.0.1:{port}/rank_and_size/{host}:0"
+        urllib.request.urlopen(url, timeout=10).close()
+
+    def abandoned(host: str | None = None) -> int | None:
+        return read_generation_key(ABANDONED_KEY + (f".{host}:0" if host else ""))
+
+    plan = [SlotInfo(f"host-{i}", i, 0, i, 2, 1, 2) for i in range(2)]
+    asking_again = threading.Thread(target=ask_rank, args=("host-0",))
+    try:
+        tracker.init(plan)
+        ask_rank("host-0")
+        ask_rank("host-1")
+        assert abandoned() is None and abandoned("host-1") is None  # both forming it
+        asking_again.start()  # host-0's init failed: it left the ring
+        deadline = time.monotonic() + 10
+        while abandoned() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert abandoned() == tracker.generation
+        assert abandoned("host-1") == tracker.generation  # still forming it: told
+        assert abandoned("host-0") is None  # waiting for the next ring: not told
+        tracker.init(plan)  # the next ring
+        next_ring.set()
+        asking_again.join(10)
+        assert abandoned() is None and abandoned("host-0") is None
+    finally:
+        next_ring.set()
+        tracker.stop()
+
+
 def test_a_formation_the_driver_can_message_is_not_watched() -> None:
     from spotring.worker_image.ring_formation import watch_abandoned_formation
 
@@ -488,3 +559,13 @@ def test_a_formation_the_driver_can_message_is_not_watched() -> None:
         lambda: "formed", lambda: 0, lambda: asked.append(1), lambda: False, 0.0, 0.01
     )
     assert watched() == "formed" and asked == []
+
+
+def test_a_first_init_asks_about_its_own_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spotring.worker_image.peer_abort import ABANDONED_KEY, _abandoned_key
+
+    monkeypatch.delenv("HOROVOD_HOSTNAME", raising=False)
+    assert _abandoned_key() == ABANDONED_KEY
+    monkeypatch.setenv("HOROVOD_HOSTNAME", "host-11")
+    monkeypatch.setenv("HOROVOD_LOCAL_RANK", "0")
+    assert _abandoned_key() == f"{ABANDONED_KEY}.host-11:0"

@@ -71,6 +71,9 @@ RING_KEY = "ring"
 ABANDONED_KEY = "abandoned"
 """Where the driver's rendezvous server publishes the current ring generation, as
 ASCII digits (read-only from outside)."""
+ABANDONED_SLOT_PREFIX = ABANDONED_KEY + "."
+"""``abandoned.HOST:SLOT``: the current ring's generation if it was abandoned and that
+slot is still forming it (a slot gone on to the next ring gets 404)."""
 
 MAX_RING_BYTES = 18
 RING_READ_TIMEOUT_SECONDS = 10.0
@@ -496,6 +499,17 @@ def _read_ring_generation() -> int | None:
     return generation
 
 
+def _abandoned_key() -> str:
+    """The key that says whether the ring this worker's slot forms was abandoned: the
+    slot's own, so that a member already waiting for the next ring is not told about
+    the last one (it would abort the next one's formation); the ring's where Horovod
+    did not name the slot."""
+    host, local_rank = os.environ.get("HOROVOD_HOSTNAME"), os.environ.get("HOROVOD_LOCAL_RANK")
+    if not host or not local_rank:
+        return ABANDONED_KEY
+    return f"{ABANDONED_SLOT_PREFIX}{host}:{local_rank}"
+
+
 def _unregistered() -> bool:
     """Whether the driver cannot message this worker yet: Horovod starts the worker's
     notification service (and registers it) in ``hvd.elastic.run``, after the
@@ -531,7 +545,7 @@ def install() -> CollectiveAbort:
         formation = watch_abandoned_formation(
             retry_failed_formation(guard.track_attempt(mpi_ops.init), mpi_ops.shutdown),
             guard.abort_formation,
-            lambda: read_generation_key(ABANDONED_KEY, timeout=WATCH_READ_TIMEOUT_SECONDS),
+            lambda: read_generation_key(_abandoned_key(), timeout=WATCH_READ_TIMEOUT_SECONDS),
             _unregistered,
         )
         horovod_internals.replace_torch_init(guard.track_init(formation))
