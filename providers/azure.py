@@ -358,7 +358,9 @@ def set_lifecycle(scale_set: Any) -> tuple[Lifecycle | None, str]:
     """
     props = scale_set.properties
     profile = props.virtual_machine_profile if props is not None else None
-    priority = (profile.priority if profile is not None else None) or "Regular"
+    given = profile.priority if profile is not None else None
+    # The SDK gives its own str enum (VirtualMachinePriorityTypes.SPOT): use the value.
+    priority = str(getattr(given, "value", given) or "Regular")
     if priority not in ("Spot", "Low"):
         return Lifecycle.ON_DEMAND, f"priority {priority}: on-demand VMs"
     mix = props.priority_mix_policy
@@ -1109,7 +1111,9 @@ class AzureProvider(CloudGroupProvider):
             # A quota (or capacity) refusal: the job trains on what it has, spotring
             # asks again, and capacity_shortage reports it.
             if call_name == "virtualMachineScaleSets.update":
-                self._note_refusal(code, message)
+                # Whole: the quota's limit, usage and what more it needs come last.
+                raw = error.error.message if error.error is not None else error.message
+                self._note_refusal(code, one_line(raw, 600))
             return ProviderError(f"scale set '{self.group}' cannot grow: {message}")
         if code in ("SubscriptionNotFound", "InvalidSubscriptionId"):
             return ConfigurationError(f"subscription {self.subscription} not found")
