@@ -251,26 +251,27 @@ def test_a_failure_without_a_time_counts_from_its_first_listing(fake: FakeArm) -
 
 
 def test_the_newest_failure_wins_and_outlives_its_vm(fake: FakeArm) -> None:
-    vmss = fake.add_scale_set("workers", capacity=2)
-    first, second = vmss.keys()
-    vmss.set_member(
-        first, provisioning_state="Failed", power_state=None, error_code="SkuNotAvailable"
-    )
+    vmss = fake.add_scale_set("workers", capacity=3)
+    newer, older, oldest = vmss.keys()
+    for key, code, year in [
+        (newer, "InternalError", 2100),
+        (older, "SkuNotAvailable", 2090),
+        (oldest, "AllocationFailed", 2080),
+    ]:
+        vmss.set_member(key, provisioning_state="Failed", power_state=None, error_code=code)
+        vmss.member(key).failed_at = vmss.member(key).time_created.replace(year=year)
+    vmss.set_member(oldest, provisioning_state="Succeeded", power_state="running")
     provider = make_provider(fake)
-    vmss.member(first).failed_at = vmss.member(first).time_created
-    provider.list_instances()
-    vmss.set_member(
-        second, provisioning_state="Failed", power_state=None, error_code="InternalError"
-    )
-    vmss.member(second).failed_at = vmss.member(first).time_created.replace(year=2100)
-    provider.list_instances()
+
+    provider.list_instances()  # the newest is listed first
     newest = provider.capacity_shortage(0.0)
     assert newest is not None
     assert (newest.code, newest.cause) == ("InternalError", ShortageCause.OTHER)
 
-    vmss.remove_member(first)
-    vmss.remove_member(second)
-    provider.list_instances()
+    vmss.remove_member(newer)
+    vmss.remove_member(older)
+    vmss.set_member(oldest, provisioning_state="Failed", power_state=None)
+    provider.list_instances()  # an older failure seen later does not replace it
 
     assert provider.capacity_shortage(0.0) == newest
 
@@ -393,8 +394,11 @@ def test_removing_a_vm_already_gone_lowers_the_size_kept_once(fake: FakeArm) -> 
 
     assert methods(fake) == {"GET"}  # nothing to delete, nothing to restore
     assert vmss.capacity == 2
-    provider.set_target_size(3)  # asking again still works
-    assert vmss.capacity == 3
+    # The size kept was lowered once: an eviction now is still made good.
+    vmss.evict(vmss.keys()[0])
+    provider.list_instances()
+    provider.keep_size()
+    assert vmss.capacity == 2
 
 
 def test_a_vm_deleted_meanwhile_is_removed_without_error(fake: FakeArm) -> None:
