@@ -19,6 +19,15 @@ and the controller decides, through ``spotring_replace_host`` (``--no-replace``)
 replace them, which deletes them so the set launches new ones. Long-running operations
 are started and never waited on: the next refresh sees them.
 
+A job may span several scale sets (``--group`` given more than once, ``NAME`` in
+``--resource-group`` or ``RESOURCE_GROUP/NAME``): one provider per set, in the order
+given, sharing one pair of clients. Each says what it launches
+(:meth:`AzureProvider.group_lifecycle`: the set's priority and Spot Priority Mix), what
+stopped it growing (:meth:`AzureProvider.capacity_shortage`: VMs whose provisioning
+failed for capacity or quota, read from the listing, and scale-outs ARM refused for
+quota), and hands a VM back for good (:meth:`AzureProvider.remove_instance`: the VM
+deleted and the capacity spotring keeps lowered by one).
+
 The Azure SDKs are imported on first use.
 """
 
@@ -455,7 +464,7 @@ class AzureProvider(CloudGroupProvider):
     """
 
     name = "azure"
-    description = "Azure VM scale set (--group NAME --resource-group RG)"
+    description = "Azure VM scale sets (--group [RG/]NAME ... --resource-group RG)"
     slots_label_option = "--slots-tag"
     default_slots_label = DEFAULT_SLOTS_TAG
     sdk_modules = ("azure.mgmt.compute", "azure.mgmt.network", "azure.identity")
