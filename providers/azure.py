@@ -19,6 +19,15 @@ and the controller decides, through ``spotring_replace_host`` (``--no-replace``)
 replace them, which deletes them so the set launches new ones. Long-running operations
 are started and never waited on: the next refresh sees them.
 
+A job may span several scale sets (``--group`` given more than once, ``NAME`` in
+``--resource-group`` or ``RESOURCE_GROUP/NAME``): one provider per set, in the order
+given, sharing one pair of clients. Each says what it launches
+(:meth:`AzureProvider.group_lifecycle`: the set's priority and Spot Priority Mix), what
+stopped it growing (:meth:`AzureProvider.capacity_shortage`: VMs whose provisioning
+failed for capacity or quota, read from the listing, and scale-outs ARM refused for
+quota), and hands a VM back for good (:meth:`AzureProvider.remove_instance`: the VM
+deleted and the capacity spotring keeps lowered by one).
+
 The Azure SDKs are imported on first use.
 """
 
@@ -28,6 +37,7 @@ import argparse
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -35,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
+from spotring.core.capacity import CapacityShortage, ShortageCause
 from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
     ConfigurationError,
@@ -43,6 +54,7 @@ from spotring.providers.base import (
     InstanceState,
     InterruptionNotice,
     Lifecycle,
+    Provider,
     ProviderError,
 )
 from spotring.providers.cloud import (
@@ -102,7 +114,32 @@ CAPACITY_ERRORS = frozenset(
         "OverconstrainedZonalAllocationRequest",
     }
 )
-"""Codes of a VM that could not be provisioned for lack of spot capacity."""
+"""Codes of a VM that could not be provisioned for lack of capacity (``CAPACITY``).
+
+The error codes Azure documents for allocation failures ("Troubleshoot allocation
+failures when you create, restart, or resize VMs in Azure", learn.microsoft.com/
+troubleshoot/azure/virtual-machines/windows/allocation-failure): the VM size is not
+available there now (SkuNotAvailable), the region or zone has no room for it
+(AllocationFailed, ZonalAllocationFailed), or the set's constraints (zone, size,
+accelerated networking, ...) leave no cluster that fits (Overconstrained*)."""
+
+QUOTA_ERRORS = frozenset({"QuotaExceeded", "OperationNotAllowed"})
+"""Codes of a refused request that count as ``QUOTA`` when their message names a quota:
+ARM answers a scale-out beyond the subscription's vCPU quota (regional, family or
+``LowPriorityCores`` for spot) with 409 ``OperationNotAllowed`` "Operation could not be
+completed as it results in exceeding approved ... quota" ("Resolve errors for resource
+quotas", learn.microsoft.com/azure/azure-resource-manager/troubleshooting/
+error-resource-quota); ``QuotaExceeded`` is the code of other resource quotas."""
+
+
+def shortage_cause(code: str, message: str = "") -> ShortageCause:
+    """The :class:`ShortageCause` of an ARM error code and its message."""
+    if code in CAPACITY_ERRORS:
+        return ShortageCause.CAPACITY
+    if code == "QuotaExceeded" or (code in QUOTA_ERRORS and "quota" in message.lower()):
+        return ShortageCause.QUOTA
+    return ShortageCause.OTHER
+
 
 # ------------------------------------------------------- fields the answers must hold
 #
@@ -115,6 +152,15 @@ CAPACITY_ERRORS = frozenset(
 #                                   "The geo-location where the resource lives. Required")
 #   sku.capacity                    optional: "Specifies the number of virtual machines in
 #                                   the scale set"; absent reads as 0
+#   properties.virtualMachineProfile.priority
+#                                   optional: "Specifies the priority for the virtual
+#                                   machines in the scale set" (Regular, Low, Spot);
+#                                   absent is Regular
+#   properties.priorityMixPolicy    optional, Flexible sets only (Spot Priority Mix,
+#                                   learn.microsoft.com/azure/virtual-machine-scale-sets/
+#                                   spot-priority-mix): baseRegularPriorityCount and
+#                                   regularPriorityPercentageAboveBase, both optional;
+#                                   spotring assumes no value for an absent one
 # virtualMachineScaleSetVMs.list / virtualMachines.list ($expand=instanceView)
 #   value                           the page itself (ARM's list shape: {"value": [...]})
 #   name, id                        read-only, set by the server for every resource
@@ -125,6 +171,11 @@ CAPACITY_ERRORS = frozenset(
 #                                   whose PowerState/* status tells running from stopped
 #   instanceView.statuses[].code    "The status code": a status without one is malformed
 #   vmHealth, zones, tags, priority optional: no health probe, no zone, no tags, the set's
+#   a status's message, time        optional (InstanceViewStatus: "The detailed status
+#                                   message", "The time of the status"): a failed VM's
+#                                   ProvisioningState/failed/<code> status carries the
+#                                   ARM error's message and, usually, when it failed;
+#                                   without a time, spotring takes the listing's
 # networkInterfaces (the set's, or the resource group's for Flexible sets)
 #   a NIC per VM                    optional while the VM is being created; a running
 #                                   VM's NIC with ipConfigurations[].privateIPAddress is
@@ -203,6 +254,8 @@ class _Member:
     failure: str = ""
     """The code of ``ProvisioningState/failed/<code>``, if provisioning failed."""
     failure_message: str = ""
+    failed_at: float | None = None
+    """The failed status's ``time``, if it has one."""
 
     @property
     def leaving(self) -> bool:
@@ -220,11 +273,18 @@ class _Member:
 
 def _status(statuses: Iterable[Any], prefix: str) -> tuple[str, str]:
     """The code after ``prefix`` of the first status with it, and its message."""
+    found = _find_status(statuses, prefix)
+    if found is None:
+        return "", ""
+    return str(found["code"])[len(prefix) :], str(found.get("message") or "")
+
+
+def _find_status(statuses: Iterable[Any], prefix: str) -> Mapping[str, Any] | None:
     for status in statuses or ():
         code = str(status.get("code") or "") if isinstance(status, dict) else ""
         if code.startswith(prefix):
-            return code[len(prefix) :], str(status.get("message") or "")
-    return "", ""
+            return status
+    return None
 
 
 def _member_of(
@@ -261,6 +321,7 @@ def _member_of(
         or set_size
     )
     priority = props.get("priority")
+    failed = _find_status(statuses, "ProvisioningState/failed/") or {}
     failure, failure_message = _status(statuses, "ProvisioningState/failed/")
     return _Member(
         name=str(vm.get("name") or ""),
@@ -276,6 +337,7 @@ def _member_of(
         created=_timestamp(props.get("timeCreated")),
         failure=failure,
         failure_message=failure_message,
+        failed_at=_timestamp(failed.get("time")),
     )
 
 
@@ -294,6 +356,103 @@ def _timestamp(text: Any) -> float | None:
         return None
 
 
+def set_lifecycle(scale_set: Any) -> tuple[Lifecycle | None, str]:
+    """What a scale set (azure-mgmt-compute's model of ``virtualMachineScaleSets.get``)
+    launches, and why: its ``virtualMachineProfile.priority`` (Spot and the older Low
+    are spot; Regular, or none, is on-demand), unless Spot Priority Mix
+    (``priorityMixPolicy``) makes some VMs Regular: SPOT when its base count and
+    percentage above base are both 0, ON_DEMAND when the percentage is 100, else
+    None (a mixed set; each VM's own ``priority`` tells). An absent field of the mix
+    policy is not guessed: the set counts as mixed.
+    """
+    props = scale_set.properties
+    profile = props.virtual_machine_profile if props is not None else None
+    given = profile.priority if profile is not None else None
+    # The SDK gives its own str enum (VirtualMachinePriorityTypes.SPOT): use the value.
+    priority = str(getattr(given, "value", given) or "Regular")
+    if priority not in ("Spot", "Low"):
+        return Lifecycle.ON_DEMAND, f"priority {priority}: on-demand VMs"
+    mix = props.priority_mix_policy
+    if mix is None:
+        return Lifecycle.SPOT, f"priority {priority}: spot VMs"
+    base = mix.base_regular_priority_count
+    above = mix.regular_priority_percentage_above_base
+    described = f"Spot Priority Mix (base {base}, {above}% Regular above it)"
+    if above == 100:
+        return Lifecycle.ON_DEMAND, f"{described}: every VM Regular"
+    if base == 0 and above == 0:
+        return Lifecycle.SPOT, f"{described}: every VM spot"
+    return None, f"{described}: mixed, each VM's priority tells"
+
+
+# ------------------------------------------------------------------ several sets
+
+
+@dataclass(frozen=True)
+class ScaleSetSpec:
+    """One ``--group``: a scale set, its resource group, and its name in the job."""
+
+    resource_group: str
+    name: str
+    label: str
+    """What :meth:`AzureProvider.group_name` answers: unique within the job."""
+
+
+def scale_set_specs(options: argparse.Namespace) -> list[ScaleSetSpec]:
+    """The scale sets ``--group`` names (``NAME`` or ``RG/NAME``), in the order given.
+
+    ARM names are case-insensitive, so ``rg/Workers`` and ``RG/workers`` are the same
+    set: named twice, it is a :class:`ConfigurationError`. A set's label is its name,
+    or ``RG/NAME`` where another set of the job has the same name.
+    """
+    given = getattr(options, "azure_group", None)
+    values = [given] if isinstance(given, str) else list(given or [])
+    default_rg = getattr(options, "azure_resource_group", None) or ""
+    if not values:
+        raise ConfigurationError("--group is required for --provider azure")
+    pairs: list[tuple[str, str]] = []
+    for value in values:
+        rg, _, name = value.strip().rpartition("/")
+        if "/" in rg or not name or (value.strip().count("/") and not rg):
+            raise ConfigurationError(f"--group {value!r}: write NAME or RESOURCE_GROUP/NAME")
+        rg = rg or default_rg
+        if not rg:
+            raise ConfigurationError(
+                f"--group {name}: no resource group (pass --resource-group, or write"
+                f" --group RESOURCE_GROUP/{name})"
+            )
+        if (rg.lower(), name.lower()) in {(r.lower(), n.lower()) for r, n in pairs}:
+            raise ConfigurationError(f"--group {rg}/{name} is given twice")
+        pairs.append((rg, name))
+    names = [name.lower() for _, name in pairs]
+    return [
+        ScaleSetSpec(rg, name, name if names.count(name.lower()) == 1 else f"{rg}/{name}")
+        for rg, name in pairs
+    ]
+
+
+class SharedClients:
+    """The management clients, shared by the providers of one job's scale sets and
+    closed when the last of them closes."""
+
+    def __init__(self, compute: Any, network: Any) -> None:
+        self.compute = compute
+        self.network = network
+        self._users = 0
+
+    def share(self) -> SharedClients:
+        """Count one more provider using the clients."""
+        self._users += 1
+        return self
+
+    def release(self) -> None:
+        """One provider is done with the clients; the last closes them."""
+        self._users -= 1
+        if self._users <= 0:
+            for client in (self.compute, self.network):
+                client.close()
+
+
 # ------------------------------------------------------------------------ provider
 
 
@@ -305,12 +464,13 @@ class AzureProvider(CloudGroupProvider):
     """
 
     name = "azure"
-    description = "Azure VM scale set (--group NAME --resource-group RG)"
+    description = "Azure VM scale sets (--group [RG/]NAME ... --resource-group RG)"
     slots_label_option = "--slots-tag"
     default_slots_label = DEFAULT_SLOTS_TAG
     sdk_modules = ("azure.mgmt.compute", "azure.mgmt.network", "azure.identity")
     sdk_extra = "spotring[azure]"
     needs_credentials = True
+    can_remove = True
 
     def __init__(
         self,
@@ -321,6 +481,8 @@ class AzureProvider(CloudGroupProvider):
         endpoint: str | None = None,
         keep_evicted: bool = False,
         credential: Any | None = None,
+        clients: SharedClients | None = None,
+        group_name: str | None = None,
         **common: Any,
     ) -> None:
         """Make the clients; no API call. See :meth:`add_arguments` for the options.
@@ -329,6 +491,10 @@ class AzureProvider(CloudGroupProvider):
             ``DefaultAzureCredential`` (environment, workload or managed identity, Azure
             CLI login). An ``http://`` endpoint on loopback (a local test server) gets no
             credential at all: azure-core refuses to send a bearer token over plain HTTP.
+        :param clients: the clients of another provider of the same job (same
+            subscription and endpoint), shared instead of made: see
+            :meth:`groups_from_options`.
+        :param group_name: what :meth:`group_name` answers (default: ``group``).
         """
         if not group:
             raise ConfigurationError("--group is required for --provider azure")
@@ -350,19 +516,39 @@ class AzureProvider(CloudGroupProvider):
         self._gpus_by_size: dict[str, int] | None = None
         self._wanted: int | None = None
         self._capacity_warnings = EpisodeWarnings(log)
-        self._compute, self._network = self._make_clients(credential, endpoint)
+        self._group_name = group_name or group
+        self._lifecycle_reason = ""
+        # Capacity signals: when each failed VM was first listed (its status may carry
+        # no time), the newest failure seen (kept after the VM is deleted), and the
+        # newest scale-out ARM refused.
+        self._failures_seen: dict[str, float] = {}
+        self._newest_failure: CapacityShortage | None = None
+        self._refusal: CapacityShortage | None = None
+        self._removed: set[str] = set()
+        self._closed = False
+        if clients is None:
+            clients = SharedClients(*self._make_clients(credential, endpoint))
+        self._clients = clients.share()
+        self._compute, self._network = clients.compute, clients.network
 
     # ----------------------------------------------------------------- options
 
     @classmethod
     def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
         """Add ``--group``, ``--resource-group``, ``--subscription`` and the shared options."""
-        group.add_argument("--group", dest="azure_group", metavar="NAME", help="scale set name")
+        group.add_argument(
+            "--group",
+            dest="azure_group",
+            action="append",
+            metavar="[RG/]NAME",
+            help="scale set name, in --resource-group or in resource group RG; give it"
+            " once per scale set of the job, the preferred one first",
+        )
         group.add_argument(
             "--resource-group",
             dest="azure_resource_group",
             metavar="RG",
-            help="the scale set's resource group (required)",
+            help="the resource group of every --group NAME given without one",
         )
         group.add_argument(
             "--subscription",
@@ -400,15 +586,44 @@ class AzureProvider(CloudGroupProvider):
 
     @classmethod
     def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> AzureProvider:
-        """Make the provider from parsed options; makes no API call."""
+        """The provider of the first (preferred) ``--group``; makes no API call."""
+        return cls._from_spec(options, core, scale_set_specs(options)[0])
+
+    @classmethod
+    def groups_from_options(cls, options: argparse.Namespace, core: CoreOptions) -> list[Provider]:
+        """One provider per ``--group``, in the order given, sharing one pair of
+        clients (one subscription, credential and endpoint); makes no API call.
+
+        Raises :class:`ConfigurationError` for a scale set named twice, or a ``NAME``
+        without ``--resource-group``.
+        """
+        specs = scale_set_specs(options)
+        first = cls._from_spec(options, core, specs[0])
+        return [first, *(cls._from_spec(options, core, spec, first._clients) for spec in specs[1:])]
+
+    @classmethod
+    def _from_spec(
+        cls,
+        options: argparse.Namespace,
+        core: CoreOptions,
+        spec: ScaleSetSpec,
+        clients: SharedClients | None = None,
+    ) -> AzureProvider:
         return cls(
-            getattr(options, "azure_group", None) or "",
-            resource_group=getattr(options, "azure_resource_group", None) or "",
+            spec.name,
+            resource_group=spec.resource_group,
             subscription=getattr(options, "azure_subscription", None),
             endpoint=getattr(options, "azure_endpoint", None),
             keep_evicted=getattr(options, "azure_keep_evicted", False),
+            clients=clients,
+            group_name=spec.label,
             **cls.common_options(options, core, "azure"),
         )
+
+    def group_name(self) -> str:
+        """The scale set's name, or ``RG/NAME`` where another ``--group`` of the job
+        has the same name in another resource group."""
+        return self._group_name
 
     # ------------------------------------------------------------------ listing
 
@@ -431,6 +646,7 @@ class AzureProvider(CloudGroupProvider):
         self._learn_addresses(members)
         self._learn_gpu_counts(members)
         self._warn_about_capacity(members)
+        self._note_failures(members)
         return [self._to_instance(m) for m in members]
 
     def _to_instance(self, member: _Member) -> Instance:
@@ -566,6 +782,68 @@ class AzureProvider(CloudGroupProvider):
                 gpus[sku.name] = 0
         self._gpus_by_size = gpus
 
+    # ----------------------------------------------------------------- capacity
+
+    def group_lifecycle(self) -> Lifecycle | None:
+        """SPOT or ON_DEMAND from the set's priority and Spot Priority Mix, or None for
+        a set that mixes both (its members' own priority tells them apart).
+
+        Read from the set the last refresh got (one get if there was none yet); the
+        reason is logged when it changes.
+        """
+        if self._set is None:
+            self._get_set()
+        assert self._set is not None
+        lifecycle, reason = set_lifecycle(self._set)
+        if reason != self._lifecycle_reason:
+            self._lifecycle_reason = reason
+            log.info("azure: scale set %s: %s", self.group, reason)
+        return lifecycle
+
+    @property
+    def lifecycle_reason(self) -> str:
+        """Why :meth:`group_lifecycle` answered what it did ("" before it was asked)."""
+        return self._lifecycle_reason
+
+    def capacity_shortage(self, since: float) -> CapacityShortage | None:
+        """The newest failure to add VMs to the set at or after ``since``: a VM whose
+        provisioning failed (``ProvisioningState/failed/<code>`` in its instance view;
+        SkuNotAvailable, AllocationFailed, ... are CAPACITY, quota codes QUOTA), or a
+        scale-out ARM refused (409 ``OperationNotAllowed`` for quota).
+
+        No API call: the VMs are the ones the last listing read, the refusal the one
+        the last capacity change got. A failure stays known after spotring deletes the
+        failed VM.
+        """
+        found: list[tuple[float, CapacityShortage]] = [
+            (shortage.at, shortage)
+            for shortage in (self._newest_failure, self._refusal)
+            if shortage is not None and shortage.at is not None and shortage.at >= since
+        ]
+        return max(found, key=lambda pair: pair[0])[1] if found else None
+
+    def _note_failures(self, members: Sequence[_Member]) -> None:
+        """Remember the newest VM whose provisioning failed before it ever ran."""
+        now = time.time()
+        failed = {m.resource_id.lower(): m for m in members if m.never_started and m.failure}
+        seen = {key: self._failures_seen.get(key, now) for key in failed}
+        self._failures_seen = seen
+        for key, member in failed.items():
+            at = member.failed_at if member.failed_at is not None else seen[key]
+            if self._newest_failure is None or at > (self._newest_failure.at or 0.0):
+                self._newest_failure = CapacityShortage(
+                    cause=shortage_cause(member.failure, member.failure_message),
+                    code=member.failure,
+                    message=one_line(member.failure_message),
+                    at=at,
+                )
+
+    def _note_refusal(self, code: str, message: str) -> None:
+        """A capacity change ARM refused (called from :meth:`translate_error`)."""
+        self._refusal = CapacityShortage(
+            cause=shortage_cause(code, message), code=code, message=message, at=time.time()
+        )
+
     # ----------------------------------------------------------------- steering
 
     def set_target_size(self, size: int) -> None:
@@ -593,24 +871,56 @@ class AzureProvider(CloudGroupProvider):
             self._wanted = self._capacity
         self._delete(member)
 
+    def remove_instance(self, instance_id: str) -> None:
+        """Delete the VM named ``instance_id`` and lower the capacity spotring keeps by
+        one, so that :meth:`keep_size` does not launch another (Azure lowers the set's
+        own capacity as it deletes the VM). Idempotent: asking again for a VM already
+        removed does nothing, and a VM already gone (or gone meanwhile: a 404) only
+        lowers the size spotring keeps, once.
+        """
+        if instance_id in self._removed:
+            return
+        member = self._members.get(instance_id)
+        if member is None:  # not in the last listing (or none yet): ask the set
+            self._get_set()
+            self._members = {m.name: m for m in self._list_vms()}
+            member = self._members.get(instance_id)
+        if self._wanted is None:
+            self._wanted = self._capacity
+        if member is not None and not member.leaving:
+            self._delete(member)
+        self._removed.add(instance_id)
+        self._wanted = max(0, self._wanted - 1)
+        log.info(
+            "azure: removed %s from scale set %s; keeping its capacity at %d",
+            instance_id,
+            self.group,
+            self._wanted,
+        )
+
     def _delete(self, member: _Member) -> None:
-        if self.flexible:
-            self.call_api(
-                "virtualMachines.delete",
-                lambda: self._compute.virtual_machines.begin_delete(
-                    self.resource_group, member.name, polling=False
-                ),
-            )
-        else:
-            self.call_api(
-                "virtualMachineScaleSets.deleteInstances",
-                lambda: self._compute.virtual_machine_scale_sets.begin_delete_instances(
-                    self.resource_group,
-                    self.group,
-                    {"instanceIds": [member.instance_id]},
-                    polling=False,
-                ),
-            )
+        from azure.core.exceptions import ResourceNotFoundError
+
+        def delete() -> None:
+            try:
+                if self.flexible:
+                    self._compute.virtual_machines.begin_delete(
+                        self.resource_group, member.name, polling=False
+                    )
+                else:
+                    self._compute.virtual_machine_scale_sets.begin_delete_instances(
+                        self.resource_group,
+                        self.group,
+                        {"instanceIds": [member.instance_id]},
+                        polling=False,
+                    )
+            except ResourceNotFoundError:
+                pass  # deleted meanwhile (an eviction with policy Delete): done already
+
+        call_name = (
+            "virtualMachines.delete" if self.flexible else "virtualMachineScaleSets.deleteInstances"
+        )
+        self.call_api(call_name, delete)
         self._members[member.name] = replace(member, provisioning="Deleting")
         log.info("azure: deleting %s from scale set %s", member.name, self.group)
 
@@ -687,9 +997,10 @@ class AzureProvider(CloudGroupProvider):
         return f"azure scale set {self.group} ({self.resource_group})"
 
     def close(self) -> None:
-        """Close the clients' HTTP sessions."""
-        for client in (self._compute, self._network):
-            client.close()
+        """Close the clients' HTTP sessions (those shared, when the last user closes)."""
+        if not self._closed:
+            self._closed = True
+            self._clients.release()
 
     # -------------------------------------------------------------- API plumbing
 
@@ -805,8 +1116,13 @@ class AzureProvider(CloudGroupProvider):
                 f"resource group '{self.resource_group}' not found"
                 f" in subscription {self.subscription}"
             )
-        if code == "OperationNotAllowed" and error.status_code == 409:
-            # A quota refusal: the job trains on what it has, and spotring asks again.
+        if error.status_code == 409 and (code in QUOTA_ERRORS or code in CAPACITY_ERRORS):
+            # A quota (or capacity) refusal: the job trains on what it has, spotring
+            # asks again, and capacity_shortage reports it.
+            if call_name == "virtualMachineScaleSets.update":
+                # Whole: the quota's limit, usage and what more it needs come last.
+                raw = error.error.message if error.error is not None else error.message
+                self._note_refusal(code, one_line(raw, 600))
             return ProviderError(f"scale set '{self.group}' cannot grow: {message}")
         if code in ("SubscriptionNotFound", "InvalidSubscriptionId"):
             return ConfigurationError(f"subscription {self.subscription} not found")
@@ -887,8 +1203,9 @@ def _retry_after(error: Exception) -> float | None:
             return 0.0
         status = error.status_code
         code = error.error.code if error.error is not None else ""
-        # 409: another operation on the set is still running; but not a quota refusal.
-        if status == 409 and code == "OperationNotAllowed":
+        # 409: another operation on the set is still running; but not a quota or
+        # capacity refusal, which asking again at once does not change.
+        if status == 409 and (code in QUOTA_ERRORS or code in CAPACITY_ERRORS):
             return None
         if status not in (408, 409, 429) and status < 500:
             return None

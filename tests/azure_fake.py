@@ -24,7 +24,12 @@ Covered: VM scale sets in both orchestration modes (get, update = capacity, dele
 instances), their VMs (Uniform: ``virtualMachineScaleSets/{vmss}/virtualMachines``;
 Flexible: ordinary ``virtualMachines`` filtered by ``virtualMachineScaleSet/id``), VM delete,
 NICs (per scale set and per resource group), the resource SKU list, long-running
-operations, ARM error bodies, RBAC denials, throttling and fault injection.
+operations, ARM error bodies, RBAC denials, throttling and fault injection; and the
+capacity signals: a VM whose provisioning failed (``provisioningState`` Failed, no power
+state, an instance view status ``ProvisioningState/failed/<code>`` with ARM's message
+and, unless the test leaves it out, its ``time``), a scale-out refused with 409
+``OperationNotAllowed`` beyond a vCPU quota (``fake.set_quota``), and Spot Priority Mix
+(``priorityMixPolicy`` on a Flexible set, each VM with its own ``priority``).
 
 What the installed SDKs do against it (azure-mgmt-compute 39.0.0, azure-mgmt-network 33.1.0,
 azure-core 1.41.0; all checked by tests/test_azure_fake.py):
@@ -70,7 +75,9 @@ and VMSS NIC lists of a Flexible set; the 400 for unknown instance ids in delete
 (which, for Flexible sets, takes VM names); how capacity errors show (allocation errors: the
 update's operation ends Failed and the new VMs stay, Failed, counted in the capacity; quota:
 409 on the PATCH); a Delete-policy eviction removing the VM at once; NIC names of Flexible
-members (``{vm}-nic0``); the page size (``fake.page_size``, 100).
+members (``{vm}-nic0``); the page size (``fake.page_size``, 100); which VMs Spot Priority
+Mix makes Regular (the base first, then the percentage, rounded down), and an absent
+percentage counting as 0; quotas counted per location across the fake's sets.
 """
 
 from __future__ import annotations
@@ -148,8 +155,8 @@ CAPACITY_ERRORS = {
         "request",
         "Operation could not be completed as it results in exceeding approved {quota} quota. "
         "Additional details - Deployment Model: Resource Manager, Location: {location}, Current "
-        "Limit: 0, Current Usage: 0, Additional Required: {cores}, (Minimum) New Limit "
-        "Required: {cores}. Submit a request for Quota increase at "
+        "Limit: {limit}, Current Usage: {usage}, Additional Required: {cores}, (Minimum) New "
+        "Limit Required: {needed}. Submit a request for Quota increase at "
         "https://aka.ms/ProdportalCRP/#blade/Microsoft_Azure_Capacity/UsageAndQuota.ReactView",
     ),
 }
@@ -250,6 +257,10 @@ class Member:
     power_state: str | None = "running"  # None: no power state yet (being created)
     health: str | None = None  # None, or "healthy" / "unhealthy" / "unknown"
     error_code: str | None = None  # why provisioning failed
+    # When provisioning failed: the failed status's ``time`` (InstanceViewStatus.time,
+    # optional in the REST reference; None leaves it out).
+    failed_at: datetime | None = None
+    priority: str | None = None  # Flexible sets with Spot Priority Mix: Spot or Regular
     zone: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     mac_address: str = ""
@@ -263,7 +274,8 @@ class Member:
 
     @property
     def has_instance_view(self) -> bool:
-        """A VM being created has no instance view yet (it has no statuses to report)."""
+        """A VM being created has no instance view yet (it has no statuses to report;
+        ``fake.creating_instance_view`` gives it one with only ProvisioningState/creating)."""
         return self.provisioning_state != "Creating"
 
     @property
@@ -339,6 +351,7 @@ class FakeScaleSet:
         zones: list[str],
         location: str,
         nic_config: str,
+        priority_mix: tuple[int | None, int | None] | None = None,
     ) -> None:
         if mode not in ("Uniform", "Flexible"):
             raise ValueError(f"mode must be Uniform or Flexible, not {mode!r}")
@@ -346,6 +359,10 @@ class FakeScaleSet:
             raise ValueError(f"unknown priority {priority!r}")
         if eviction_policy not in ("Delete", "Deallocate"):
             raise ValueError(f"unknown eviction policy {eviction_policy!r}")
+        if priority_mix is not None and (mode != "Flexible" or priority != "Spot"):
+            # "Spot Priority Mix is available only for Flexible orchestration" with Spot
+            # priority (learn.microsoft.com/azure/virtual-machine-scale-sets/spot-priority-mix).
+            raise ValueError("a priority mix needs a Flexible set of Spot priority")
         self._fake = fake
         self.name = name
         self.resource_group = resource_group
@@ -359,6 +376,9 @@ class FakeScaleSet:
         self.zones = zones
         self.location = location
         self.nic_config = nic_config
+        # Spot Priority Mix: (baseRegularPriorityCount, regularPriorityPercentageAboveBase),
+        # either None to leave it out of the answer (both are optional).
+        self.priority_mix = priority_mix
         self.capacity = 0
         self.members: list[Member] = []
         self.auto_advance = True
@@ -424,10 +444,12 @@ class FakeScaleSet:
         zone: str | None = None,
         tags: dict[str, str] | None = None,
         grow_capacity: bool = True,
+        priority: str | None = None,
     ) -> Member:
         """Add a member (a running VM unless told otherwise); grows the capacity to match.
 
-        ``name`` only for Flexible sets (default ``{vmss}_{8 hex}``).
+        ``name`` only for Flexible sets (default ``{vmss}_{8 hex}``). ``priority``: the
+        VM's own (Spot or Regular), by default what the set's priority mix gives it.
         """
         with self._fake._lock:
             fake = self._fake
@@ -466,6 +488,7 @@ class FakeScaleSet:
                 health=_health(health),
                 zone=zone or self._next_zone(),
                 tags=dict(self.vm_tags if tags is None else tags),
+                priority=priority or self._mix_priority(),
                 mac_address="00-0D-3A-"
                 + "-".join(f"{fake._rng.randrange(256):02X}" for _ in "xyz"),
                 seq=fake._new_seq(),
@@ -483,9 +506,11 @@ class FakeScaleSet:
         power_state: str | _Keep | None = KEEP,
         health: str | _Keep | None = KEEP,
         error_code: str | _Keep | None = KEEP,
+        failed_at: datetime | _Keep | None = KEEP,
     ) -> Member:
         """Overwrite a member's state. ``power_state``/``health`` accept ``running`` or
-        ``PowerState/running`` (``healthy`` or ``HealthState/healthy``); None removes them."""
+        ``PowerState/running`` (``healthy`` or ``HealthState/healthy``); None removes them.
+        ``failed_at``: the time of a failed VM's status (None: no time)."""
         with self._fake._lock:
             member = self.member(key)
             if provisioning_state is not None:
@@ -496,6 +521,8 @@ class FakeScaleSet:
                 member.health = _health(health)
             if error_code is not KEEP:
                 member.error_code = error_code
+            if failed_at is not KEEP:
+                member.failed_at = failed_at
             return member
 
     def evict(self, key: str) -> Member:
@@ -598,6 +625,7 @@ class FakeScaleSet:
                 m.provisioning_state = "Failed"
                 m.error_code = self.capacity_error_code
                 m.power_state = None
+                m.failed_at = _now()
             else:
                 m.provisioning_state = "Succeeded"
                 m.power_state = "starting"
@@ -613,11 +641,65 @@ class FakeScaleSet:
     def _active(self) -> list[Member]:
         return [m for m in self.members if m.provisioning_state != "Deleting"]
 
+    def _mix_priority(self) -> str | None:
+        """A new VM's priority under Spot Priority Mix (None: no mix, the set's).
+
+        The base count of VMs is Regular, then the percentage above base (an absent
+        one counts as 0: a guess, the reference gives no default)."""
+        if self.priority_mix is None:
+            return None
+        base = self.priority_mix[0] or 0
+        percent = self.priority_mix[1] or 0
+        active = self._active()
+        regular = sum(m.priority == "Regular" for m in active)
+        if regular < base:
+            return "Regular"
+        above, regular_above = len(active) - base, regular - base
+        return "Regular" if regular_above < percent * (above + 1) // 100 else "Spot"
+
+    @property
+    def quota_name(self) -> str:
+        """The vCPU quota the set's VMs count against: ``LowPriorityCores`` for spot
+        ("Spot vCPU quota"), else the VM size's family (``standardNCASv3_T4Family``)."""
+        if self.priority in ("Spot", "Low"):
+            return "LowPriorityCores"
+        return str((self._fake.sku(self.vm_size) or {}).get("family") or "Total Regional")
+
+    @property
+    def vcpus(self) -> int:
+        """vCPUs of one VM of the set."""
+        return int((self._fake.sku(self.vm_size) or {}).get("vcpus") or 4)
+
+    def _check_quota(self, adding: int) -> None:
+        """409 OperationNotAllowed when ``adding`` VMs would exceed the set's quota."""
+        limit = self._fake.quotas.get(self.quota_name)
+        if limit is None or adding <= 0:
+            return
+        usage = sum(
+            len(s._active()) * s.vcpus
+            for s in self._fake.scale_sets.values()
+            if s.quota_name == self.quota_name and s.location == self.location
+        )
+        cores = adding * self.vcpus
+        if usage + cores > limit:
+            template = CAPACITY_ERRORS["OperationNotAllowed"][1]
+            message = template.format(
+                quota=self.quota_name,
+                location=self.location,
+                limit=limit,
+                usage=usage,
+                cores=cores,
+                needed=usage + cores,
+            )
+            raise ArmError(409, "OperationNotAllowed", message)
+
     def _resize(self, capacity: int) -> None:
         active = self._active()
         growing = capacity > len(active)
         if growing and self.capacity_error_code and self.capacity_error_when == "request":
             raise ArmError(409, self.capacity_error_code, self._capacity_message())
+        if growing:
+            self._check_quota(capacity - len(active))
         self.capacity = capacity
         if capacity > len(active):
             for _ in range(capacity - len(active)):
@@ -634,9 +716,14 @@ class FakeScaleSet:
         template = CAPACITY_ERRORS.get(code, ("", code))[1]
         sku = self._fake.sku(self.vm_size)
         cores = sku["vcpus"] if sku else 4
-        quota = "LowPriorityCores" if self.priority == "Spot" else (sku or {}).get("family", "")
         return template.format(
-            size=self.vm_size, location=self.location, quota=quota or "Total Regional", cores=cores
+            size=self.vm_size,
+            location=self.location,
+            quota=self.quota_name,
+            cores=cores,
+            limit=0,
+            usage=0,
+            needed=cores,
         )
 
     # ------------------------------------------------------------------ REST shapes
@@ -680,6 +767,7 @@ class FakeScaleSet:
             virtual_machine_profile=profile,
             provisioning_state=self.provisioning_state,
             unique_id=self.unique_id,
+            priority_mix_policy=self._mix_policy(),
             time_created=self.time_created,
             single_placement_group=False,
             platform_fault_domain_count=1,
@@ -701,6 +789,17 @@ class FakeScaleSet:
             vmss.zones = list(self.zones)
         return _wire(vmss)
 
+    def _mix_policy(self) -> Any:
+        if self.priority_mix is None:
+            return None
+        base, percent = self.priority_mix
+        policy = cm.PriorityMixPolicy()
+        if base is not None:
+            policy.base_regular_priority_count = base
+        if percent is not None:
+            policy.regular_priority_percentage_above_base = percent
+        return policy
+
     def _statuses(self, m: Member) -> list[Any]:
         state = m.provisioning_state
         if state == "Failed" and m.error_code:
@@ -712,7 +811,7 @@ class FakeScaleSet:
                 message=self._capacity_message()
                 if code == self.capacity_error_code
                 else f"The operation failed with {code}.",
-                time=m.time_created,
+                time=m.failed_at,
             )
         else:
             provisioning = cm.InstanceViewStatus(
@@ -732,6 +831,9 @@ class FakeScaleSet:
                 )
             )
         return statuses
+
+    def _has_instance_view(self, m: Member) -> bool:
+        return m.has_instance_view or self._fake.creating_instance_view
 
     def _health(self, m: Member) -> Any:
         if m.health is None:
@@ -769,7 +871,7 @@ class FakeScaleSet:
                 os_profile=os_profile,
                 network_profile=self._nic_ref(m),
             )
-            if instance_view and m.has_instance_view:
+            if instance_view and self._has_instance_view(m):
                 props.instance_view = cm.VirtualMachineScaleSetVMInstanceView(
                     computer_name=m.computer_name,
                     os_name="ubuntu",
@@ -798,12 +900,12 @@ class FakeScaleSet:
             time_created=m.time_created,
             os_profile=os_profile,
             network_profile=self._nic_ref(m),
-            priority=self.priority,
+            priority=m.priority or self.priority,
         )
-        if self.priority in ("Spot", "Low"):
+        if vprops.priority in ("Spot", "Low"):
             vprops.eviction_policy = self.eviction_policy
             vprops.billing_profile = cm.BillingProfile(max_price=self.max_price)
-        if instance_view and m.has_instance_view:
+        if instance_view and self._has_instance_view(m):
             vprops.instance_view = cm.VirtualMachineInstanceView(
                 computer_name=m.computer_name,
                 os_name="ubuntu",
@@ -1141,6 +1243,13 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
         # NIC's virtualMachine.id, a VM's NIC ids) spell the resource group in upper case,
         # as Azure often does. Compare ARM ids case-insensitively.
         self.reference_rg_upper = False
+        # True: a VM being created lists an instance view with only its
+        # ProvisioningState/creating status (and no PowerState yet); False: none at all.
+        # The REST reference allows both (instanceView and its statuses are optional).
+        self.creating_instance_view = False
+        # vCPU quotas by name (LowPriorityCores, a VM family): a scale-out beyond one
+        # answers 409 OperationNotAllowed, as ARM does. None set: no limit.
+        self.quotas: dict[str, int] = {}
         self.client_id = "11111111-1111-1111-1111-111111111111"
         self.object_id = "22222222-2222-2222-2222-222222222222"
         self.scale_sets: dict[tuple[str, str], FakeScaleSet] = {}  # (rg lower, name lower)
@@ -1189,8 +1298,12 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
         zones: Iterable[str] | None = None,
         location: str | None = None,
         nic_config: str = "nic0",
+        priority_mix: tuple[int | None, int | None] | None = None,
     ) -> FakeScaleSet:
-        """A scale set with ``capacity`` members, all Succeeded and ``PowerState/running``."""
+        """A scale set with ``capacity`` members, all Succeeded and ``PowerState/running``.
+
+        ``priority_mix``: Spot Priority Mix (a Flexible Spot set), ``(base regular count,
+        regular percentage above base)``, None for a field left out."""
         with self._lock:
             rg = self.add_resource_group(resource_group)
             if (rg.lower(), name.lower()) in self.scale_sets:
@@ -1209,11 +1322,21 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
                 zones=[str(z) for z in zones or ()],
                 location=location or self.location,
                 nic_config=nic_config,
+                priority_mix=priority_mix,
             )
             self.scale_sets[(rg.lower(), name.lower())] = scale_set
             for _ in range(capacity):
                 scale_set.add_member()
             return scale_set
+
+    def set_quota(self, name: str, cores: int | None) -> None:
+        """Limit the vCPUs of quota ``name`` (``LowPriorityCores``, a VM family) in use
+        across the sets of a location; None lifts it."""
+        with self._lock:
+            if cores is None:
+                self.quotas.pop(name, None)
+            else:
+                self.quotas[name] = cores
 
     def scale_set(self, name: str, resource_group: str = "rg") -> FakeScaleSet:
         """The scale set ``resource_group/name`` (KeyError if none)."""

@@ -466,6 +466,91 @@ def test_capacity_error_in_the_operation(fake: FakeArm, compute: Any) -> None:
     assert vm1.instance_view.statuses[0].level == "Error"
     assert statuses(vm0)[-1] == "PowerState/running"
     assert workers.capacity == 2  # the failed VM still counts
+    # The failed status says when (InstanceViewStatus.time), and nothing when it is unknown.
+    assert vm1.instance_view.statuses[0].time == workers.member("1").failed_at is not None
+    workers.set_member("1", failed_at=None)
+    raw = fake.handle(
+        "GET",
+        f"{workers.id}/virtualMachines",
+        {"api-version": "2024-07-01", "$expand": "instanceView"},
+        None,
+    )[1]["value"][1]["properties"]["instanceView"]["statuses"][0]
+    assert raw["code"] == "ProvisioningState/failed/SkuNotAvailable" and "time" not in raw
+
+
+@pytest.mark.parametrize("creating_view", [False, True])
+def test_a_vm_being_created_has_no_nic_and_at_most_a_creating_status(
+    fake: FakeArm, compute: Any, network: Any, creating_view: bool
+) -> None:
+    workers = fake.add_scale_set("workers", mode="Uniform", capacity=1)
+    workers.auto_advance = False
+    fake.creating_instance_view = creating_view
+    compute.virtual_machine_scale_sets.begin_update(RG, "workers", {"sku": {"capacity": 2}})
+
+    [_, new] = compute.virtual_machine_scale_set_vms.list(RG, "workers", expand="instanceView")
+
+    assert new.provisioning_state == "Creating"
+    if creating_view:
+        assert statuses(new) == ["ProvisioningState/creating"]  # no PowerState yet
+    else:
+        assert new.instance_view is None
+    nics = network.network_interfaces.list_virtual_machine_scale_set_network_interfaces(
+        RG, "workers"
+    )
+    assert [n.virtual_machine.id for n in nics] == [workers.member("0").id]
+
+
+def test_a_scale_out_beyond_a_vcpu_quota_is_refused(fake: FakeArm, compute: Any) -> None:
+    spot = fake.add_scale_set("spot", capacity=1)  # Standard_NC4as_T4_v3: 4 vCPUs
+    other = fake.add_scale_set("other", resource_group="rg-b", capacity=1)
+    regular = fake.add_scale_set("regular", capacity=1, priority="Regular")
+    fake.set_quota("LowPriorityCores", 12)  # spot VMs of every set count against it
+
+    compute.virtual_machine_scale_sets.begin_update(RG, "spot", {"sku": {"capacity": 2}})
+    with pytest.raises(ResourceExistsError) as info:
+        compute.virtual_machine_scale_sets.begin_update(RG, "spot", {"sku": {"capacity": 3}})
+
+    assert (info.value.status_code, info.value.error.code) == (409, "OperationNotAllowed")
+    assert (
+        "exceeding approved LowPriorityCores quota. Additional details - Deployment Model:"
+        " Resource Manager, Location: eastus, Current Limit: 12, Current Usage: 12,"
+        " Additional Required: 4, (Minimum) New Limit Required: 16."
+    ) in info.value.error.message
+    assert (spot.capacity, other.capacity) == (2, 1)
+    # Regular VMs count against their family's quota, not the spot one.
+    compute.virtual_machine_scale_sets.begin_update(RG, "regular", {"sku": {"capacity": 3}})
+    fake.set_quota("standardNCASv3_T4Family", 12)
+    with pytest.raises(ResourceExistsError, match="standardNCASv3_T4Family quota"):
+        compute.virtual_machine_scale_sets.begin_update(RG, "regular", {"sku": {"capacity": 4}})
+    fake.set_quota("LowPriorityCores", None)
+    compute.virtual_machine_scale_sets.begin_update(RG, "spot", {"sku": {"capacity": 3}})
+    assert (spot.capacity, regular.capacity) == (3, 3)
+
+
+def test_spot_priority_mix(fake: FakeArm, compute: Any) -> None:
+    fake.add_scale_set("mixed", capacity=5, priority_mix=(2, 34))
+    fake.add_scale_set("half", priority_mix=(None, 50))
+    with pytest.raises(ValueError, match="Flexible set of Spot priority"):
+        fake.add_scale_set("uniform", mode="Uniform", priority_mix=(1, 50))
+
+    mixed = compute.virtual_machine_scale_sets.get(RG, "mixed")
+    half = compute.virtual_machine_scale_sets.get(RG, "half")
+
+    policy = mixed.properties.priority_mix_policy
+    assert (policy.base_regular_priority_count, policy.regular_priority_percentage_above_base) == (
+        2,
+        34,
+    )
+    assert mixed.properties.virtual_machine_profile.priority == "Spot"
+    # An absent field is left out, as ARM leaves out what was never set.
+    assert half.as_dict()["properties"]["priorityMixPolicy"] == {
+        "regularPriorityPercentageAboveBase": 50
+    }
+    vms = compute.virtual_machines.list(RG, filter=flexible_filter(mixed))
+    # The base 2 are Regular, then one in three above it.
+    assert [vm.priority for vm in vms] == ["Regular", "Regular", "Spot", "Spot", "Regular"]
+    for vm in compute.virtual_machines.list(RG, filter=flexible_filter(mixed)):
+        assert (vm.eviction_policy is None) == (vm.priority == "Regular")
 
 
 def test_quota_error_rejects_the_request(fake: FakeArm, compute: Any) -> None:
