@@ -179,6 +179,19 @@ _RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
 #                                   an unused internal IP is assigned by the system"
 #   scheduling, guestAccelerators,  optional: standard provisioning, no accelerators, no
 #   labels, creationTimestamp       labels, no launch time
+# instanceGroupManagers.get, again (group_lifecycle)
+#   versions[].instanceTemplate,    optional: versions[] "overrides the top-level
+#   instanceTemplate                instanceTemplate field"; neither: lifecycle unknown
+# instanceTemplates.get / regionInstanceTemplates.get (InstanceTemplate)
+#   properties.scheduling           optional, each field too: none is a STANDARD VM;
+#                                   provisioningModel SPOT or preemptible true is spot
+# listErrors (InstanceManagedByIgmError)
+#   items[]                         optional: no errors
+#   error.code, error.message       an item without a code is skipped
+#   timestamp                       "The time that this error occurred" (RFC 3339); an
+#                                   item without one cannot be placed after `since`
+#   instanceActionDetails           optional: "May be null, if the error was not caused by
+#                                   an action on an instance" (then it counts)
 
 # ------------------------------------------------------------------- state maps
 
