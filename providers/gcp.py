@@ -1,11 +1,21 @@
-"""The ``gcp`` provider: a Compute Engine managed instance group (MIG), zonal or regional.
+"""The ``gcp`` provider: Compute Engine managed instance groups (MIGs), zonal or regional.
+
+A job spans one group or several, in order of preference (``--group`` given more than
+once; ``ZONE/NAME`` or ``REGION/NAME`` places a group outside ``--zone``/``--region``):
+one provider object per group, sharing the clients and credentials.
 
 spotring lists the group's members with ``listManagedInstances`` (the group's action on
 each member, the VM's status, health, the last creation attempt's errors), then, for
 members not seen running before, the VMs themselves with one filtered
 ``instances.list`` per zone (address, machine type, SPOT or preemptible, accelerators,
-labels). It steers the group with ``resize`` and replaces a failed host with
-``recreateInstances`` (same name, new VM, group size unchanged).
+labels). It steers the group with ``resize``, replaces a failed host with
+``recreateInstances`` (same name, new VM, group size unchanged) and hands a host back
+with ``deleteInstances`` (the group's target size drops by one).
+
+For the capacity policy it reads what the group launches from its instance template
+(``instanceTemplates.get``, once per template) and why members cannot be created from
+the members' ``lastAttempt.errors`` (already in the listing) or, when no member shows
+one, one page of ``listErrors``.
 
 A steady group costs one call per refresh. google-cloud-compute is imported on first
 use, so importing this module costs nothing without the ``gcp`` extra.
@@ -17,6 +27,7 @@ import argparse
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,12 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
+    CapacityShortage,
     ConfigurationError,
     CoreOptions,
     Instance,
     InstanceState,
     Lifecycle,
+    Provider,
     ProviderError,
+    ShortageCause,
 )
 from spotring.providers.cloud import (
     CloudGroupProvider,
@@ -56,7 +70,14 @@ _PERMISSION_BY_CALL: Mapping[str, str] = {
     "instanceGroupManagers.listManagedInstances": "compute.instanceGroupManagers.get",
     "instanceGroupManagers.resize": "compute.instanceGroupManagers.update",
     "instanceGroupManagers.recreateInstances": "compute.instanceGroupManagers.update",
+    # Both on the group: see the methods' REST reference pages ("Authorization requires
+    # the following IAM permission on the specified resource instanceGroupManager").
+    "instanceGroupManagers.deleteInstances": "compute.instanceGroupManagers.update",
+    "instanceGroupManagers.listErrors": "compute.instanceGroupManagers.get",
     "instances.list": "compute.instances.list",
+    # Global and regional templates alike (instanceTemplates.get and
+    # regionInstanceTemplates.get reference pages).
+    "instanceTemplates.get": "compute.instanceTemplates.get",
 }
 
 IAM_PERMISSIONS: tuple[str, ...] = tuple(dict.fromkeys(_PERMISSION_BY_CALL.values()))
@@ -78,10 +99,45 @@ controller thread for the library's 600 s default."""
 # retries some calls (get, instances.list) on 503 for up to 600 s, others not at all.
 _CALL_OPTIONS: Mapping[str, Any] = {"timeout": CALL_TIMEOUT, "retry": None}
 
-CAPACITY_ERRORS = frozenset(
-    {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "QUOTA_EXCEEDED"}
-)
+SHORTAGE_CAUSES: Mapping[str, ShortageCause] = {
+    # "Troubleshooting resource availability errors"
+    # (https://cloud.google.com/compute/docs/troubleshooting/troubleshooting-resource-availability):
+    # the zone cannot accommodate the request now; unrelated to quota.
+    "ZONE_RESOURCE_POOL_EXHAUSTED": ShortageCause.CAPACITY,
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": ShortageCause.CAPACITY,
+    # Resource quotas (https://cloud.google.com/compute/resource-usage): a project or
+    # region limit, e.g. "Quota 'PREEMPTIBLE_CPUS' exceeded. Limit: 0.0 in region R."
+    "QUOTA_EXCEEDED": ShortageCause.QUOTA,
+}
+"""Compute Engine's error codes for a VM the group could not create -> the cause. Any
+other code (a bad template, a missing image, ...) is :attr:`ShortageCause.OTHER`."""
+
+CAPACITY_ERRORS = frozenset(SHORTAGE_CAUSES)
 """lastAttempt error codes that mean the group cannot get VMs in a zone right now."""
+
+LAUNCH_ACTIONS = frozenset(
+    {"CREATING", "CREATING_WITHOUT_RETRIES", "RECREATING", "STARTING", "RESUMING"}
+)
+"""listErrors ``instanceActionDetails.action`` values of an attempt to get a VM running:
+an error of another action (deleting, abandoning, refreshing) is no shortage."""
+
+ERRORS_PAGE_SIZE = 500
+"""listErrors items read per shortage check: one page, the API's maximum ("Acceptable
+values are 0 to 500"); the check never pages further."""
+
+
+def shortage_cause(code: str) -> ShortageCause:
+    """The :class:`ShortageCause` of a Compute Engine error code (see
+    :data:`SHORTAGE_CAUSES`); codes Google adds later that say so are read by name."""
+    cause = SHORTAGE_CAUSES.get(code)
+    if cause is not None:
+        return cause
+    if "RESOURCE_POOL_EXHAUSTED" in code:
+        return ShortageCause.CAPACITY
+    if "QUOTA" in code:
+        return ShortageCause.QUOTA
+    return ShortageCause.OTHER
+
 
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
@@ -123,6 +179,19 @@ _RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
 #                                   an unused internal IP is assigned by the system"
 #   scheduling, guestAccelerators,  optional: standard provisioning, no accelerators, no
 #   labels, creationTimestamp       labels, no launch time
+# instanceGroupManagers.get, again (group_lifecycle)
+#   versions[].instanceTemplate,    optional: versions[] "overrides the top-level
+#   instanceTemplate                instanceTemplate field"; neither: lifecycle unknown
+# instanceTemplates.get / regionInstanceTemplates.get (InstanceTemplate)
+#   properties.scheduling           optional, each field too: none is a STANDARD VM;
+#                                   provisioningModel SPOT or preemptible true is spot
+# listErrors (InstanceManagedByIgmError)
+#   items[]                         optional: no errors
+#   error.code, error.message       an item without a code is skipped
+#   timestamp                       "The time that this error occurred" (RFC 3339); an
+#                                   item without one cannot be placed after `since`
+#   instanceActionDetails           optional: "May be null, if the error was not caused by
+#                                   an action on an instance" (then it counts)
 
 # ------------------------------------------------------------------- state maps
 
@@ -259,6 +328,104 @@ class _Vm:
 
 
 _ZONE_IN_URL = re.compile(r"/zones/([^/]+)/instances/([^/]+)$")
+_TEMPLATE_URL = re.compile(
+    r"(?:^|/)projects/([^/]+)/(?:global|regions/([^/]+))/instanceTemplates/([^/]+)$"
+)
+
+# A zone is a region and a letter (us-central1-a); a region ends in its number.
+_ZONE_FORM = re.compile(r"[a-z][-a-z0-9]*[0-9]-[a-z]")
+_REGION_FORM = re.compile(r"[a-z][-a-z0-9]*[0-9]")
+_GROUP_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1035, as Compute names
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One ``--group`` value: the MIG's name and its zone or region."""
+
+    name: str
+    zone: str | None
+    region: str | None
+
+    @property
+    def location(self) -> str:
+        """The zone or the region."""
+        return self.zone or self.region or ""
+
+
+def parse_group(text: str, zone: str | None, region: str | None) -> GroupSpec:
+    """``NAME`` (in ``--zone``/``--region``), ``ZONE/NAME`` (a zonal group) or
+    ``REGION/NAME`` (a regional one); a zone is told from a region by its form (it ends
+    in ``-`` and a letter). Raises :class:`ConfigurationError`."""
+    where, _, name = text.rpartition("/")
+    if not _GROUP_NAME.fullmatch(name) or where.count("/"):
+        raise ConfigurationError(
+            f"--group {text!r}: expected NAME, ZONE/NAME or REGION/NAME"
+            " (a group name is lowercase letters, digits and hyphens)"
+        )
+    if not where:
+        if bool(zone) == bool(region):
+            raise ConfigurationError(
+                f"--group {name}: give exactly one of --zone (zonal group) or --region,"
+                " or write it as ZONE/NAME or REGION/NAME"
+            )
+        return GroupSpec(name, zone, region)
+    if _ZONE_FORM.fullmatch(where):
+        return GroupSpec(name, where, None)
+    if _REGION_FORM.fullmatch(where):
+        return GroupSpec(name, None, where)
+    raise ConfigurationError(
+        f"--group {text!r}: {where!r} is neither a zone (us-central1-a) nor a region (us-central1)"
+    )
+
+
+def group_specs(
+    texts: str | Sequence[str] | None, zone: str | None, region: str | None
+) -> list[tuple[GroupSpec, str]]:
+    """Every ``--group`` value parsed, in order, with its :meth:`GcpProvider.group_name`:
+    the name alone where no other group has it, else ``LOCATION/NAME``. Raises
+    :class:`ConfigurationError` for none, a malformed one or one given twice."""
+    values = [texts] if isinstance(texts, str) else list(texts or ())
+    if not values or not all(values):
+        raise ConfigurationError("--group is required for --provider gcp")
+    specs = [parse_group(text, zone, region) for text in values]
+    seen: set[tuple[str, str]] = set()
+    for spec in specs:
+        if (spec.location, spec.name) in seen:
+            raise ConfigurationError(
+                f"--group: group {spec.name} in {spec.location} is given more than once"
+            )
+        seen.add((spec.location, spec.name))
+    names = [spec.name for spec in specs]
+    return [
+        (spec, spec.name if names.count(spec.name) == 1 else f"{spec.location}/{spec.name}")
+        for spec in specs
+    ]
+
+
+class _Clients:
+    """The REST clients, made on first use and shared by the groups of one job."""
+
+    def __init__(self, compute: Any, credentials: Any, endpoint: str | None) -> None:
+        from google.api_core.client_options import ClientOptions
+
+        self.compute = compute
+        self.credentials = credentials
+        self._options = ClientOptions(api_endpoint=endpoint.rstrip("/")) if endpoint else None
+        self._made: dict[str, Any] = {}
+
+    def get(self, kind: str) -> Any:
+        """The client called ``kind`` in google-cloud-compute (e.g. InstancesClient)."""
+        if kind not in self._made:
+            self._made[kind] = getattr(self.compute, kind)(
+                transport="rest", credentials=self.credentials, client_options=self._options
+            )
+        return self._made[kind]
+
+    def close(self) -> None:
+        """Close every client's HTTP session (once, whichever group asks first)."""
+        made, self._made = self._made, {}
+        for client in made.values():
+            client.transport.close()
 
 
 def _last_segment(url: str) -> str:
@@ -276,7 +443,11 @@ class GcpProvider(CloudGroupProvider):
     """
 
     name = "gcp"
-    description = "Compute Engine managed instance group (--group NAME --zone Z | --region R)"
+    description = (
+        "Compute Engine managed instance groups (--group [ZONE/|REGION/]NAME, repeatable;"
+        " --zone Z | --region R)"
+    )
+    can_remove = True
     sdk_modules = ("google.cloud.compute_v1", "google.auth")
     sdk_extra = "spotring[gcp]"
     needs_credentials = True
@@ -291,6 +462,8 @@ class GcpProvider(CloudGroupProvider):
         endpoint: str | None = None,
         credentials: Any | None = None,
         resize_disabled_by_user: bool = False,
+        label: str | None = None,
+        clients: _Clients | None = None,
         **common: Any,
     ) -> None:
         """Make the clients; no API call. See :meth:`add_arguments` for the options.
@@ -300,6 +473,8 @@ class GcpProvider(CloudGroupProvider):
             service account).
         :param resize_disabled_by_user: ``--no-resize`` was given, so an attached
             autoscaler needs no warning.
+        :param label: :meth:`group_name` (default: the group's name).
+        :param clients: another group's clients, to share (its credentials too).
         """
         if not group:
             raise ConfigurationError("--group is required for --provider gcp")
@@ -319,14 +494,29 @@ class GcpProvider(CloudGroupProvider):
         self._vms: DescribeOnce[tuple[str, str, int | None], _Vm] = DescribeOnce(
             self._describe_vms, lambda vm: vm.status == "RUNNING"
         )
-        self._compute, credentials, found_project = _load_library(credentials, bool(project))
+        self._label = label or group
+        self._listed_at: float | None = None  # when the last listing was read
+        self._template_lifecycles: dict[str, Lifecycle] = {}  # template URL -> lifecycle
+        self._lifecycle_warned = False
+        found_project = None
+        if clients is None:
+            compute, credentials, found_project = _load_library(credentials, bool(project))
         self.project: str = project or found_project or ""
         if not self.project:
             raise ConfigurationError(
                 "no Google Cloud project: pass --project or set GOOGLE_CLOUD_PROJECT"
             )
         self.endpoint = endpoint
-        self._groups, self._instances = self._make_clients(credentials, endpoint)
+        if clients is None:
+            if endpoint:
+                check_endpoint(endpoint)
+            clients = _Clients(compute, credentials, endpoint)
+        self._clients = clients
+        self._compute = clients.compute
+        self._groups = clients.get(
+            "InstanceGroupManagersClient" if zone else "RegionInstanceGroupManagersClient"
+        )
+        self._instances = clients.get("InstancesClient")
 
     # ----------------------------------------------------------------- options
 
@@ -334,12 +524,23 @@ class GcpProvider(CloudGroupProvider):
     def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
         """Add ``--group``, ``--zone``/``--region``, ``--project`` and the shared options."""
         group.add_argument(
-            "--group", dest="gcp_group", metavar="NAME", help="managed instance group (required)"
+            "--group",
+            dest="gcp_group",
+            action="append",
+            metavar="[ZONE/|REGION/]NAME",
+            help="managed instance group (required); give it more than once for a job that"
+            " spans several groups, in order of preference. NAME is in --zone or --region;"
+            " ZONE/NAME is a zonal group, REGION/NAME a regional one",
         )
         where = group.add_mutually_exclusive_group()
-        where.add_argument("--zone", dest="gcp_zone", metavar="ZONE", help="a zonal group's zone")
         where.add_argument(
-            "--region", dest="gcp_region", metavar="REGION", help="a regional group's region"
+            "--zone", dest="gcp_zone", metavar="ZONE", help="the zone of each zonal --group NAME"
+        )
+        where.add_argument(
+            "--region",
+            dest="gcp_region",
+            metavar="REGION",
+            help="the region of each regional --group NAME",
         )
         group.add_argument(
             "--project",
@@ -371,21 +572,65 @@ class GcpProvider(CloudGroupProvider):
 
     @classmethod
     def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> GcpProvider:
-        """Make the provider from parsed options; makes no API call.
+        """Make the provider of the one ``--group`` given; makes no API call.
 
-        Raises :class:`ConfigurationError` without ``--group``, without a zone or
-        region, without a project, or without credentials.
+        Raises :class:`ConfigurationError` without ``--group`` or with several (see
+        :meth:`groups_from_options`), without a zone or region, without a project, or
+        without credentials.
         """
+        specs = cls._specs(options)
+        if len(specs) > 1:
+            raise ConfigurationError(
+                f"--group is given {len(specs)} times: this command takes one group"
+            )
+        return cls._from_spec(*specs[0], options, core)
+
+    @classmethod
+    def groups_from_options(cls, options: argparse.Namespace, core: CoreOptions) -> list[Provider]:
+        """One provider per ``--group``, in the order given, sharing one set of clients
+        and credentials; makes no API call. Raises :class:`ConfigurationError` as
+        :meth:`from_options` does, and for a group given twice."""
+        specs = cls._specs(options)
+        first = cls._from_spec(*specs[0], options, core)
+        made: list[Provider] = [first]
+        for spec, label in specs[1:]:
+            made.append(cls._from_spec(spec, label, options, core, first))
+        return made
+
+    @classmethod
+    def _specs(cls, options: argparse.Namespace) -> list[tuple[GroupSpec, str]]:
+        return group_specs(
+            getattr(options, "gcp_group", None),
+            getattr(options, "gcp_zone", None),
+            getattr(options, "gcp_region", None),
+        )
+
+    @classmethod
+    def _from_spec(
+        cls,
+        spec: GroupSpec,
+        label: str,
+        options: argparse.Namespace,
+        core: CoreOptions,
+        sharing: GcpProvider | None = None,
+    ) -> GcpProvider:
         return cls(
-            getattr(options, "gcp_group", None) or "",
-            zone=getattr(options, "gcp_zone", None),
-            region=getattr(options, "gcp_region", None),
-            project=getattr(options, "gcp_project", None),
+            spec.name,
+            zone=spec.zone,
+            region=spec.region,
+            project=sharing.project if sharing else getattr(options, "gcp_project", None),
             endpoint=getattr(options, "gcp_endpoint", None),
             # `run`'s --no-resize (`discover` has none: it never resizes anyway).
             resize_disabled_by_user=not core.resize,
+            label=label,
+            clients=sharing._clients if sharing else None,
             **cls.common_options(options, core, "gcp"),
         )
+
+    def group_name(self) -> str:
+        """The group's name, or ``LOCATION/NAME`` where another group of the job has the
+        same name in another zone or region."""
+        return self._label
 
     # ------------------------------------------------------------------ listing
 
@@ -409,6 +654,7 @@ class GcpProvider(CloudGroupProvider):
                 f"no members, but the group's target size is {self._record.target_size}",
             )
         self._members = {m.name: m for m in members}
+        self._listed_at = time.time()
         self._warn_about_capacity(members)
         vms = self._vms.get([m.key for m in members if m.vm_id is not None])
         return [self._to_instance(m, vms.get(m.key)) for m in members]
@@ -539,8 +785,8 @@ class GcpProvider(CloudGroupProvider):
         """Warn once per zone and error while members cannot be created there."""
         conditions: dict[str, str] = {}
         for member in members:
-            for code, message in member.errors:
-                if code in CAPACITY_ERRORS and member.instance_status in ("", "PROVISIONING"):
+            for code, message in member.errors if _failing(member) else ():
+                if code in CAPACITY_ERRORS:
                     # A member never created may not name its zone yet (no instance URL).
                     where = f"zone {member.zone}" if member.zone else self.location
                     conditions.setdefault(
@@ -549,6 +795,131 @@ class GcpProvider(CloudGroupProvider):
                         f" {code}: {one_line(message, 160)}",
                     )
         self._capacity.update(conditions)
+
+    # ---------------------------------------------------------------- capacity
+
+    def group_lifecycle(self) -> Lifecycle | None:
+        """SPOT when the group's instance template asks for spot VMs
+        (``properties.scheduling.provisioningModel`` SPOT, or ``preemptible``), else
+        ON_DEMAND; None when its versions' templates disagree, or the template cannot
+        be read for good (warned once: the controller then goes by the members).
+
+        Costs one get of the group if none was read yet, and one get per template
+        not seen before: a template never changes (a new one replaces it).
+        """
+        record = self._record if self._record is not None else self._get_group()
+        # versions[] "overrides the top-level instanceTemplate field" (InstanceGroupManager).
+        urls = {v.instance_template for v in record.versions if v.instance_template}
+        if not urls and record.instance_template:
+            urls = {record.instance_template}
+        if not urls:
+            return None
+        try:
+            found = {self._template_lifecycle(url) for url in sorted(urls)}
+        except ProviderError as error:
+            if error.retryable:
+                raise
+            if not self._lifecycle_warned:
+                self._lifecycle_warned = True
+                log.warning(
+                    "gcp: group %s: cannot read its instance template (%s); spot or"
+                    " on-demand is judged by its members",
+                    self.group,
+                    error,
+                )
+            return None
+        return found.pop() if len(found) == 1 else None
+
+    def _template_lifecycle(self, url: str) -> Lifecycle:
+        if url in self._template_lifecycles:
+            return self._template_lifecycles[url]
+        parsed = _TEMPLATE_URL.search(url)
+        if parsed is None:
+            raise MalformedAnswer("instanceGroupManagers.get", f"instance template URL {url!r}")
+        project, region, name = parsed.groups()
+        if region:
+            client = self._clients.get("RegionInstanceTemplatesClient")
+            where: dict[str, str] = {"region": region}
+        else:
+            client = self._clients.get("InstanceTemplatesClient")
+            where = {}
+
+        def get() -> Lifecycle:
+            template = client.get(project=project, instance_template=name, **where, **_CALL_OPTIONS)
+            # Every Scheduling field is optional: none set is a STANDARD VM.
+            scheduling = template.properties.scheduling
+            spot = scheduling.provisioning_model == "SPOT" or scheduling.preemptible
+            return Lifecycle.SPOT if spot else Lifecycle.ON_DEMAND
+
+        lifecycle = self.call_api("instanceTemplates.get", get)
+        self._template_lifecycles[url] = lifecycle
+        return lifecycle
+
+    def capacity_shortage(self, since: float) -> CapacityShortage | None:
+        """Why the group could not create members lately, or None.
+
+        First the members of the last listing (if read at or after ``since``) whose VM
+        does not exist, by their ``lastAttempt.errors``: no call. Else one page of
+        ``listErrors``
+        (https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/listErrors):
+        the newest error of a creating, recreating, starting or resuming action whose
+        ``timestamp`` is at or after ``since``. Capacity and quota codes are preferred
+        to others among a listing's errors. Reads only.
+        """
+        if self._listed_at is not None and self._listed_at >= since:
+            found = [
+                (code, message)
+                for member in self._members.values()
+                if _failing(member)
+                for code, message in member.errors
+            ]
+            if found:
+                code, message = min(
+                    found, key=lambda e: shortage_cause(e[0]) is ShortageCause.OTHER
+                )
+                return CapacityShortage(
+                    shortage_cause(code), code, one_line(message), self._listed_at
+                )
+        return self._listed_error(since)
+
+    def _listed_error(self, since: float) -> CapacityShortage | None:
+        compute = self._compute
+        if self.zone:
+            request: Any = compute.ListErrorsInstanceGroupManagersRequest(
+                project=self.project, zone=self.zone, instance_group_manager=self.group
+            )
+        else:
+            request = compute.ListErrorsRegionInstanceGroupManagersRequest(
+                project=self.project, region=self.region, instance_group_manager=self.group
+            )
+        request.max_results = ERRORS_PAGE_SIZE
+        # The pager answers attributes from its first page; it is never iterated, so no
+        # second page is asked for.
+        items = self.call_api(
+            "instanceGroupManagers.listErrors",
+            lambda: list(self._groups.list_errors(request=request, **_CALL_OPTIONS).items),
+        )
+        newest: CapacityShortage | None = None
+        for item in items:
+            raw = type(item).pb(item)
+            at = _timestamp(raw.timestamp)
+            action = (
+                raw.instance_action_details.action
+                if raw.HasField("instance_action_details")
+                else ""
+            )
+            # An item without a time cannot be placed after `since`; one without a
+            # code says nothing usable.
+            if at is None or at < since or not raw.error.code:
+                continue
+            if action and action not in LAUNCH_ACTIONS:
+                continue
+            if newest is None or at > (newest.at or 0.0):
+                code = raw.error.code
+                newest = CapacityShortage(
+                    shortage_cause(code), code, one_line(raw.error.message), at
+                )
+        return newest
 
     # ------------------------------------------------------------------ the group
 
@@ -672,6 +1043,63 @@ class GcpProvider(CloudGroupProvider):
         self._members[instance_id] = _replace_action(member, "RECREATING")
         log.info("gcp: recreating %s in group %s", instance_id, self.group)
 
+    def remove_instance(self, instance_id: str) -> None:
+        """``deleteInstances`` for the member named ``instance_id``: the group deletes
+        the VM and "reduces the targetSize of the managed instance group by the number
+        of instances that you delete" (instanceGroupManagers.deleteInstances reference).
+
+        Idempotent: a member not in the group, or already being deleted or abandoned,
+        is left alone; the request also sets ``skipInstancesOnValidationError``, so one
+        that left between the listing and the call is skipped by the group instead of
+        failing the call. Raises a retryable :class:`ProviderError` for a member of a
+        regional group not yet placed in a zone (its URL, which the call needs, names it).
+        """
+        member = self._members.get(instance_id)
+        if member is None:  # not in the last listing (or none yet): ask the group
+            self._members = {m.name: m for m in self._list_managed()}
+            member = self._members.get(instance_id)
+        if member is None or member.leaving:
+            log.debug("gcp: %s is not in group %s (or leaving it)", instance_id, self.group)
+            return
+        if not member.zone:
+            raise ProviderError(
+                f"gcp: cannot remove {instance_id} from group {self.group} yet: the group"
+                " has not placed it in a zone"
+            )
+        path = f"zones/{member.zone}/instances/{member.name}"
+        compute = self._compute
+        if self.zone:
+            call: Callable[[], Any] = lambda: self._groups.delete_instances(  # noqa: E731
+                project=self.project,
+                zone=self.zone,
+                instance_group_manager=self.group,
+                instance_group_managers_delete_instances_request_resource=(
+                    compute.InstanceGroupManagersDeleteInstancesRequest(
+                        instances=[path], skip_instances_on_validation_error=True
+                    )
+                ),
+                **_CALL_OPTIONS,
+            )
+        else:
+            call = lambda: self._groups.delete_instances(  # noqa: E731
+                project=self.project,
+                region=self.region,
+                instance_group_manager=self.group,
+                region_instance_group_managers_delete_instances_request_resource=(
+                    compute.RegionInstanceGroupManagersDeleteInstancesRequest(
+                        instances=[path], skip_instances_on_validation_error=True
+                    )
+                ),
+                **_CALL_OPTIONS,
+            )
+        self.call_api("instanceGroupManagers.deleteInstances", call)
+        # Remember it until the next listing, so a second ask is no second delete, and
+        # the target size the group now has.
+        self._members[instance_id] = _replace_action(member, "DELETING")
+        if self._record is not None and self._record.target_size > 0:
+            self._record.target_size -= 1
+        log.info("gcp: removed %s from group %s (target size -1)", instance_id, self.group)
+
     def scale_down_size(self) -> int:
         """0: a managed instance group has no minimum size of its own."""
         return 0
@@ -691,30 +1119,10 @@ class GcpProvider(CloudGroupProvider):
         return f"gcp managed instance group {self.group} ({self.project}, {self.location})"
 
     def close(self) -> None:
-        """Close the clients' HTTP sessions."""
-        for client in (self._groups, self._instances):
-            client.transport.close()
+        """Close the clients' HTTP sessions (shared with the job's other groups)."""
+        self._clients.close()
 
     # -------------------------------------------------------------- API plumbing
-
-    def _make_clients(self, credentials: Any, endpoint: str | None) -> tuple[Any, Any]:
-        from google.api_core.client_options import ClientOptions
-
-        options = None
-        if endpoint:
-            check_endpoint(endpoint)
-            options = ClientOptions(api_endpoint=endpoint.rstrip("/"))
-        compute = self._compute
-        groups_class = (
-            compute.InstanceGroupManagersClient
-            if self.zone
-            else compute.RegionInstanceGroupManagersClient
-        )
-        made = [
-            cls(transport="rest", credentials=credentials, client_options=options)
-            for cls in (groups_class, compute.InstancesClient)
-        ]
-        return made[0], made[1]
 
     def retry_delay(self, error: Exception) -> float | None:
         return _retry_after(error)
@@ -792,6 +1200,12 @@ def _missing_field(raw: Any, name: str, zone: str) -> str:
     if vm_exists and not zone:  # an existing VM is described in its zone: only the URL says
         return "instance URL"
     return ""
+
+
+def _failing(member: _Member) -> bool:
+    """Whether the member's last attempt failed and left it without a running VM
+    (``id`` and ``instanceStatus`` are "empty when the instance does not exist")."""
+    return bool(member.errors) and member.instance_status in ("", "PROVISIONING")
 
 
 def _read_vms(page: Any) -> tuple[list[_Vm], str]:
@@ -897,6 +1311,11 @@ __all__ = [
     "HEALTH_STATE_MAP",
     "IAM_PERMISSIONS",
     "INSTANCE_STATUS_MAP",
+    "SHORTAGE_CAUSES",
     "GcpProvider",
+    "GroupSpec",
+    "group_specs",
     "member_state",
+    "parse_group",
+    "shortage_cause",
 ]

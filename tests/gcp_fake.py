@@ -6,8 +6,17 @@ from the library's own message types, so field names and value encodings (camelC
 int64 as strings, enums as names) are the ones the REST transport parses.
 
 Covered: managed instance groups (zonal and regional: get, listManagedInstances, resize,
-recreateInstances), zone/region operations (get, wait), instances.list with filters,
-an OAuth2 token endpoint, Google's JSON error bodies, permissions and fault injection.
+recreateInstances, deleteInstances, listErrors), instance templates (global and
+regional: get), zone/region operations (get, wait), instances.list with filters, an
+OAuth2 token endpoint, Google's JSON error bodies, permissions and fault injection.
+
+Capacity failures (``capacity_error``) look as Compute's reference describes them: the
+member stays ``CREATING`` ("If the group fails to create this instance, it will try
+again until it is successful", ManagedInstance.currentAction), without ``id`` and
+``instanceStatus`` (empty "when the instance does not exist"), with the attempt's
+errors in ``lastAttempt.errors.errors[]``; each failed attempt is also an item of
+``listErrors`` (InstanceManagedByIgmError: ``error.code``/``message``, ``timestamp``,
+``instanceActionDetails``).
 
 In process::
 
@@ -73,6 +82,14 @@ PERMISSIONS = {
     "instanceGroupManagers.listManagedInstances": "compute.instanceGroupManagers.get",
     "instanceGroupManagers.resize": "compute.instanceGroupManagers.update",
     "instanceGroupManagers.recreateInstances": "compute.instanceGroupManagers.update",
+    # deleteInstances and listErrors: "Authorization requires the following IAM permission
+    # on the specified resource instanceGroupManager" (their REST reference pages).
+    "instanceGroupManagers.deleteInstances": "compute.instanceGroupManagers.update",
+    "instanceGroupManagers.listErrors": "compute.instanceGroupManagers.get",
+    # Global and regional templates share one permission (instanceTemplates/get and
+    # regionInstanceTemplates/get reference pages).
+    "instanceTemplates.get": "compute.instanceTemplates.get",
+    "regionInstanceTemplates.get": "compute.instanceTemplates.get",
     "instances.list": "compute.instances.list",
     "instances.get": "compute.instances.get",
     "zoneOperations.get": "compute.zoneOperations.get",
@@ -182,6 +199,7 @@ class FakeGroup:
         labels: dict[str, str],
         autoscaler: str | None,
         list_managed_instances_results: str,
+        template_region: str | None = None,
     ) -> None:
         self._fake = fake
         self.name = name
@@ -205,6 +223,11 @@ class FakeGroup:
         self.auto_advance = True
         self.auto_repair = True  # a MIG recreates VMs that stopped or terminated
         self.capacity_errors: dict[str, str] = {}
+        # listErrors items (InstanceManagedByIgmError as JSON), oldest first.
+        self.errors: list[dict[str, Any]] = []
+        # None: a global instance template; else the region of a regional one.
+        self.template_region = template_region
+        self.template_id = fake._new_id()
 
     # ------------------------------------------------------------------ addresses
 
@@ -331,7 +354,8 @@ class FakeGroup:
             return member
 
     def capacity_error(self, zone: str, code: str = "ZONE_RESOURCE_POOL_EXHAUSTED") -> None:
-        """While set, members being created in ``zone`` stay CREATING with this error."""
+        """While set, members being created in ``zone`` stay CREATING with this error
+        (no VM, ``lastAttempt.errors``), and each failed attempt is a listErrors item."""
         with self._fake._lock:
             self.capacity_errors[zone] = code
 
@@ -342,6 +366,38 @@ class FakeGroup:
                 self.capacity_errors.clear()
             else:
                 self.capacity_errors.pop(zone, None)
+
+    def add_error(
+        self,
+        code: str,
+        *,
+        action: str | None = "CREATING",
+        instance: str | None = None,
+        timestamp: str | None = None,
+        message: str | None = None,
+    ) -> dict[str, Any]:
+        """Append a listErrors item; ``action`` None leaves ``instanceActionDetails``
+        out ("May be null, if the error was not caused by an action on an instance")."""
+        with self._fake._lock:
+            zone = self.zones[0]
+            error = compute_v1.InstanceManagedByIgmError(
+                error=compute_v1.InstanceManagedByIgmErrorManagedInstanceError(
+                    code=code,
+                    message=message or _capacity_message(code, self._fake.project, zone),
+                ),
+                timestamp=timestamp or _now(),
+            )
+            if action is not None:
+                details = compute_v1.InstanceManagedByIgmErrorInstanceActionDetails(
+                    action=action,
+                    version=compute_v1.ManagedInstanceVersion(instance_template=self._template()),
+                )
+                if instance:
+                    details.instance = instance
+                error.instance_action_details = details
+            item = _json(compute_v1.InstanceManagedByIgmError, error)
+            self.errors.append(item)
+            return item
 
     def advance(self, steps: int = 1) -> None:
         """Move every in-flight member ``steps`` stages on (see the module's docs)."""
@@ -372,9 +428,16 @@ class FakeGroup:
     def _try_create_vm(self, member: Member, status: str) -> None:
         code = self.capacity_errors.get(member.zone)
         if code:
+            action = member.current_action
             member.instance_status = None
             member.id = None
             member.last_attempt_errors = [code]
+            self.add_error(
+                code,
+                action=action,
+                instance=self.instance_url(member),
+                message=_capacity_message(code, self._fake.project, member.zone),
+            )
             return
         self._fake._new_vm(member)
         member.instance_status = status
@@ -448,6 +511,41 @@ class FakeGroup:
                 m.current_action = "RECREATING"
                 m.recreate_from = m.id
 
+    def _delete_instances(self, urls: list[Any], skip_invalid: bool) -> None:
+        """deleteInstances: "Flags the specified instances in the managed instance group
+        for immediate deletion ... This method reduces the targetSize of the managed
+        instance group by the number of instances that you delete." Members not in the
+        group, or already being deleted or abandoned, fail the call unless
+        skipInstancesOnValidationError; a URL in another zone always fails."""
+        if not urls:
+            raise ApiError(400, "Required field 'instances' not specified", "required")
+        targets = []
+        for i, url in enumerate(urls):
+            match = re.search(r"(?:^|/)zones/([^/]+)/instances/([^/]+)$", str(url))
+            if not match or match.group(1) not in self.zones:
+                raise invalid(
+                    f"instances[{i}]", url, "Instance is not in the managed instance group's zone."
+                )
+            zone, name = match.groups()
+            member = next((m for m in self.members if m.name == name and m.zone == zone), None)
+            if member is None or member.current_action in ("DELETING", "ABANDONING"):
+                if skip_invalid:
+                    continue
+                # Wording guessed; the reference says only that "the operation fails".
+                raise invalid(
+                    f"instances[{i}]",
+                    url,
+                    "Instance is not a member of the managed instance group"
+                    " or is already being deleted.",
+                )
+            targets.append(member)
+        for m in targets:
+            self.target_size = max(0, self.target_size - 1)
+            if m.has_vm:
+                m.current_action = "DELETING"
+            else:
+                self.members.remove(m)  # never created: nothing to delete
+
     # ------------------------------------------------------------------ REST shapes
 
     def managed_instance(self, m: Member) -> dict[str, Any]:
@@ -511,20 +609,15 @@ class FakeGroup:
                     network=f"{API}/projects/{project}/global/networks/default",
                 )
             ],
-            scheduling=compute_v1.Scheduling(
-                provisioning_model=self.provisioning_model,
-                preemptible=self.provisioning_model == "SPOT",
-                automatic_restart=self.provisioning_model != "SPOT",
-                on_host_maintenance="TERMINATE" if self.accelerators else "MIGRATE",
-            ),
             labels=dict(self.labels),
             metadata=compute_v1.Metadata(
                 kind="compute#metadata",
                 items=[compute_v1.Items(key="created-by", value=self.resource)],
             ),
         )
-        if self.provisioning_model == "SPOT":
-            inst.scheduling.instance_termination_action = "STOP"
+        scheduling = _scheduling(self.provisioning_model, self.accelerators)
+        if scheduling is not None:
+            inst.scheduling = scheduling
         if self.accelerators:
             inst.guest_accelerators = [
                 compute_v1.AcceleratorConfig(
@@ -534,8 +627,48 @@ class FakeGroup:
             ]
         return _json(compute_v1.Instance, inst)
 
+    @property
+    def template_name(self) -> str:
+        """The instance template's name."""
+        return f"{self.name}-template"
+
     def _template(self) -> str:
-        return f"{API}/projects/{self._fake.project}/global/instanceTemplates/{self.name}-template"
+        where = f"regions/{self.template_region}" if self.template_region else "global"
+        return f"{API}/projects/{self._fake.project}/{where}/instanceTemplates/{self.template_name}"
+
+    def template(self) -> dict[str, Any]:
+        """The group's instance template as instanceTemplates.get (or
+        regionInstanceTemplates.get) returns it.
+
+        ``properties.scheduling`` is as the reference's Scheduling says: SPOT is
+        ``provisioningModel: SPOT``; ``PREEMPTIBLE`` here is the older form,
+        ``preemptible: true`` without a provisioning model; ``None`` leaves scheduling
+        out (a STANDARD VM: every Scheduling field is optional).
+        """
+        props = compute_v1.InstanceProperties(
+            machine_type=self.machine_type,  # a global template names the type bare
+            labels=dict(self.labels),
+        )
+        scheduling = _scheduling(self.provisioning_model, self.accelerators)
+        if scheduling is not None:
+            props.scheduling = scheduling
+        if self.accelerators:
+            props.guest_accelerators = [
+                compute_v1.AcceleratorConfig(
+                    accelerator_type=self.accelerator_type, accelerator_count=self.accelerators
+                )
+            ]
+        template = compute_v1.InstanceTemplate(
+            kind="compute#instanceTemplate",
+            id=self.template_id,
+            name=self.template_name,
+            creation_timestamp=self.creation_timestamp,
+            properties=props,
+            self_link=self._template(),
+        )
+        if self.template_region:
+            template.region = f"{API}/projects/{self._fake.project}/regions/{self.template_region}"
+        return _json(compute_v1.InstanceTemplate, template)
 
     def record(self) -> dict[str, Any]:
         """The group as instanceGroupManagers.get returns it."""
@@ -595,6 +728,8 @@ class FakeGroup:
                 "auto_repair": self.auto_repair,
                 "autoscaler": self.autoscaler,
                 "capacity_errors": dict(self.capacity_errors),
+                "errors": list(self.errors),
+                "template_region": self.template_region,
                 "list_managed_instances_results": self.list_managed_instances_results,
                 "members": [m.to_dict() for m in self.members],
             }
@@ -615,6 +750,22 @@ _ACTION_FIELDS = {
     "SUSPENDING": "suspending",
     "VERIFYING": "verifying",
 }
+
+
+def _scheduling(model: str | None, accelerators: int) -> compute_v1.Scheduling | None:
+    """A VM's or template's Scheduling for ``model`` (see :meth:`FakeGroup.template`)."""
+    if model is None:
+        return None
+    scheduling = compute_v1.Scheduling(
+        preemptible=model in ("SPOT", "PREEMPTIBLE"),
+        automatic_restart=model == "STANDARD",
+        on_host_maintenance="TERMINATE" if accelerators or model != "STANDARD" else "MIGRATE",
+    )
+    if model != "PREEMPTIBLE":
+        scheduling.provisioning_model = model
+    if model == "SPOT":
+        scheduling.instance_termination_action = "STOP"
+    return scheduling
 
 
 def _capacity_message(code: str, project: str, zone: str) -> str:
@@ -719,15 +870,20 @@ class FakeCompute(FakeServer[RecordedRequest]):
         zones: list[str] | None = None,
         size: int = 0,
         base_instance_name: str | None = None,
-        provisioning_model: str = "SPOT",
+        provisioning_model: str | None = "SPOT",
         machine_type: str = "n1-standard-4",
         accelerators: int = 0,
         accelerator_type: str = "nvidia-tesla-t4",
         labels: dict[str, str] | None = None,
         autoscaler: str | None = None,
         list_managed_instances_results: str = "PAGELESS",
+        template_region: str | None = None,
     ) -> FakeGroup:
-        """A zonal (``zone``) or regional (``region``) group with ``size`` RUNNING members."""
+        """A zonal (``zone``) or regional (``region``) group with ``size`` RUNNING members.
+
+        ``provisioning_model``: SPOT, STANDARD, PREEMPTIBLE (``preemptible: true`` only)
+        or None (no scheduling at all); ``template_region``: the group's instance
+        template is regional (else global)."""
         if (zone is None) == (region is None):
             raise ValueError("give exactly one of zone and region")
         with self._lock:
@@ -745,6 +901,7 @@ class FakeCompute(FakeServer[RecordedRequest]):
                 labels=dict(labels or {}),
                 autoscaler=autoscaler,
                 list_managed_instances_results=list_managed_instances_results,
+                template_region=template_region,
             )
             self.groups[(group.location, name)] = group
             for _ in range(size):
@@ -973,6 +1130,8 @@ class FakeCompute(FakeServer[RecordedRequest]):
     def _dispatch(
         self, api: str, params: dict[str, str], query: dict[str, str], body: Any
     ) -> dict[str, Any]:
+        if api.endswith("nstanceTemplates.get"):
+            return self._get_template(api, params)
         self._check_location(params)
         project = params["project"]
         location = f"zones/{params['zone']}" if "zone" in params else f"regions/{params['region']}"
@@ -1020,7 +1179,40 @@ class FakeCompute(FakeServer[RecordedRequest]):
             urls = body.get("instances", []) if isinstance(body, dict) else []
             group._recreate(urls)
             return self._new_operation(group, f"compute.{api}")
+        if method == "deleteInstances":
+            body = body if isinstance(body, dict) else {}
+            group._delete_instances(
+                body.get("instances", []), bool(body.get("skipInstancesOnValidationError"))
+            )
+            return self._new_operation(group, f"compute.{api}")
+        if method == "listErrors":
+            return self._list_errors(group, query)
         raise AssertionError(api)
+
+    def _get_template(self, api: str, params: dict[str, str]) -> dict[str, Any]:
+        project, name, region = params["project"], params["template"], params.get("region")
+        where = f"regions/{region}" if region else "global"
+        resource = f"projects/{project}/{where}/instanceTemplates/{name}"
+        if project not in self.projects:
+            raise not_found(f"projects/{project}")
+        self._check_permission(api, resource)
+        for group in self.groups.values():
+            if (group.template_name, group.template_region, project) == (
+                name,
+                region,
+                self.project,
+            ):
+                return group.template()
+        raise not_found(resource)
+
+    def _list_errors(self, group: FakeGroup, query: dict[str, str]) -> dict[str, Any]:
+        """listErrors: "The filter and orderBy query parameters are not supported." The
+        reference names no order; the fake answers the newest first."""
+        if query.get("pageToken"):
+            return self._next_page(query["pageToken"], query, "items")
+        if query.get("filter") or query.get("orderBy"):
+            raise invalid("filter", query.get("filter") or query.get("orderBy"), "Not supported.")
+        return self._first_page(list(reversed(group.errors)), query, "items")
 
     def _list_managed(self, group: FakeGroup, query: dict[str, str]) -> dict[str, Any]:
         token = query.get("pageToken")
@@ -1107,14 +1299,21 @@ for _scope, _prefix in (("zones/{zone}", ""), ("regions/{region}", "region")):
     _igm = f"projects/{{project}}/{_scope}/instanceGroupManagers/{{igm}}"
     _name = f"{_prefix}InstanceGroupManagers" if _prefix else "instanceGroupManagers"
     _add_route("GET", _igm, f"{_name}.get")
-    for _verb in ("listManagedInstances", "resize", "recreateInstances"):
+    for _verb in ("listManagedInstances", "resize", "recreateInstances", "deleteInstances"):
         _add_route("POST", f"{_igm}/{_verb}", f"{_name}.{_verb}")
+    _add_route("GET", f"{_igm}/listErrors", f"{_name}.listErrors")
     _ops = f"{_prefix}Operations" if _prefix else "zoneOperations"
     _add_route("GET", f"projects/{{project}}/{_scope}/operations/{{operation}}", f"{_ops}.get")
     _add_route(
         "POST", f"projects/{{project}}/{_scope}/operations/{{operation}}/wait", f"{_ops}.wait"
     )
 _add_route("GET", "projects/{project}/zones/{zone}/instances", "instances.list")
+_add_route("GET", "projects/{project}/global/instanceTemplates/{template}", "instanceTemplates.get")
+_add_route(
+    "GET",
+    "projects/{project}/regions/{region}/instanceTemplates/{template}",
+    "regionInstanceTemplates.get",
+)
 # Only the benchmark's anchor script (a get per VM) uses it; spotring lists.
 _add_route("GET", "projects/{project}/zones/{zone}/instances/{instance}", "instances.get")
 
@@ -1268,6 +1467,7 @@ class _Handler(KeepAliveHandler):
       member vanishes and the target size shrinks).
     - ``POST /_fake/groups/{g}/members/{m}/preempt``: spot preemption.
     - ``POST /_fake/groups/{g}/advance``: ``{"steps": n}``.
+    - ``POST /_fake/groups/{g}/errors``: a listErrors item (``add_error`` keywords).
     - ``POST|DELETE /_fake/groups/{g}/capacity_error``: ``{"zone": z, "code": c}``;
       DELETE clears (``?zone=z`` for one zone).
     - ``POST /_fake/faults``: ``fail_next`` keywords (``count``, ``status``, ``match``,
@@ -1452,6 +1652,8 @@ def _control_group(
             raise ValueError(f"unknown mode {mode!r}")
         if method == "GET":
             return 200, group.member(name).to_dict()
+    if rest == ["errors"] and method == "POST":
+        return 200, group.add_error(**body)
     if rest == ["advance"] and method == "POST":
         group.advance(int(body.get("steps", 1)))
         return 200, group.to_dict()

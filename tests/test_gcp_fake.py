@@ -362,6 +362,130 @@ def test_capacity_errors_keep_members_creating(fake: FakeCompute, igm: Any) -> N
     assert not mi.last_attempt.errors.errors
 
 
+def test_a_failed_creation_has_no_vm_and_is_a_list_errors_item(fake: FakeCompute, igm: Any) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=0)
+    group.capacity_error(ZONE, "QUOTA_EXCEEDED")
+    igm.resize(**zonal(), size=1)
+    [mi] = listed(igm, **zonal()).values()
+    raw = type(mi).pb(mi)
+
+    # ManagedInstance: id and instanceStatus "are empty when the instance does not exist".
+    assert raw.current_action == "CREATING"
+    assert not raw.HasField("id") and not raw.HasField("instance_status")
+    assert [e.code for e in mi.last_attempt.errors.errors] == ["QUOTA_EXCEEDED"]
+    [item] = list(igm.list_errors(**zonal()))
+    assert (item.error.code, item.instance_action_details.action) == (
+        "QUOTA_EXCEEDED",
+        "CREATING",
+    )
+    assert item.instance_action_details.instance.endswith(f"/zones/{ZONE}/instances/{mi.name}")
+    assert item.instance_action_details.version.instance_template.endswith(
+        "/global/instanceTemplates/workers-template"
+    )
+    assert "Quota 'PREEMPTIBLE_CPUS' exceeded" in item.error.message
+    assert item.timestamp.endswith("+00:00")
+
+
+def test_list_errors_pages_newest_first_and_refuses_filters(fake: FakeCompute, rigm: Any) -> None:
+    group = fake.add_group("workers", region=REGION, size=1)
+    group.add_error("ZONE_RESOURCE_POOL_EXHAUSTED", timestamp="2026-01-01T00:00:00.000+00:00")
+    group.add_error("QUOTA_EXCEEDED", action=None, timestamp="2026-01-01T00:01:00.000+00:00")
+    group.add_error("OTHER", timestamp="2026-01-01T00:02:00.000+00:00")
+    request = compute_v1.ListErrorsRegionInstanceGroupManagersRequest(**regional(), max_results=2)
+
+    pager = rigm.list_errors(request=request)
+    first_page = list(pager.items)
+    assert [i.error.code for i in first_page] == ["OTHER", "QUOTA_EXCEEDED"]
+    assert [i.error.code for i in pager] == [
+        "OTHER",
+        "QUOTA_EXCEEDED",
+        "ZONE_RESOURCE_POOL_EXHAUSTED",
+    ]
+    # "May be null, if the error was not caused by an action on an instance".
+    assert not type(first_page[1]).pb(first_page[1]).HasField("instance_action_details")
+    assert [
+        r.query.get("maxResults") for r in fake.calls("regionInstanceGroupManagers.listErrors")
+    ] == ["2", "2"]
+    with pytest.raises(exceptions.BadRequest):
+        rigm.list_errors(
+            request=compute_v1.ListErrorsRegionInstanceGroupManagersRequest(
+                **regional(), filter='error.code = "OTHER"'
+            )
+        )
+
+
+def test_delete_instances_lowers_the_target_and_validates(fake: FakeCompute, igm: Any) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=3)
+    group.auto_advance = False
+    first, second, _ = group.names()
+
+    def delete(*names: str, skip: bool = False, zone: str = ZONE) -> None:
+        igm.delete_instances_unary(
+            **zonal(),
+            instance_group_managers_delete_instances_request_resource=(
+                compute_v1.InstanceGroupManagersDeleteInstancesRequest(
+                    instances=[f"zones/{zone}/instances/{n}" for n in names],
+                    skip_instances_on_validation_error=skip,
+                )
+            ),
+        )
+
+    delete(first)
+    assert group.target_size == 2 and group.member(first).current_action == "DELETING"
+    # Already being deleted, or not a member: the call fails, unless told to skip them.
+    with pytest.raises(exceptions.BadRequest):
+        delete(first)
+    with pytest.raises(exceptions.BadRequest):
+        delete("not-a-member")
+    delete(first, "not-a-member", second, skip=True)
+    assert group.target_size == 1 and group.member(second).current_action == "DELETING"
+    # Another zone's URL fails whatever the flag says.
+    with pytest.raises(exceptions.BadRequest):
+        delete("x", zone="us-central1-b", skip=True)
+    group.advance()
+    assert len(group.names()) == 1 and group.is_stable()
+
+
+@pytest.mark.parametrize(
+    ("model", "provisioning_model", "preemptible"),
+    [
+        ("SPOT", "SPOT", True),
+        ("PREEMPTIBLE", None, True),  # the older form: preemptible without a model
+        ("STANDARD", "STANDARD", False),
+        (None, None, None),  # no scheduling at all
+    ],
+)
+def test_instance_templates_global_and_regional(
+    fake: FakeCompute, model: str | None, provisioning_model: str | None, preemptible: bool | None
+) -> None:
+    fake.add_group("zonal", zone=ZONE, size=1, provisioning_model=model)
+    fake.add_group(
+        "regional", region=REGION, size=1, provisioning_model=model, template_region=REGION
+    )
+    global_client = compute_v1.InstanceTemplatesClient(**client_kwargs(fake.url))
+    regional_client = compute_v1.RegionInstanceTemplatesClient(**client_kwargs(fake.url))
+
+    found = global_client.get(project=PROJECT, instance_template="zonal-template")
+    regional_found = regional_client.get(
+        project=PROJECT, region=REGION, instance_template="regional-template"
+    )
+
+    for template in (found, regional_found):
+        data = json.loads(type(template).to_json(template))
+        scheduling = data["properties"].get("scheduling")
+        if preemptible is None:
+            assert scheduling is None
+        else:
+            assert scheduling.get("provisioningModel") == provisioning_model
+            assert scheduling.get("preemptible") is preemptible
+    assert regional_found.region.endswith(f"/regions/{REGION}")
+    assert regional_found.self_link.endswith(
+        f"/regions/{REGION}/instanceTemplates/regional-template"
+    )
+    with pytest.raises(exceptions.NotFound):
+        global_client.get(project=PROJECT, instance_template="regional-template")
+
+
 def test_operations_get_and_wait(fake: FakeCompute, igm: Any) -> None:
     fake.add_group("workers", zone=ZONE, size=1)
     op = igm.resize_unary(**zonal(), size=2)

@@ -380,11 +380,14 @@ def test_permission_denied_names_the_permission(fake: FakeCompute) -> None:
 
 
 def test_iam_permissions_are_the_ones_the_calls_need(fake: FakeCompute) -> None:
-    group = fake.add_group("workers", zone=ZONE, size=2)
+    group = fake.add_group("workers", zone=ZONE, size=3)
     provider = make_provider(fake)
-    provider.set_target_size(3)
+    provider.set_target_size(4)
     provider.list_instances()
     provider.replace_instance(group.names()[0])
+    provider.remove_instance(group.names()[1])
+    assert provider.group_lifecycle() is Lifecycle.SPOT
+    provider.capacity_shortage(0.0)  # no member failing: listErrors
 
     from tests.gcp_fake import PERMISSIONS
 

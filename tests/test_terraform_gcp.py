@@ -69,12 +69,14 @@ GCP = TERRAFORM / "gcp"
 
 # What spotring's GCP provider calls (providers/gcp.py's IAM_PERMISSIONS, checked to be
 # the same: a change there comes with the roles in iam.tf): get (also
-# listManagedInstances) and update (resize, recreateInstances) on the group, and
-# instances.list for the members' addresses, spot-ness and accelerators.
+# listManagedInstances, listErrors) and update (resize, recreateInstances,
+# deleteInstances) on the group, instances.list for the members' addresses, spot-ness
+# and accelerators, and instanceTemplates.get for whether the group launches spot VMs.
 ASSUMED_IAM_PERMISSIONS = frozenset(
     {
         "compute.instanceGroupManagers.get",
         "compute.instanceGroupManagers.update",
+        "compute.instanceTemplates.get",
         "compute.instances.list",
     }
 )
@@ -281,13 +283,14 @@ def test_custom_roles_grant_exactly_the_provider_permissions(gcp: Module) -> Non
 
 
 def test_permissions_on_the_group_are_limited_to_it(gcp: Module) -> None:
-    """Everything but list calls is bound with a condition on the group's name."""
+    """Everything but list calls is bound with a condition: on the group's name, or for
+    the template on the worker templates' name prefix."""
     assert gcp.locals["group_resource_name"] == (
         "projects/${var.project}/regions/${var.region}/instanceGroupManagers/${var.name}"
     )
     group = gcp.resource("google_compute_region_instance_group_manager", "workers")
     assert group["name"] == "${var.name}" and group["region"] == "${var.region}"
-    checked = 0
+    checked = templates = 0
     for name, binding in _bindings(gcp, DRIVER_SA):
         custom = _custom_role(gcp, binding["role"])
         if custom is None:
@@ -297,10 +300,22 @@ def test_permissions_on_the_group_are_limited_to_it(gcp: Module) -> None:
             continue  # authorized on a collection: a resource.name condition cannot narrow it
         (condition,) = binding.get("condition", [None])
         assert condition, f"google_project_iam_member.{name} grants {permissions} unconditionally"
+        if permissions == ["compute.instanceTemplates.get"]:
+            assert condition["expression"] == (
+                "resource.name.startsWith('${local.template_resource_prefix}')"
+            )
+            templates += 1
+            continue
         assert condition["expression"] == "resource.name == '${local.group_resource_name}'"
         checked += 1
         assert "compute.instanceGroupManagers.update" in permissions
     assert checked, "no conditioned binding for the group's permissions"
+    assert templates == 1, "no conditioned binding for the template permission"
+    template = gcp.resource("google_compute_instance_template", "workers")
+    assert template["name_prefix"] == "${var.name}-worker-"
+    assert gcp.locals["template_resource_prefix"] == (
+        "projects/${var.project}/global/instanceTemplates/${var.name}-worker-"
+    )
     iam = (GCP / "iam.tf").read_text(encoding="utf-8")
     assert "list call" in iam, "say next to the list role why it cannot be scoped"
 
@@ -550,7 +565,11 @@ def test_spotring_command_parses_with_the_cli(gcp: Module) -> None:
     assert options.num_proc == 2 and options.min_num_proc == 2 and options.max_num_proc == 2
     values = vars(options)
     for what in ("group", "region", "project"):
-        assert any(what in key and value == "2" for key, value in values.items()), (what, values)
+        # --group may be given more than once: it parses to a list.
+        assert any(what in key and value in ("2", ["2"]) for key, value in values.items()), (
+            what,
+            values,
+        )
 
 
 # ------------------------------------------------------------------ durable checkpoints

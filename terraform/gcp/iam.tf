@@ -10,6 +10,11 @@ locals {
   # manager in Compute Engine's IAM).
   group_resource_name = "projects/${var.project}/regions/${var.region}/instanceGroupManagers/${var.name}"
 
+  # The worker template's name is ${var.name}-worker- and a suffix Terraform picks
+  # (name_prefix, so a changed template can be created before the old one goes): a
+  # prefix keeps the binding valid across replacements. A global template.
+  template_resource_prefix = "projects/${var.project}/global/instanceTemplates/${var.name}-worker-"
+
   # Custom role ids allow letters, digits, underscores and dots.
   role_id_prefix = "spotring_${replace(var.name, "-", "_")}"
 
@@ -48,8 +53,8 @@ resource "google_project_iam_member" "driver_logs" {
   member  = "serviceAccount:${google_service_account.driver.email}"
 }
 
-# Reading and steering the group: get (also listManagedInstances) and update (resize,
-# recreateInstances). Both act on the group itself, so the binding below limits them
+# Reading and steering the group: get (also listManagedInstances, listErrors) and update
+# (resize, recreateInstances, deleteInstances). Both act on the group itself, so the binding below limits them
 # to this one group with an IAM condition on its resource name.
 resource "google_project_iam_custom_role" "driver_group" {
   project     = var.project
@@ -72,6 +77,32 @@ resource "google_project_iam_member" "driver_group" {
     title       = "only-group-${var.name}"
     description = "Only the instance group manager ${var.name} in ${var.region}"
     expression  = "resource.name == '${local.group_resource_name}'"
+  }
+}
+
+# Reading the group's instance template: whether it launches spot VMs
+# (scheduling.provisioningModel), what the capacity policy asks of the group. Limited
+# to this module's templates with an IAM condition on the name's prefix.
+resource "google_project_iam_custom_role" "driver_template" {
+  project     = var.project
+  role_id     = "${local.role_id_prefix}_template"
+  title       = "spotring ${var.name}: read the worker template"
+  description = "What spotring's GCP provider reads of the instance template of ${var.name}."
+  stage       = "GA"
+  permissions = [
+    "compute.instanceTemplates.get",
+  ]
+}
+
+resource "google_project_iam_member" "driver_template" {
+  project = var.project
+  role    = google_project_iam_custom_role.driver_template.name
+  member  = "serviceAccount:${google_service_account.driver.email}"
+
+  condition {
+    title       = "only-templates-${var.name}"
+    description = "Only the worker instance templates of ${var.name}"
+    expression  = "resource.name.startsWith('${local.template_resource_prefix}')"
   }
 }
 

@@ -79,7 +79,12 @@ run "defaults" {
   }
 
   assert {
-    condition     = toset(google_project_iam_custom_role.driver_group.permissions) == toset(["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.update"]) && toset(google_project_iam_custom_role.driver_list.permissions) == toset(["compute.instances.list"])
+    condition     = google_project_iam_member.driver_template.condition[0].expression == "resource.name.startsWith('projects/my-project/global/instanceTemplates/spot-train-worker-')"
+    error_message = "the template permission is not limited to the worker templates"
+  }
+
+  assert {
+    condition     = toset(google_project_iam_custom_role.driver_group.permissions) == toset(["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.update"]) && toset(google_project_iam_custom_role.driver_list.permissions) == toset(["compute.instances.list"]) && toset(google_project_iam_custom_role.driver_template.permissions) == toset(["compute.instanceTemplates.get"])
     error_message = "the custom roles do not hold the provider's permissions"
   }
 
