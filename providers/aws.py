@@ -183,7 +183,7 @@ def shortage_from_activity(activity: Mapping[str, Any]) -> CapacityShortage | No
     return CapacityShortage(
         cause=SHORTAGE_CODES.get(code, ShortageCause.OTHER),
         code=code,
-        message=one_line(message or description),
+        message=one_line(message or description, 400),
         at=start.timestamp() if start is not None else None,
     )
 

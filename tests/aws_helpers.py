@@ -139,7 +139,13 @@ def error_response(client: Any, status: int, code: str, message: str = "injected
 
 
 def inject_errors(
-    client: Any, operation: str, status: int, code: str, *, times: int | None = None
+    client: Any,
+    operation: str,
+    status: int,
+    code: str,
+    *,
+    times: int | None = None,
+    message: str = "injected",
 ) -> Callable[[], int]:
     """Answer the next ``times`` sends of ``operation`` (all, if None) with an error.
 
@@ -152,7 +158,7 @@ def inject_errors(
         if times is not None and sent["errors"] >= times:
             return None
         sent["errors"] += 1
-        return error_response(client, status, code)
+        return error_response(client, status, code, message)
 
     event_service = client.meta.service_model.service_id.hyphenize()
     client.meta.events.register_first(f"before-send.{event_service}.{operation}", before_send)
