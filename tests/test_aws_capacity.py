@@ -399,6 +399,22 @@ def test_only_failures_since_count_and_the_newest_wins(launches: LaunchActivitie
     assert provider.capacity_shortage(time.time() - 10) is None
 
 
+def test_a_failure_earlier_in_the_same_second_does_not_count(launches: LaunchActivities) -> None:
+    # StartTimeLowerBound takes whole seconds: the provider filters the rest itself.
+    create_group("spot", size=0)
+    provider = make_provider("spot")
+    second = float(int(time.time()) - 30)
+    launches.add(
+        "spot",
+        "Failed",
+        start=datetime.fromtimestamp(second + 0.2, timezone.utc),
+        message=SPOT_NO_CAPACITY,
+    )
+
+    assert provider.capacity_shortage(second + 0.7) is None
+    assert provider.capacity_shortage(second) is not None
+
+
 def test_shortage_read_is_bounded(launches: LaunchActivities) -> None:
     create_group("spot", size=0)
     provider = make_provider("spot")
