@@ -49,6 +49,7 @@ __all__ = [
     "Decision",
     "GroupStatus",
     "ShortageBackoff",
+    "default_order",
 ]
 
 DEFAULT_FALLBACK_AFTER = 300.0
@@ -142,6 +143,18 @@ class GroupStatus:
     @property
     def demoted(self) -> bool:
         return self.demoted_left_s > 0
+
+
+def default_order(groups: Sequence[GroupStatus]) -> list[str]:
+    """spotring's order of ``groups``: the user's, with demoted groups moved after the
+    others but before the last group (the on-demand one, which stays last)."""
+    ordered = sorted(groups, key=lambda g: g.position)
+    if len(ordered) <= 2:
+        return [g.name for g in ordered]
+    head, last = ordered[:-1], ordered[-1]
+    kept = [g.name for g in head if not g.demoted]
+    demoted = [g.name for g in head if g.demoted]
+    return [*kept, *demoted, last.name]
 
 
 @dataclass(frozen=True)
@@ -273,15 +286,8 @@ class CapacityPolicy:
         return [self.status(name) for name in self._order]
 
     def default_order(self) -> list[str]:
-        """spotring's order: the user's, with demoted groups moved after the others
-        but before the last group (the on-demand one)."""
-        if len(self._order) <= 2:
-            return list(self._order)
-        now = self._clock()
-        head = self._order[:-1]
-        kept = [g for g in head if self._groups[g].demoted_until <= now]
-        demoted = [g for g in head if self._groups[g].demoted_until > now]
-        return kept + demoted + [self.last]
+        """spotring's order (:func:`default_order` of the groups' statuses)."""
+        return default_order(self.statuses())
 
     # ---------------------------------------------------------------- observing
 
@@ -294,9 +300,10 @@ class CapacityPolicy:
         state.joined = {key: state.joined.get(key, now) for key in ids}
         state.live = len(ids)
         state.ready = ready
-        if ready >= state.asked:
+        if ready >= state.asked or self._short(state):
+            # Backed off: it is not waited for; it is asked anew, and timed anew, at expiry.
             state.below_since = None
-            if not self._short(state) and state.asked > 0:
+            if ready >= state.asked > 0 and not self._short(state):
                 state.failures = 0  # it reached what it was asked: the pool is back
         elif state.below_since is None:
             state.below_since = now
@@ -408,8 +415,14 @@ class CapacityPolicy:
         # A group is never asked for fewer than its live members: hosts leave only by
         # being handed back (return_candidate), at a commit.
         asked = {name: max(shares[name], self._groups[name].live) for name in self._order}
+        now = self._clock()
         for name, size in asked.items():
-            self._groups[name].asked = size
+            state = self._groups[name]
+            state.asked = size
+            # Below target from the moment it is asked for more than it has: the
+            # cloud's failure to launch comes right after the ask.
+            if state.ready < size and state.below_since is None and not self._short(state):
+                state.below_since = now
         return asked, decisions
 
     def return_candidate(

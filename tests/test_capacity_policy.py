@@ -296,3 +296,20 @@ def test_the_last_group_stays_last() -> None:
     for _ in range(DEMOTE_AFTER_PREEMPTIONS):
         policy.preempted("a")
     assert policy.default_order() == ["a", "od"]
+
+
+def test_time_backed_off_does_not_count_toward_the_next_fallback_after() -> None:
+    policy, clock = make(fallback_after=30)
+    policy.distribute(4)
+    policy.observe("spot", ids("spot", 4), 2)  # two members stuck launching
+    policy.report_shortage("spot", SHORT)
+    for _ in range(3):  # 57 s backed off, below its ask all along
+        clock.now += 19
+        policy.distribute(4)
+        policy.observe("spot", ids("spot", 4), 2)
+    clock.now += 3
+    policy.distribute(4)
+    policy.observe("spot", ids("spot", 4), 2)
+    assert policy.status("spot").short is False
+    # The probe: asked anew and timed anew, not short at once for want of a signal.
+    assert policy.report_shortage("spot", None) is None
