@@ -19,6 +19,13 @@ from typing import NoReturn
 
 import pluggy
 
+from spotring.autoscaler.capacity import (
+    DEFAULT_FALLBACK_AFTER,
+    DEFAULT_ON_DEMAND_BASE,
+    DEFAULT_RETURN_AFTER,
+    CapacityOptions,
+)
+from spotring.autoscaler.group_set import GroupSet
 from spotring.autoscaler.job import EXIT_FAILURE, EXIT_USAGE, JobConfig, run_job
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.autoscaler.progress import ProgressReporter
@@ -206,10 +213,12 @@ def core_options(options: argparse.Namespace) -> CoreOptions:
     )
 
 
-def make_provider(provider: type[Provider], options: argparse.Namespace) -> Provider:
-    """``provider`` made from its own options and the typed core ones; never the
-    whole command line."""
-    return provider.from_options(provider_options(options), core_options(options))
+def make_provider(provider: type[Provider], options: argparse.Namespace) -> GroupSet:
+    """The job's groups (``provider.groups_from_options``: one per ``--group``, in the
+    user's order) made from the provider's own options and the typed core ones, never
+    the whole command line, as one :class:`GroupSet`."""
+    groups = provider.groups_from_options(provider_options(options), core_options(options))
+    return GroupSet(groups)
 
 
 def _add_elastic_options(run: argparse.ArgumentParser) -> None:
@@ -314,6 +323,34 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "commit or its formation, as failed on the member whose last commit is the "
         "oldest: that worker is stopped and its host replaced (default: off; set it above "
         "the longest gap between commits, and a ring's formation and first step)",
+    )
+    capacity = run.add_argument_group(
+        "when spot runs out (a job of several groups: --group given more than once)"
+    )
+    capacity.add_argument(
+        "--fallback-after",
+        type=non_negative_seconds,
+        default=DEFAULT_FALLBACK_AFTER,
+        metavar="SECONDS",
+        help="a group below its target this long with no error from its cloud counts as "
+        "short, and the next group is asked for its shortfall (default: %(default).0f; a "
+        "capacity or quota error from the cloud counts at once)",
+    )
+    capacity.add_argument(
+        "--on-demand-base",
+        type=non_negative_int,
+        default=DEFAULT_ON_DEMAND_BASE,
+        metavar="N",
+        help="keep N hosts in the last group (the on-demand one) always (default: 0)",
+    )
+    capacity.add_argument(
+        "--return-after",
+        type=non_negative_seconds,
+        default=DEFAULT_RETURN_AFTER,
+        metavar="SECONDS",
+        help="a host that fell back to a later group is handed back (at a commit, one at "
+        "a time) once a preferred group has capacity again, not before it has been there "
+        "this long (default: %(default).0f)",
     )
     durable = run.add_argument_group("durable checkpoints")
     durable.add_argument(
@@ -540,11 +577,16 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManager) -> int:
+def _run(options: argparse.Namespace, provider: GroupSet, pm: pluggy.PluginManager) -> int:
     try:
         forwarded = parse_forwarded(options.forward_env, os.environ)
     except ValueError as error:
         raise UsageError(f"{PROG} run: error: {error}") from None
+    if options.on_demand_base and not provider.several:
+        raise UsageError(
+            f"{PROG} run: error: --on-demand-base needs a job of several groups "
+            "(the last one on-demand): give --group more than once"
+        )
     config = JobConfig(
         command=tuple(options.job),
         shape=JobShape(
@@ -583,6 +625,11 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
         events_path=options.events,
         metrics_port=options.metrics_port,
         metrics_addr=options.metrics_addr,
+        capacity=CapacityOptions(
+            fallback_after=options.fallback_after,
+            on_demand_base=options.on_demand_base,
+            return_after=options.return_after,
+        ),
     )
     # SIGTERM (a scheduler, `kill`) stops the job like Ctrl-C: workers first.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import pluggy
 
-from spotring.autoscaler.capacity import CapacityOptions, CapacityPolicy
+from spotring.autoscaler.capacity import CapacityOptions, CapacityPolicy, GroupStatus
 from spotring.autoscaler.group_set import GroupSet
 from spotring.core import (
     Instance,
@@ -174,6 +174,9 @@ class Controller:
         self._thread: threading.Thread | None = None
         self.refreshes = 0
         """Successful refreshes so far."""
+        self.capacity_status: tuple[GroupStatus, ...] = ()
+        """Each group's status after the last capacity steering (a job of several
+        groups; empty otherwise): replaced whole, readable from any thread."""
 
     # ------------------------------------------------------------------ reading
 
@@ -757,6 +760,7 @@ class Controller:
             self._group_asked[name] = size
             log.info("asked %s for %d hosts", name, size)
         self._hand_back(groups, policy, ready, order)
+        self.capacity_status = tuple(policy.statuses())
 
     def _capacity_policy(self, groups: GroupSet) -> CapacityPolicy:
         if self._policy is None:

@@ -140,7 +140,7 @@ def _run_locked(
     progress = RingProgress(config.elastic.hang_timeout, [ring_hooks])
     plugins = contextlib.ExitStack()  # the run's own: unregistered and closed at its end
     try:
-        _register_run_plugins(plugins, config, provider, pm, reporter)
+        _register_run_plugins(plugins, config, provider, pm, reporter, controller)
     except BaseException:
         plugins.close()
         raise
@@ -209,6 +209,7 @@ def _register_run_plugins(
     provider: Provider,
     pm: pluggy.PluginManager,
     reporter: ProgressReporter,
+    controller: Controller | None = None,
 ) -> None:
     """Register the run's events file and metrics endpoint, as asked, as plugins; each
     is unregistered and closed when ``stack`` closes. ConfigurationError (exit 2, one
@@ -224,7 +225,8 @@ def _register_run_plugins(
         if config.metrics_port is not None:
             from spotring.autoscaler.metrics import Metrics
 
-            metrics = Metrics(config.metrics_port, config.metrics_addr, provider.name)
+            capacity = (lambda: controller.capacity_status) if controller is not None else None
+            metrics = Metrics(config.metrics_port, config.metrics_addr, provider.name, capacity)
             stack.enter_context(contextlib.closing(metrics))
             _register(stack, pm, metrics, "spotring.metrics")
             reporter.say(f"metrics on http://{config.metrics_addr}:{metrics.port}/metrics")

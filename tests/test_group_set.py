@@ -305,3 +305,35 @@ def test_the_events_file_records_groups_shortages_fallbacks_and_returns(tmp_path
     assert (fell["from"], fell["to"], fell["hosts"]) == ("spot", "od", 2)
     states = [e for e in events if e["event"] == "instance_state" and e["id"] == "i-od0"]
     assert states[0]["group"] == "od" and states[0]["lifecycle"] == "on-demand"
+
+
+def test_metrics_count_hosts_by_group_shortages_fallbacks_and_returns() -> None:
+    import re
+    import urllib.request
+
+    from spotring.autoscaler.metrics import Metrics
+
+    holder: list[Controller] = []
+    metrics = Metrics(0, capacity=lambda: holder[0].capacity_status)
+    try:
+        spot, _od, controller = fall_back(metrics)
+        holder.append(controller)
+        probe(spot)
+        controller.step()
+        controller.step()
+        controller.ring_formed(ready(controller))
+        controller.step()
+        controller.step()
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics") as answer:
+            text = answer.read().decode()
+    finally:
+        metrics.close()
+    samples = dict(re.findall(r"^(spotring_[^ ]+) ([0-9.e+-]+)$", text, re.MULTILINE))
+    ready_spot = 'spotring_group_hosts{group="spot",lifecycle="spot",state="ready"}'
+    assert samples[ready_spot] == "4.0"
+    assert samples['spotring_capacity_shortages_total{cause="capacity",group="spot"}'] == "1.0"
+    assert samples['spotring_fallbacks_total{from_group="spot",to_group="od"}'] == "1.0"
+    assert samples['spotring_returns_total{group="od"}'] == "1.0"
+    assert samples['spotring_group_below_target_seconds{group="spot"}'] == "0.0"
+    assert samples['spotring_group_target_hosts{group="spot"}'] == "4.0"
+    assert 'spotring_group_instance_seconds_total{group="od",lifecycle="on-demand"}' in samples
