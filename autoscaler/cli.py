@@ -162,6 +162,16 @@ def build_parser(
         help="price of a spot instance-hour, for the cost line",
     )
     report.add_argument(
+        "--price",
+        dest="prices",
+        type=_price,
+        action="append",
+        default=[],
+        metavar="GROUP_OR_LIFECYCLE=USD_PER_HOUR",
+        help="price of an instance-hour of a group (by name) or a lifecycle (spot, "
+        "on-demand), for the cost by group (repeatable; a group's price wins)",
+    )
+    report.add_argument(
         "--price-on-demand",
         type=non_negative_seconds,
         metavar="USD",
@@ -178,6 +188,14 @@ def build_parser(
     )
     check.add_argument("--provider", metavar="NAME", help="check only this provider, strictly")
     return parser
+
+
+def _price(text: str) -> tuple[str, float]:
+    """``NAME=USD``: a group's or a lifecycle's price of an instance-hour."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected GROUP_OR_LIFECYCLE=USD_PER_HOUR, got {text!r}")
+    return name.strip(), non_negative_seconds(value)
 
 
 def _add_provider_options(
@@ -520,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             print(write_report(options.events, options.output, options.price_spot,
-                               options.price_on_demand))  # fmt: skip
+                               options.price_on_demand, dict(options.prices)))  # fmt: skip
         except ReportError as error:
             _error(f"{PROG} report: error: {error}")
             return EXIT_USAGE

@@ -62,6 +62,8 @@ def spotring(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
             ["run", "--provider", "local", "-np", "1", "--checkpoint", "s3://", "--", "true"],
             "--checkpoint",
         ),
+        (["report", "x.jsonl", "--price", "od"], "GROUP_OR_LIFECYCLE=USD_PER_HOUR"),
+        (["report", "x.jsonl", "--price", "od=-1"], "must not be negative"),
         (
             ["run", "--provider", "local", "-np", "1", "--fallback-after", "-1", "--", "true"],
             "--fallback-after: must not be negative",

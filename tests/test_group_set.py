@@ -337,3 +337,67 @@ def test_metrics_count_hosts_by_group_shortages_fallbacks_and_returns() -> None:
     assert samples['spotring_group_below_target_seconds{group="spot"}'] == "0.0"
     assert samples['spotring_group_target_hosts{group="spot"}'] == "4.0"
     assert 'spotring_group_instance_seconds_total{group="od",lifecycle="on-demand"}' in samples
+
+
+def test_report_shows_hours_and_cost_by_group_time_below_target_and_each_swap(
+    tmp_path: Path,
+) -> None:
+    from spotring.autoscaler.report import read_events, write_report
+
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    spot, _od, controller = fall_back(log)
+    probe(spot)
+    controller.step()
+    controller.step()
+    controller.ring_formed(ready(controller))
+    controller.step()
+    log.close()
+    run = read_events(path)
+    assert {key for key in run.group_hours} == {("spot", "spot"), ("od", "on-demand")}
+    assert [what for _, what in run.fallbacks] == ["spot -> od (2)"]
+    assert len(run.returns) == 1 and run.returns[0][1].endswith("back from od")
+    assert len(run.shortages) == 1
+    page = tmp_path / "report.html"
+    write_report(path, page)
+    assert "no prices given" in page.read_text()
+    write_report(path, page, prices={"od": 1.0, "spot": 0.25})
+    text = page.read_text()
+    assert "od (on-demand): " in text and "at $1/h" in text and "at $0.25/h" in text
+    assert "total $" in text and "1 fallback(s), 1 host(s) handed back" in text
+
+
+def test_report_counts_the_time_below_target(tmp_path: Path) -> None:
+    from spotring.autoscaler.report import read_events
+
+    t0 = 1_800_000_000.0
+    records = [
+        {"v": 1, "t": t0, "event": "refresh", "ready": 2, "target": 4, "error": None},
+        {"v": 1, "t": t0 + 30, "event": "refresh", "ready": 4, "target": 4, "error": None},
+        {"v": 1, "t": t0 + 50, "event": "refresh", "ready": 3, "target": 4, "error": None},
+        {"v": 1, "t": t0 + 60, "event": "refresh", "ready": 3, "target": 4, "error": None},
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert read_events(path).below_target_s == pytest.approx(40)
+
+
+def test_progress_lines_name_groups_and_swaps() -> None:
+    import io
+
+    from spotring.autoscaler.progress import ProgressReporter
+
+    stream = io.StringIO()
+    reporter = ProgressReporter(stream)
+    spot, _od, controller = fall_back(reporter)
+    probe(spot)
+    controller.step()
+    controller.step()
+    controller.ring_formed(ready(controller))
+    controller.step()
+    reporter.summary([4], True, 1.0)
+    text = stream.getvalue()
+    assert "+od0[od]" in text and "group spot is short" in text
+    assert "asking od for 2 host(s) spot cannot supply" in text
+    assert "handed back: od shrunk by one" in text
+    assert "fallbacks and hand-backs: spot -> od (2), od0 back from od" in text
