@@ -513,3 +513,85 @@ def test_listing_and_capacity_reads_send_only_describe_calls(launches: LaunchAct
 
     assert ops and all(op.split(":")[1].startswith("Describe") for op in ops), ops
     assert desired_capacity("spot") == 2 and desired_capacity("backup") == 1
+
+
+# ------------------------------------------------- the controller over two AWS groups
+
+
+class _Clock:
+    """The capacity policy's clock, moved by the test (no sleeps)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_spot_group_short_of_capacity_makes_the_next_group_grow_then_shrink_back(
+    launches: LaunchActivities,
+) -> None:
+    from spotring.autoscaler import hookimpl
+    from spotring.autoscaler.capacity import CapacityOptions, ShortageBackoff
+    from spotring.autoscaler.controller import Controller
+    from spotring.autoscaler.group_set import GroupSet
+    from spotring.autoscaler.plugins import get_plugin_manager
+    from spotring.core import InstanceState, JobShape
+
+    _template_group("spot", {"MarketType": "spot"})
+    _template_group("backup", None)
+    launches.limit("spot", 2)  # the spot pool holds 2 of the 4 hosts the job wants
+    spot, backup = providers("--region", REGION, "--group", "spot", "--group", "backup")
+    shortages: list[tuple[str, str]] = []
+
+    class Recorder:
+        @hookimpl
+        def spotring_capacity_shortage(self, group: str, shortage: CapacityShortage) -> None:
+            shortages.append((group, shortage.code))
+
+    pm = get_plugin_manager(load_entry_points=False)
+    pm.register(Recorder())
+    clock = _Clock()
+    # A --fallback-after far beyond the steps below: the fallback is the cloud's signal.
+    options = CapacityOptions(fallback_after=120, return_after=0)
+    controller = Controller(
+        GroupSet([spot, backup]),
+        pm.hook,
+        job=JobShape(num_proc=4, min_num_proc=1, max_num_proc=4),
+        capacity=options,
+        capacity_clock=clock,
+    )
+
+    def ready() -> dict[str, list[str]]:
+        assert controller.inventory is not None
+        by_group: dict[str, list[str]] = {"spot": [], "backup": []}
+        for host in controller.inventory.ready:
+            by_group[host.group].append(host.address)
+        return by_group
+
+    controller.step()  # 4 hosts asked of spot: 2 launch, 2 fail for capacity
+    assert desired_capacity("spot") == 4 and len(spot.list_instances()) == 2
+    clock.now += 5  # a refresh later
+    controller.step()  # spot's failed launches read; the 2 it lacks asked of backup
+    controller.step()
+
+    assert shortages == [("spot", "InsufficientInstanceCapacity")]
+    assert desired_capacity("backup") == 2
+    assert [len(hosts) for hosts in ready().values()] == [2, 2]
+    assert controller.inventory is not None
+    lifecycles = {(i.group, i.lifecycle) for i in controller.inventory.ready}
+    assert lifecycles == {("spot", Lifecycle.SPOT), ("backup", Lifecycle.ON_DEMAND)}
+
+    launches.limit("spot", 4)  # capacity is back
+    clock.now += ShortageBackoff().cap * 1.4  # past spot's backoff: it is asked again
+    for _ in range(12):
+        controller.step()
+        # Horovod re-forms its ring without a host handed back; spotring then removes it.
+        controller.ring_formed([h for hosts in ready().values() for h in hosts])
+        if not backup.list_instances():
+            break
+
+    assert desired_capacity("backup") == 0 and backup.list_instances() == []
+    assert desired_capacity("spot") == 4
+    assert len(ready()["spot"]) == 4 and ready()["backup"] == []
+    assert all(i.state is InstanceState.READY for i in spot.list_instances())
