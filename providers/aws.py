@@ -5,6 +5,12 @@ and health), then DescribeInstances in batches (address, EC2 state, spot or on-d
 type, zone, tags). It steers the group with SetDesiredCapacity and replaces a failed
 host by marking it Unhealthy, so the group itself terminates and relaunches it.
 
+A job may span several groups (``--group`` given more than once, ``NAME`` or
+``REGION/NAME``): one provider per group, in the user's order of preference. For the
+capacity controller each reports what it launches (spot or on-demand, from the group's
+configuration), the launches the group's scaling activities say failed for capacity,
+quota or price, and hands a fallback host back with TerminateInstanceInAutoScalingGroup.
+
 boto3 is imported on first use, so importing this module (and ``spotring --help``) costs
 nothing when the ``aws`` extra is not installed.
 """
@@ -13,18 +19,22 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from spotring.core.hooks import hookimpl
 from spotring.providers.base import (
+    CapacityShortage,
     ConfigurationError,
     CoreOptions,
     Instance,
     InstanceState,
     InterruptionNotice,
     Lifecycle,
+    Provider,
     ProviderError,
+    ShortageCause,
 )
 from spotring.providers.cloud import (
     DEFAULT_MAX_API_ATTEMPTS,
@@ -50,8 +60,11 @@ _IAM_ACTION_BY_OPERATION: Mapping[str, str] = {
     "SetDesiredCapacity": "autoscaling:SetDesiredCapacity",
     "SetInstanceHealth": "autoscaling:SetInstanceHealth",
     "DetachInstances": "autoscaling:DetachInstances",
+    "DescribeScalingActivities": "autoscaling:DescribeScalingActivities",
+    "TerminateInstanceInAutoScalingGroup": "autoscaling:TerminateInstanceInAutoScalingGroup",
     "DescribeInstances": "ec2:DescribeInstances",
     "DescribeInstanceTypes": "ec2:DescribeInstanceTypes",
+    "DescribeLaunchTemplateVersions": "ec2:DescribeLaunchTemplateVersions",
 }
 
 IAM_ACTIONS: tuple[str, ...] = tuple(_IAM_ACTION_BY_OPERATION.values())
@@ -62,9 +75,13 @@ IAM_STEERING_ACTIONS: tuple[str, ...] = (
     "autoscaling:SetDesiredCapacity",
     "autoscaling:SetInstanceHealth",
     "autoscaling:DetachInstances",
+    "autoscaling:TerminateInstanceInAutoScalingGroup",
 )
 """The actions that change the group; they accept the group's ARN as resource, while
-the Describe* actions only accept ``"*"``."""
+the Describe* actions only accept ``"*"`` (Service Authorization Reference, "Actions
+defined by Amazon EC2 Auto Scaling": the four name the ``autoScalingGroup`` resource
+type; DescribeScalingActivities, DescribeAutoScalingGroups and EC2's Describe* name
+none)."""
 
 DESCRIBE_INSTANCES_BATCH = 200
 """Instance ids per DescribeInstances call. EC2 accepts at most 200 values in one
@@ -78,6 +95,98 @@ DESCRIBE_INSTANCE_TYPES_BATCH = 100
 """Instance types per DescribeInstanceTypes call (the API's limit)."""
 
 DEFAULT_SLOTS_TAG = "spotring:slots"
+
+_REGION_NAME = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
+"""An AWS region name (us-east-1, us-gov-west-1, ap-southeast-4, ...): what may stand
+before the ``/`` of ``--group REGION/NAME``. A group name may itself hold a ``/``
+(API_CreateAutoScalingGroup allows any printable character), so a prefix that is no
+region name leaves the whole argument as the name."""
+
+# ------------------------------------------------------------- capacity signals
+#
+# DescribeScalingActivities (Amazon EC2 Auto Scaling API Reference,
+# API_DescribeScalingActivities): "If an attempt to launch instances failed, the
+# StatusCode value is Failed or Cancelled and the StatusMessage element in the response
+# indicates the cause of the failure." Activities are sorted by start time, newest
+# first, "Activities still in progress are described first"; MaxRecords is at most 100.
+# API_Activity: ActivityId, AutoScalingGroupName, Cause, StartTime and StatusCode are
+# required; StatusCode is one of PendingSpotBidPlacement, WaitingForSpotInstanceRequestId,
+# WaitingForSpotInstanceId, WaitingForInstanceId, PreInService, InProgress,
+# WaitingForELBConnectionDraining, MidLifecycleAction, WaitingForInstanceWarmup,
+# Successful, Failed, Cancelled, WaitingForConnectionDraining (and the in-place update
+# states); Description, StatusMessage, EndTime, Details are optional ("Required: No").
+# A failed launch reads, e.g., Description "Launching a new EC2 instance.  Status
+# Reason: Could not launch Spot Instances. InsufficientInstanceCapacity - There is no
+# Spot capacity available that matches your request. Launching EC2 instance failed."
+# with the same text after "Status Reason:" as StatusMessage. The codes are EC2's
+# (Amazon EC2 API Reference, "Error codes"; Auto Scaling User Guide, "Troubleshoot
+# Amazon EC2 Auto Scaling: EC2 instance launch failures").
+
+SHORTAGE_CODES: Mapping[str, ShortageCause] = {
+    "InsufficientInstanceCapacity": ShortageCause.CAPACITY,
+    "InsufficientHostCapacity": ShortageCause.CAPACITY,
+    "InsufficientCapacity": ShortageCause.CAPACITY,
+    "UnfulfillableCapacity": ShortageCause.CAPACITY,
+    "SpotMaxPriceTooLow": ShortageCause.PRICE,
+    "MaxSpotInstanceCountExceeded": ShortageCause.QUOTA,
+    "InstanceLimitExceeded": ShortageCause.QUOTA,
+    "VcpuLimitExceeded": ShortageCause.QUOTA,
+    "InsufficientFreeAddressesInSubnet": ShortageCause.QUOTA,
+}
+"""EC2 launch error codes a failed scaling activity names -> why the group is short.
+Any other failed launch is :attr:`ShortageCause.OTHER`."""
+
+# Older StatusMessages say it in words only (Troubleshooting guide's message texts).
+_SHORTAGE_TEXTS: tuple[tuple[str, str], ...] = (
+    ("we currently do not have sufficient", "InsufficientInstanceCapacity"),
+    ("there is no spot capacity available", "InsufficientInstanceCapacity"),
+    ("lower than the minimum required spot request fulfillment price", "SpotMaxPriceTooLow"),
+    ("you have requested more vcpu capacity", "VcpuLimitExceeded"),
+    ("you have requested more instances", "InstanceLimitExceeded"),
+    ("max spot instance count exceeded", "MaxSpotInstanceCountExceeded"),
+)
+_CODE_AFTER_LAUNCH = re.compile(r"Could not launch (?:Spot|On-Demand) Instances\.\s+(\w+)")
+_FAILED_STATUS_CODES = frozenset({"Failed", "Cancelled"})
+_DONE_STATUS_CODES = _FAILED_STATUS_CODES | {"Successful"}
+
+SCALING_ACTIVITIES_PAGE = 50
+"""Activities per DescribeScalingActivities page (the API allows 1..100)."""
+SCALING_ACTIVITIES_PAGES = 2
+"""At most this many pages per :meth:`AwsProvider.capacity_shortage`: a group failing
+launches records one activity per attempt, and only those since the last look count."""
+
+
+def shortage_from_activity(activity: Mapping[str, Any]) -> CapacityShortage | None:
+    """The shortage a Failed or Cancelled launch activity reports, else None.
+
+    The cause comes from the EC2 error code in ``StatusMessage`` (or, when that optional
+    field is absent, the ``Description``'s "Status Reason"). A failed activity that
+    names no known code counts as :attr:`ShortageCause.OTHER` only when it was a launch.
+    """
+    if activity.get("StatusCode") not in _FAILED_STATUS_CODES:
+        return None
+    description = str(activity.get("Description") or "")
+    message = str(activity.get("StatusMessage") or "")
+    if not message and "Status Reason:" in description:
+        message = description.split("Status Reason:", 1)[1].strip()
+    code = next((c for c in SHORTAGE_CODES if re.search(rf"\b{c}\b", message)), None)
+    if code is None:
+        lowered = message.lower()
+        code = next((c for text, c in _SHORTAGE_TEXTS if text in lowered), None)
+    if code is None:
+        named = _CODE_AFTER_LAUNCH.search(message)
+        launching = description.startswith("Launching") or named is not None
+        if not launching:
+            return None  # e.g. a failed termination: not a shortage
+        code = named.group(1) if named else str(activity["StatusCode"])
+    start = activity.get("StartTime")
+    return CapacityShortage(
+        cause=SHORTAGE_CODES.get(code, ShortageCause.OTHER),
+        code=code,
+        message=one_line(message or description, 400),
+        at=start.timestamp() if start is not None else None,
+    )
+
 
 # ------------------------------------------------------- fields the answers must hold
 #
@@ -237,6 +346,8 @@ class AwsProvider(CloudGroupProvider):
     sdk_extra = "spotring[aws]"
     needs_credentials = True
 
+    can_remove = True
+
     def __init__(
         self,
         group: str,
@@ -250,11 +361,16 @@ class AwsProvider(CloudGroupProvider):
         scale_down_on_exit: bool = False,
         max_api_attempts: int = DEFAULT_MAX_API_ATTEMPTS,
         session: Any | None = None,
+        clients: tuple[Any, Any] | None = None,
+        label: str | None = None,
     ) -> None:
         """Make the clients; no API call. See :meth:`add_arguments` for the options.
 
         :param session: a ``boto3.session.Session`` to make the clients from, for
             embedding and tests; by default a new one from ``profile`` and ``region``.
+        :param clients: the (autoscaling, ec2) clients of another group in the same
+            region, to share instead of making new ones (:meth:`groups_from_options`).
+        :param label: what :meth:`group_name` answers; default the group's name.
         """
         if not group:
             raise ConfigurationError("--group is required for --provider aws")
@@ -266,15 +382,17 @@ class AwsProvider(CloudGroupProvider):
             max_api_attempts=max_api_attempts,
         )
         self.group = group
+        self._label = label or group
         self._gpus_by_type: dict[str, int] = {}
         self._group_record: dict[str, Any] | None = None
+        self._lifecycle: tuple[Lifecycle | None] | None = None  # described once
         # EC2 details of running members: address, type, zone, lifecycle and tags do
         # not change while an instance runs, so each member is described once.
         self._details: DescribeOnce[str, dict[str, Any]] = DescribeOnce(
             self._describe_instances, lambda detail: detail["State"]["Name"] == "running"
         )
         # Public so that tests and plugins can hook botocore events on them.
-        self.autoscaling, self.ec2 = self._make_clients(
+        self.autoscaling, self.ec2 = clients or self._make_clients(
             region, profile, endpoint_url, max_api_attempts, session
         )
         self.region: str = self.autoscaling.meta.region_name
@@ -283,7 +401,13 @@ class AwsProvider(CloudGroupProvider):
     def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
         """Add ``--group``, ``--region``, ``--profile`` and the other AWS options."""
         group.add_argument(
-            "--group", dest="aws_group", metavar="NAME", help="Auto Scaling group name (required)"
+            "--group",
+            dest="aws_group",
+            action="append",
+            metavar="[REGION/]NAME",
+            help="Auto Scaling group name (required); give it again for more groups, in"
+            " order of preference (spot first, on-demand last); REGION/NAME for a group in"
+            " another region than --region",
         )
         group.add_argument(
             "--region",
@@ -316,23 +440,84 @@ class AwsProvider(CloudGroupProvider):
 
     @classmethod
     def from_options(cls, options: argparse.Namespace, core: CoreOptions) -> AwsProvider:
-        """Make the provider from parsed options; makes no API call.
+        """Make the provider of the one ``--group`` from parsed options; no API call.
 
-        Raises :class:`ConfigurationError` without ``--group``, for an unknown profile
-        or when no region is configured.
+        Raises :class:`ConfigurationError` without ``--group`` or with several (see
+        :meth:`groups_from_options`), for an unknown profile or when no region is
+        configured.
         """
-        group = getattr(options, "aws_group", None)
-        if not group:
+        groups = cls._providers(options, core)
+        if len(groups) > 1:
+            for provider in groups:
+                provider.close()
+            raise ConfigurationError(
+                f"--group is given {len(groups)} times; this command takes one group"
+            )
+        return groups[0]
+
+    @classmethod
+    def groups_from_options(cls, options: argparse.Namespace, core: CoreOptions) -> list[Provider]:
+        """One provider per ``--group``, in the order given; no API call.
+
+        ``--group REGION/NAME`` is a group in another region than ``--region``; groups
+        in one region share their clients. :meth:`group_name` is the group's name, with
+        ``REGION/`` before it for a group outside the default region. Raises
+        :class:`ConfigurationError` without ``--group``, for a group given twice, an
+        unknown profile, or when no region is configured.
+        """
+        made: list[Provider] = [*cls._providers(options, core)]
+        return made
+
+    @classmethod
+    def _providers(cls, options: argparse.Namespace, core: CoreOptions) -> list[AwsProvider]:
+        names = getattr(options, "aws_group", None) or []
+        if isinstance(names, str):  # a namespace made by hand, not by our parser
+            names = [names]
+        specs = [parse_group(name) for name in names]
+        if not specs:
             raise ConfigurationError("--group is required for --provider aws")
         common = cls.common_options(options, core, "aws")
-        return cls(
-            group,
-            region=getattr(options, "aws_region", None),
-            profile=getattr(options, "aws_profile", None),
-            endpoint_url=getattr(options, "aws_endpoint_url", None),
-            slots_tag=common.pop("slots_label"),
-            **common,
-        )
+        slots_tag = common.pop("slots_label")
+        default_region = getattr(options, "aws_region", None)
+        profile = getattr(options, "aws_profile", None)
+        endpoint_url = getattr(options, "aws_endpoint_url", None)
+        clients: dict[str | None, tuple[Any, Any]] = {}
+        made: list[AwsProvider] = []
+        try:
+            for region, name in specs:
+                key = region or default_region
+                provider = cls(
+                    name,
+                    region=key,
+                    profile=profile,
+                    endpoint_url=endpoint_url,
+                    slots_tag=slots_tag,
+                    clients=clients.get(key),
+                    **common,
+                )
+                clients.setdefault(key, (provider.autoscaling, provider.ec2))
+                made.append(provider)
+            # Names are shown bare in the job's home region (that of the groups given
+            # without REGION/), with their region elsewhere.
+            unprefixed = [p for p, (region, _) in zip(made, specs, strict=True) if not region]
+            home = (unprefixed or made)[0].region
+            seen: set[tuple[str, str]] = set()
+            for provider in made:
+                if (provider.region, provider.group) in seen:
+                    raise ConfigurationError(
+                        f"--group {provider.region}/{provider.group} is given twice"
+                    )
+                seen.add((provider.region, provider.group))
+                if provider.region != home:
+                    provider._label = f"{provider.region}/{provider.group}"
+        except ConfigurationError:
+            for provider in made:
+                provider.close()
+            raise
+        # The GPU count of an instance type is the same in every region: learn it once.
+        for provider in made[1:]:
+            provider._gpus_by_type = made[0]._gpus_by_type
+        return made
 
     # ------------------------------------------------------------------ listing
 
@@ -512,15 +697,7 @@ class AwsProvider(CloudGroupProvider):
 
         A member already unhealthy, leaving or gone, or not in the group, is left alone.
         """
-        try:
-            found = self._call(
-                self.autoscaling, "DescribeAutoScalingInstances", InstanceIds=[instance_id]
-            ).get("AutoScalingInstances", [])
-        except ConfigurationError as error:
-            if _aws_code(error) != "ValidationError":  # e.g. an id that is not an EC2 id
-                raise
-            found = []
-        member = next((m for m in found if m.get("AutoScalingGroupName") == self.group), None)
+        member = self._membership(instance_id)
         if member is None:
             log.debug("aws: %s is not in group %s; nothing to replace", instance_id, self.group)
             return
@@ -544,6 +721,156 @@ class AwsProvider(CloudGroupProvider):
                 return
             raise
         log.info("aws: marked %s unhealthy; group %s will replace it", instance_id, self.group)
+
+    def remove_instance(self, instance_id: str) -> None:
+        """Terminate ``instance_id`` and lower the group's desired capacity by one
+        (TerminateInstanceInAutoScalingGroup, ShouldDecrementDesiredCapacity true).
+
+        Idempotent: a member already leaving (terminating, detaching, gone) or not in
+        this group is left alone, and so is the ValidationError "Instance Id not found -
+        No managed instance found for instance ID" of one that left between the check
+        and the call (the API reference lists no code of its own for it: only
+        ScalingActivityInProgress and ResourceContention, which botocore retries). A
+        group at its MinSize refuses the decrement (ValidationError "Currently,
+        desiredSize equals minSize"): that is raised, one line, as a ConfigurationError.
+        """
+        member = self._membership(instance_id)
+        if member is None:
+            log.debug("aws: %s is not in group %s; nothing to remove", instance_id, self.group)
+            return
+        state = LIFECYCLE_STATE_MAP.get(member.get("LifecycleState", ""), InstanceState.PENDING)
+        if state in (InstanceState.TERMINATING, InstanceState.GONE) or member.get(
+            "LifecycleState", ""
+        ).startswith("Detach"):
+            return
+        try:
+            self._call(
+                self.autoscaling,
+                "TerminateInstanceInAutoScalingGroup",
+                InstanceId=instance_id,
+                ShouldDecrementDesiredCapacity=True,
+            )
+        except ConfigurationError as error:
+            if _aws_code(error) == "ValidationError" and "not found" in str(error).lower():
+                return
+            raise
+        if self._group_record is not None and "DesiredCapacity" in self._group_record:
+            # So that set_target_size compares with what the group now wants.
+            self._group_record["DesiredCapacity"] = max(
+                0, int(self._group_record["DesiredCapacity"]) - 1
+            )
+        log.info("aws: removed %s from group %s (desired capacity -1)", instance_id, self.group)
+
+    # ------------------------------------------------------------------ capacity
+
+    def group_name(self) -> str:
+        """The group's name; ``REGION/NAME`` for a group outside the job's home region."""
+        return self._label
+
+    def group_lifecycle(self) -> Lifecycle | None:
+        """What the group launches when it grows, from its configuration (read once).
+
+        A mixed instances policy: its InstancesDistribution (API_InstancesDistribution:
+        OnDemandPercentageAboveBaseCapacity, default 100) says SPOT when any share above
+        the on-demand base is spot, else ON_DEMAND. A launch template: its version's
+        ``InstanceMarketOptions.MarketType`` (``spot``) through
+        DescribeLaunchTemplateVersions; a policy that denies that call makes it None.
+        A launch configuration (legacy): None, and the controller goes by the members.
+        """
+        if self._lifecycle is None:
+            self._lifecycle = (self._read_lifecycle(),)
+        return self._lifecycle[0]
+
+    def _read_lifecycle(self) -> Lifecycle | None:
+        record = self._group_record or self._describe_group()
+        mixed = record.get("MixedInstancesPolicy")
+        if mixed:
+            distribution = mixed.get("InstancesDistribution") or {}
+            on_demand = distribution.get("OnDemandPercentageAboveBaseCapacity")
+            on_demand = 100 if on_demand is None else int(on_demand)
+            return Lifecycle.ON_DEMAND if on_demand >= 100 else Lifecycle.SPOT
+        template = record.get("LaunchTemplate")
+        if not template:
+            return None
+        wanted: dict[str, Any] = {"Versions": [str(template.get("Version") or "$Default")]}
+        if template.get("LaunchTemplateId"):
+            wanted["LaunchTemplateId"] = template["LaunchTemplateId"]
+        elif template.get("LaunchTemplateName"):
+            wanted["LaunchTemplateName"] = template["LaunchTemplateName"]
+        else:
+            return None
+        try:
+            page = self._call(self.ec2, "DescribeLaunchTemplateVersions", **wanted)
+        except ConfigurationError as error:
+            if _aws_code(error) not in _ACCESS_DENIED_CODES:
+                raise
+            log.warning(
+                "aws: cannot read group %s's launch template (%s): spot or on-demand is"
+                " judged by its members; allow ec2:DescribeLaunchTemplateVersions",
+                self.group,
+                _aws_code(error),
+            )
+            return None
+        versions = page.get("LaunchTemplateVersions") or []
+        if not versions:
+            return None
+        data = versions[0].get("LaunchTemplateData") or {}
+        market = (data.get("InstanceMarketOptions") or {}).get("MarketType")
+        return Lifecycle.SPOT if market == "spot" else Lifecycle.ON_DEMAND
+
+    def capacity_shortage(self, since: float) -> CapacityShortage | None:
+        """The newest launch the group's scaling activities say failed at or after
+        ``since`` (epoch seconds): InsufficientInstanceCapacity, "Could not launch Spot
+        Instances", SpotMaxPriceTooLow, a quota (see :data:`SHORTAGE_CODES`), or None.
+
+        Reads only: DescribeScalingActivities for this group, newest first, at most
+        :data:`SCALING_ACTIVITIES_PAGES` pages of :data:`SCALING_ACTIVITIES_PAGE`, with
+        the StartTimeLowerBound filter where the installed botocore knows it.
+        """
+        from datetime import datetime, timezone
+
+        request: dict[str, Any] = {
+            "AutoScalingGroupName": self.group,
+            "MaxRecords": SCALING_ACTIVITIES_PAGE,
+        }
+        shape = self.autoscaling.meta.service_model.operation_model(
+            "DescribeScalingActivities"
+        ).input_shape
+        if "Filters" in shape.members:  # newer API; older botocore cannot send it
+            lower = datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            request["Filters"] = [{"Name": "StartTimeLowerBound", "Values": [lower]}]
+        newest: CapacityShortage | None = None
+        for _ in range(SCALING_ACTIVITIES_PAGES):
+            page = self._call(self.autoscaling, "DescribeScalingActivities", **request)
+            _require(page, ("Activities",), "DescribeScalingActivities", "the answer")
+            older = False
+            for activity in page["Activities"]:
+                wanted = ("StatusCode", "StartTime")
+                _require(activity, wanted, "DescribeScalingActivities", "an activity")
+                if activity["StartTime"].timestamp() < since:
+                    # Finished ones come newest first: the rest are older still.
+                    older = older or activity["StatusCode"] in _DONE_STATUS_CODES
+                    continue
+                found = shortage_from_activity(activity)
+                if found is not None and (newest is None or (found.at or 0) > (newest.at or 0)):
+                    newest = found
+            if older or not page.get("NextToken"):
+                break
+            request["NextToken"] = page["NextToken"]
+        return newest
+
+    def _membership(self, instance_id: str) -> dict[str, Any] | None:
+        """The group's record of ``instance_id`` (DescribeAutoScalingInstances), or None
+        when it is in no group or another one."""
+        try:
+            found = self._call(
+                self.autoscaling, "DescribeAutoScalingInstances", InstanceIds=[instance_id]
+            ).get("AutoScalingInstances", [])
+        except ConfigurationError as error:
+            if _aws_code(error) != "ValidationError":  # e.g. an id that is not an EC2 id
+                raise
+            found = []
+        return next((m for m in found if m.get("AutoScalingGroupName") == self.group), None)
 
     def scale_down_size(self) -> int:
         """The group's MinSize, described afresh."""
@@ -721,6 +1048,18 @@ class AwsProvider(CloudGroupProvider):
         return ProviderError(f"{action} failed: {type(error).__name__}: {one_line(error)}")
 
 
+def parse_group(argument: str) -> tuple[str | None, str]:
+    """``--group`` ``NAME`` -> (None, NAME); ``REGION/NAME`` -> (REGION, NAME).
+
+    Raises :class:`ConfigurationError` for an empty name."""
+    region, slash, name = argument.partition("/")
+    if not slash or not _REGION_NAME.fullmatch(region):
+        region, name = "", argument
+    if not name.strip():
+        raise ConfigurationError(f"--group {argument!r} names no Auto Scaling group")
+    return region or None, name
+
+
 def _require(record: Any, keys: Sequence[str], operation: str, what: str) -> None:
     """Raise :class:`MalformedAnswer` unless ``record`` has every one of ``keys``."""
     missing = [k for k in keys if not isinstance(record, Mapping) or record.get(k) in (None, "")]
@@ -755,13 +1094,15 @@ def _snake(operation: str) -> str:
     return "".join("_" + c.lower() if c.isupper() else c for c in operation).lstrip("_")
 
 
-def iam_policy(group_arn: str = "*") -> dict[str, Any]:
+def iam_policy(group_arn: str | Sequence[str] = "*") -> dict[str, Any]:
     """The least-privilege IAM policy document for :data:`IAM_ACTIONS`.
 
-    :param group_arn: the group's ARN, to limit the steering actions to it; the
-        Describe* actions only support ``"*"``.
+    :param group_arn: the group's ARN (or a list of them, for a job of several
+        groups), to limit the steering actions to it; the Describe* actions only
+        support ``"*"``.
     """
     describe = [a for a in IAM_ACTIONS if a not in IAM_STEERING_ACTIONS]
+    resource = group_arn if isinstance(group_arn, str) else list(group_arn)
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -770,7 +1111,7 @@ def iam_policy(group_arn: str = "*") -> dict[str, Any]:
                 "Sid": "SpotringSteerGroup",
                 "Effect": "Allow",
                 "Action": list(IAM_STEERING_ACTIONS),
-                "Resource": group_arn,
+                "Resource": resource,
             },
         ],
     }
@@ -787,8 +1128,12 @@ __all__ = [
     "EC2_STATE_MAP",
     "HEALTH_STATUS_MAP",
     "IAM_ACTIONS",
+    "IAM_STEERING_ACTIONS",
     "LIFECYCLE_STATE_MAP",
+    "SHORTAGE_CODES",
     "AwsProvider",
     "iam_policy",
     "member_state",
+    "parse_group",
+    "shortage_from_activity",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -138,7 +139,13 @@ def error_response(client: Any, status: int, code: str, message: str = "injected
 
 
 def inject_errors(
-    client: Any, operation: str, status: int, code: str, *, times: int | None = None
+    client: Any,
+    operation: str,
+    status: int,
+    code: str,
+    *,
+    times: int | None = None,
+    message: str = "injected",
 ) -> Callable[[], int]:
     """Answer the next ``times`` sends of ``operation`` (all, if None) with an error.
 
@@ -151,7 +158,7 @@ def inject_errors(
         if times is not None and sent["errors"] >= times:
             return None
         sent["errors"] += 1
-        return error_response(client, status, code)
+        return error_response(client, status, code, message)
 
     event_service = client.meta.service_model.service_id.hyphenize()
     client.meta.events.register_first(f"before-send.{event_service}.{operation}", before_send)
@@ -285,3 +292,214 @@ def capture_params(client: Any, operation: str) -> list[dict[str, Any]]:
         f"provide-client-params.{event_service}.{operation}", provide_params
     )
     return captured
+
+
+# ------------------------------------------- scaling activities and launch failures
+#
+# moto 5.2 answers DescribeScalingActivities with an empty list and launches every
+# member the group asks for. ``LaunchActivities`` fills the gap in the test's moto (in
+# process or its ThreadedMotoServer: both run moto's classes in this process): it hooks
+# moto's group so that each launch records the activity AWS records, lets a test take a
+# group's capacity away (launches beyond it fail and record a Failed activity with the
+# message AWS writes) and give it back, and answers DescribeScalingActivities from that
+# record the way the API reference describes the call:
+#
+# * API_DescribeScalingActivities: AutoScalingGroupName, ActivityIds, MaxRecords
+#   (default and most 100), NextToken, Filters StartTimeLowerBound / StartTimeUpperBound
+#   (ISO 8601) and Status; activities newest first, "Activities still in progress are
+#   described first".
+# * API_Activity: ActivityId, AutoScalingGroupName, Cause, StartTime and StatusCode
+#   always; Description, EndTime, StatusMessage, Progress, Details, AutoScalingGroupARN
+#   optional, and a successful launch has no StatusMessage.
+# * The texts follow AWS's own records (Auto Scaling User Guide, "Verify a scaling
+#   activity" and "Troubleshoot ... instance launch failures"): a failed launch's
+#   Description is "Launching a new EC2 instance.  Status Reason: <StatusMessage>".
+
+SPOT_NO_CAPACITY = (
+    "Could not launch Spot Instances. InsufficientInstanceCapacity - There is no Spot"
+    " capacity available that matches your request. Launching EC2 instance failed."
+)
+"""The StatusMessage of a spot launch that failed for capacity."""
+
+_DONE = ("Successful", "Failed", "Cancelled")
+
+
+class LaunchActivities:
+    """Scaling activities and launch capacity for the moto groups of one test.
+
+    Use as a context manager (it patches moto's classes while open), or through the
+    ``launch_activities`` fixture of the capacity tests.
+    """
+
+    def __init__(self) -> None:
+        self.activities: list[dict[str, Any]] = []
+        self.capacity: dict[str, int] = {}
+        """Group name -> the most members it can have; launches beyond fail."""
+        self.spot_groups: set[str] = set()
+        self.message: dict[str, str] = {}
+        self._undo: list[Callable[[], None]] = []
+
+    # ----------------------------------------------------------- what tests call
+
+    def limit(self, group: str, capacity: int, *, spot: bool = True, message: str = "") -> None:
+        """At most ``capacity`` members for ``group`` from now on; launches beyond it fail
+        with ``message`` (default: no spot capacity). With ``spot`` its members are
+        spot instances. A higher limit lets the group launch what it is missing at
+        once, as an Auto Scaling group retries a failed launch by itself."""
+        self.capacity[group] = capacity
+        if spot:
+            self.spot_groups.add(group)
+        if message:
+            self.message[group] = message
+        self.retry(group)
+
+    def retry(self, group: str, region: str = REGION) -> None:
+        """The group's own retry of the launches it is missing (AWS retries on its own
+        schedule; tests call this where that retry would fall)."""
+        from moto.autoscaling.models import autoscaling_backends
+
+        found = autoscaling_backends[ACCOUNT][region].autoscaling_groups[group]
+        found.set_desired_capacity(found.desired_capacity)
+
+    def add(
+        self,
+        group: str,
+        status_code: str,
+        *,
+        start: datetime,
+        message: str | None = None,
+        description: str | None = None,
+        region: str = REGION,
+    ) -> dict[str, Any]:
+        """Record an activity as AWS would have; returns it."""
+        activity: dict[str, Any] = {
+            "ActivityId": _activity_id(),
+            "AutoScalingGroupName": group,
+            "AutoScalingGroupARN": (
+                f"arn:aws:autoscaling:{region}:{ACCOUNT}:autoScalingGroup:"
+                f"00000000-0000-0000-0000-000000000000:autoScalingGroupName/{group}"
+            ),
+            "Description": description
+            or (
+                f"Launching a new EC2 instance.  Status Reason: {message}"
+                if message
+                else "Launching a new EC2 instance"
+            ),
+            "Cause": f"At {start:%Y-%m-%dT%H:%M:%SZ} an instance was started in response to a"
+            " difference between desired and actual capacity, increasing the capacity.",
+            "StartTime": start,
+            "StatusCode": status_code,
+            "Progress": 100 if status_code in _DONE else 30,
+            "Details": json.dumps({"Availability Zone": f"{region}a"}),
+            "_region": region,
+        }
+        if status_code in _DONE:
+            activity["EndTime"] = start
+        if message is not None:  # optional: AWS sends none for a successful launch
+            activity["StatusMessage"] = message
+        self.activities.append(activity)
+        return activity
+
+    # --------------------------------------------------------------- moto hooks
+
+    def __enter__(self) -> LaunchActivities:
+        from moto.autoscaling.models import FakeAutoScalingGroup
+        from moto.autoscaling.responses import AutoScalingResponse
+
+        log = self
+        launch = FakeAutoScalingGroup.replace_autoscaling_group_instances
+
+        def replace_autoscaling_group_instances(
+            group: Any, count_needed: int, propagated_tags: dict[str, str]
+        ) -> None:
+            limit = log.capacity.get(group.name)
+            room = count_needed if limit is None else max(0, limit - len(group.instance_states))
+            before = {state.instance.id for state in group.instance_states}
+            if room:
+                launch(group, min(room, count_needed), propagated_tags)
+            region = group.region
+            now = datetime.now(timezone.utc)
+            for state in group.instance_states:
+                if state.instance.id in before:
+                    continue
+                if group.name in log.spot_groups:
+                    state.instance.lifecycle = "spot"
+                log.add(
+                    group.name,
+                    "Successful",
+                    start=now,
+                    description=f"Launching a new EC2 instance: {state.instance.id}",
+                    region=region,
+                )
+            if count_needed > room:
+                log.add(
+                    group.name,
+                    "Failed",
+                    start=now,
+                    message=log.message.get(group.name, SPOT_NO_CAPACITY),
+                    region=region,
+                )
+
+        def describe_scaling_activities(response: Any) -> Any:
+            from moto.core.responses import ActionResult
+
+            return ActionResult(log.answer(response.region, response._get_param))
+
+        answering = AutoScalingResponse.describe_scaling_activities
+        FakeAutoScalingGroup.replace_autoscaling_group_instances = (  # type: ignore[method-assign]
+            replace_autoscaling_group_instances
+        )
+        AutoScalingResponse.describe_scaling_activities = describe_scaling_activities  # type: ignore[method-assign]
+
+        def undo() -> None:
+            FakeAutoScalingGroup.replace_autoscaling_group_instances = launch  # type: ignore[method-assign]
+            AutoScalingResponse.describe_scaling_activities = answering  # type: ignore[method-assign]
+
+        self._undo.append(undo)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def answer(self, region: str, param: Callable[..., Any]) -> dict[str, Any]:
+        """The DescribeScalingActivities answer for a request's parameters."""
+        group = param("AutoScalingGroupName")
+        wanted_ids = set(param("ActivityIds", []) or [])
+        limit = int(param("MaxRecords", 100) or 100)
+        if not 1 <= limit <= 100:
+            raise ValueError("MaxRecords must be within 1..100")
+        lower = upper = None
+        statuses: set[str] = set()
+        for item in param("Filters", []) or []:
+            values = item.get("Values") or []
+            if item["Name"] == "StartTimeLowerBound":
+                lower = datetime.fromisoformat(values[0].replace("Z", "+00:00"))
+            elif item["Name"] == "StartTimeUpperBound":
+                upper = datetime.fromisoformat(values[0].replace("Z", "+00:00"))
+            elif item["Name"] == "Status":
+                statuses = set(values)
+        chosen = [
+            a
+            for a in self.activities
+            if a["_region"] == region
+            and (group is None or a["AutoScalingGroupName"] == group)
+            and (not wanted_ids or a["ActivityId"] in wanted_ids)
+            and (lower is None or a["StartTime"] >= lower)
+            and (upper is None or a["StartTime"] <= upper)
+            and (not statuses or a["StatusCode"] in statuses)
+        ]
+        # In progress first, then newest first.
+        chosen.sort(key=lambda a: (a["StatusCode"] in _DONE, -a["StartTime"].timestamp()))
+        start = int(param("NextToken") or 0)
+        page = [{k: v for k, v in a.items() if not k.startswith("_")} for a in chosen]
+        answer: dict[str, Any] = {"Activities": page[start : start + limit]}
+        if start + limit < len(page):
+            answer["NextToken"] = str(start + limit)
+        return answer
+
+
+def _activity_id() -> str:
+    import uuid
+
+    return str(uuid.uuid4())

@@ -746,6 +746,9 @@ def test_iam_actions_are_exactly_the_calls_made(moto: None) -> None:
     provider.set_target_size(4)
     provider.replace_instance(ids[0])
     provider.host_noticed(listed[1], InterruptionNotice("preempt"))
+    provider.remove_instance(ids[2])
+    assert provider.group_lifecycle() is Lifecycle.ON_DEMAND  # reads the launch template
+    assert provider.capacity_shortage(time.time() - 60) is None
     provider.job_finished()
 
     assert set(ops) == set(IAM_ACTIONS)

@@ -10,24 +10,30 @@ resource "aws_iam_role" "driver" {
 
 data "aws_iam_policy_document" "driver" {
   # Describe* calls support no resource-level permissions: "*" is the only choice.
+  # DescribeScalingActivities tells a launch that failed for capacity, quota or price;
+  # DescribeLaunchTemplateVersions whether the group launches spot (capacity fallback).
   statement {
     sid = "ReadGroupAndInstances"
     actions = [
       "autoscaling:DescribeAutoScalingGroups",
       "autoscaling:DescribeAutoScalingInstances",
+      "autoscaling:DescribeScalingActivities",
       "ec2:DescribeInstances",
       "ec2:DescribeInstanceTypes",
+      "ec2:DescribeLaunchTemplateVersions",
     ]
     resources = ["*"]
   }
 
-  # Steering calls, limited to this one group.
+  # Steering calls, limited to this one group. TerminateInstanceInAutoScalingGroup
+  # hands a fallback host back (and lowers the desired capacity) once spot returns.
   statement {
     sid = "SteerThisGroup"
     actions = [
       "autoscaling:SetDesiredCapacity",
       "autoscaling:SetInstanceHealth",
       "autoscaling:DetachInstances",
+      "autoscaling:TerminateInstanceInAutoScalingGroup",
     ]
     resources = [aws_autoscaling_group.workers.arn]
   }
