@@ -100,9 +100,11 @@ class Controller:
         pass a fake one to pass its backoffs and waits without sleeping.
     """
 
-    RETURN_LEAVE_SECONDS = 60.0
+    RETURN_LEAVE_SECONDS = 300.0
     """The longest a host being handed back waits for a ring formed without it before
-    its group is shrunk anyway (no ring may be forming at all)."""
+    its group is shrunk anyway (no ring may be forming at all). Generous: the ring
+    leaves it at its next commit, and a job may commit minutes apart; shrinking the
+    group before then would kill its workers mid-step (a roll back)."""
     RETURN_GONE_SECONDS = 600.0
     """The longest a host handed back may stay listed before another may go."""
     RETURN_NOTICE = "return"
