@@ -31,7 +31,6 @@ from spotring.providers.base import Provider
 if TYPE_CHECKING:
     from spotring.autoscaler.durable_job import DurableJob
     from spotring.driver.durable import RingLoss
-    from spotring.driver.launcher import ProcessLauncher
     from spotring.driver.ring_progress import Hang, RingStatus, Stall
 
 log = logging.getLogger(__name__)
@@ -135,7 +134,7 @@ def _run_locked(
         launcher.add_listener(_ProviderProcesses(provider))  # type: ignore[arg-type]  # listeners are duck-typed
     # The driver knows no plugin manager: the rings' events reach the plugins (the
     # progress lines, the events file, the metrics among them) through this listener.
-    ring_hooks = _RingHooks(pm.hook, durable, controller, launcher)
+    ring_hooks = _RingHooks(pm.hook, durable)
     rings = RingTracker(config.elastic.verbose, on_ring=ring_hooks.ring_formed)
     progress = RingProgress(config.elastic.hang_timeout, [ring_hooks])
     plugins = contextlib.ExitStack()  # the run's own: unregistered and closed at its end
@@ -249,23 +248,11 @@ class _RingHooks:
         self,
         hook: pluggy.HookRelay,
         durable: DurableJob | None = None,
-        controller: Controller | None = None,
-        launcher: ProcessLauncher | None = None,
     ) -> None:
         self._hook = hook
         self._durable = durable
-        self._controller = controller
-        self._launcher = launcher
 
     def ring_formed(self, size: int, hosts: Sequence[str]) -> None:
-        if self._controller is not None:
-            # A host handed back (capacity back in a preferred group) that the new
-            # ring left out: its workers stop now, as a noticed host's do, before
-            # Horovod would tell them they have no rank; its group shrinks next.
-            for host in self._controller.ring_formed(hosts):
-                log.info("host %s has left the ring; stopping its workers", host)
-                if self._launcher is not None:
-                    self._launcher.stop_workers_on(host)
         self._hook.spotring_ring_formed(size=size, hosts=hosts)
 
     def ring_progress(self, status: RingStatus) -> None:

@@ -77,6 +77,12 @@ class JobController(InventorySource, Protocol):
 
     def notice_watcher(self, address: str) -> dict[str, Any] | None: ...
 
+    def ring_formed(self, hosts: Sequence[str]) -> Sequence[str]:
+        """Horovod planned a ring of ``hosts`` (on its thread; quick). Returns the hosts
+        the controller took out of discovery itself (handed back to their group) that
+        the ring left out: their workers are stopped like a noticed host's."""
+        ...
+
     def wait_for_fatal_error(self, timeout: float | None = None) -> Exception | None:
         """Block until the controller stops for good; its error, or None on timeout."""
         ...
@@ -422,7 +428,8 @@ class _FailureRouter:
 
 
 class _NoticeRouter:
-    """On a host's interruption notice: drain it, and stop its workers once it has left.
+    """On a host's interruption notice (or the controller handing a host back to its
+    group): drain it, and stop its workers once it has left.
 
     The notice takes the host out of discovery (the controller); Horovod tells the
     ring, whose workers stop at their next commit and re-form without it. The leaving
@@ -485,9 +492,10 @@ class _NoticeRouter:
                 self._leaving.add(host)
 
     def ring_formed(self, size: int, hosts: list[str]) -> None:
+        handed_back = set(self._controller.ring_formed(hosts))
         with self._lock:
             self._ring = set(hosts)
-            gone = self._leaving - set(hosts)
+            gone = (self._leaving | handed_back) - set(hosts)
             self._leaving -= gone
             for host in gone:
                 if self._workers.get(host, 0) > 0:

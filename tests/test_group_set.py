@@ -445,3 +445,30 @@ def test_a_fallback_host_stays_return_after_seconds_in_its_group() -> None:
     controller.step()
     assert od.removed and recorder.in_group == [pytest.approx(600)]
     assert ("returned", "od0", "od") in recorder.events
+
+
+def test_the_driver_stops_a_handed_back_hosts_workers_and_holds_its_rank_answer() -> None:
+    """A host the controller hands back leaves the ring like a noticed host: once a
+    ring forms without it, its workers are stopped, and until they exit Horovod's
+    "no rank" answer (which makes them abort with a C++ error) is held back."""
+    from spotring.driver.elastic import _NoticeRouter
+
+    class HandingBack:
+        def ring_formed(self, hosts: list[str]) -> list[str]:
+            return [] if "od0" in hosts else ["od0"]
+
+    class Launcher:
+        def __init__(self) -> None:
+            self.stopped: list[str] = []
+
+        def stop_workers_on(self, host: str) -> None:
+            self.stopped.append(host)
+
+    launcher = Launcher()
+    router = _NoticeRouter(HandingBack(), launcher)  # type: ignore[arg-type]
+    router.worker_started("od0", 7)
+    router.ring_formed(2, ["spot0", "od0"])
+    assert launcher.stopped == []
+    router.ring_formed(1, ["spot0"])
+    assert launcher.stopped == ["od0"]
+    assert "od0" in router._departed  # its rank answers wait for its workers' exit
