@@ -601,9 +601,9 @@ class LocalProvider(Provider):
         activity is; the log hears of the first of a run of them.
         """
         if missing <= launched:
-            if self._short:
-                self._short = False
-                self._note(f"{SPOT_GROUP}: spot launches succeed again")
+            if self._short and launched > 0:
+                self._note(f"{SPOT_GROUP}: spot capacity again: launching {launched} host(s)")
+            self._short = False  # the next failure starts a new run of them
             return
         wanted = self._desired[Lifecycle.SPOT]
         self._shortage = CapacityShortage(

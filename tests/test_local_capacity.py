@@ -170,6 +170,12 @@ def test_spot_launches_beyond_capacity_fail_and_are_reported(caplog) -> None:  #
     # The log hears of the first failure of a run, not of every refresh.
     warned = [r for r in caplog.records if CAPACITY_CODE in r.getMessage()]
     assert len(warned) == 1 and SPOT_GROUP in warned[0].getMessage()
+    # Asked for no more than it holds (the controller backs it off), then probed again.
+    provider.set_target_size(2)
+    provider.set_target_size(4)
+    warned = [r for r in caplog.records if CAPACITY_CODE in r.getMessage()]
+    assert len(warned) == 2, "a failed probe is a new run of failures"
+    assert not any("capacity again" in what for _, what in provider.events)
 
 
 def test_capacity_given_back_launches_what_the_group_lacks_and_the_failures_stop() -> None:
@@ -191,7 +197,7 @@ def test_capacity_given_back_launches_what_the_group_lacks_and_the_failures_stop
     assert provider.capacity_shortage(0.0) == failed, "the old one is still the newest"
     notes = [what for _, what in provider.events]
     assert "chaos: spot capacity 4" in notes
-    assert f"{SPOT_GROUP}: spot launches succeed again" in notes
+    assert f"{SPOT_GROUP}: spot capacity again: launching 2 host(s)" in notes
 
 
 def test_lowering_capacity_preempts_nobody_but_stops_replacements(sleeper) -> None:  # type: ignore[no-untyped-def]
