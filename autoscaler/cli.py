@@ -19,6 +19,13 @@ from typing import NoReturn
 
 import pluggy
 
+from spotring.autoscaler.capacity import (
+    DEFAULT_FALLBACK_AFTER,
+    DEFAULT_ON_DEMAND_BASE,
+    DEFAULT_RETURN_AFTER,
+    CapacityOptions,
+)
+from spotring.autoscaler.group_set import GroupSet
 from spotring.autoscaler.job import EXIT_FAILURE, EXIT_USAGE, JobConfig, run_job
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.autoscaler.progress import ProgressReporter
@@ -155,6 +162,16 @@ def build_parser(
         help="price of a spot instance-hour, for the cost line",
     )
     report.add_argument(
+        "--price",
+        dest="prices",
+        type=_price,
+        action="append",
+        default=[],
+        metavar="GROUP_OR_LIFECYCLE=USD_PER_HOUR",
+        help="price of an instance-hour of a group (by name) or a lifecycle (spot, "
+        "on-demand), for the cost by group (repeatable; a group's price wins)",
+    )
+    report.add_argument(
         "--price-on-demand",
         type=non_negative_seconds,
         metavar="USD",
@@ -171,6 +188,14 @@ def build_parser(
     )
     check.add_argument("--provider", metavar="NAME", help="check only this provider, strictly")
     return parser
+
+
+def _price(text: str) -> tuple[str, float]:
+    """``NAME=USD``: a group's or a lifecycle's price of an instance-hour."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected GROUP_OR_LIFECYCLE=USD_PER_HOUR, got {text!r}")
+    return name.strip(), non_negative_seconds(value)
 
 
 def _add_provider_options(
@@ -206,10 +231,12 @@ def core_options(options: argparse.Namespace) -> CoreOptions:
     )
 
 
-def make_provider(provider: type[Provider], options: argparse.Namespace) -> Provider:
-    """``provider`` made from its own options and the typed core ones; never the
-    whole command line."""
-    return provider.from_options(provider_options(options), core_options(options))
+def make_provider(provider: type[Provider], options: argparse.Namespace) -> GroupSet:
+    """The job's groups (``provider.groups_from_options``: one per ``--group``, in the
+    user's order) made from the provider's own options and the typed core ones, never
+    the whole command line, as one :class:`GroupSet`."""
+    groups = provider.groups_from_options(provider_options(options), core_options(options))
+    return GroupSet(groups)
 
 
 def _add_elastic_options(run: argparse.ArgumentParser) -> None:
@@ -314,6 +341,34 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "commit or its formation, as failed on the member whose last commit is the "
         "oldest: that worker is stopped and its host replaced (default: off; set it above "
         "the longest gap between commits, and a ring's formation and first step)",
+    )
+    capacity = run.add_argument_group(
+        "when spot runs out (a job of several groups: --group given more than once)"
+    )
+    capacity.add_argument(
+        "--fallback-after",
+        type=non_negative_seconds,
+        default=DEFAULT_FALLBACK_AFTER,
+        metavar="SECONDS",
+        help="a group below its target this long with no error from its cloud counts as "
+        "short, and the next group is asked for its shortfall (default: %(default).0f; a "
+        "capacity or quota error from the cloud counts at once)",
+    )
+    capacity.add_argument(
+        "--on-demand-base",
+        type=non_negative_int,
+        default=DEFAULT_ON_DEMAND_BASE,
+        metavar="N",
+        help="keep N hosts in the last group (the on-demand one) always (default: 0)",
+    )
+    capacity.add_argument(
+        "--return-after",
+        type=non_negative_seconds,
+        default=DEFAULT_RETURN_AFTER,
+        metavar="SECONDS",
+        help="a host that fell back to a later group is handed back (at a commit, one at "
+        "a time) once a preferred group has capacity again, not before it has been there "
+        "this long (default: %(default).0f)",
     )
     durable = run.add_argument_group("durable checkpoints")
     durable.add_argument(
@@ -483,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             print(write_report(options.events, options.output, options.price_spot,
-                               options.price_on_demand))  # fmt: skip
+                               options.price_on_demand, dict(options.prices)))  # fmt: skip
         except ReportError as error:
             _error(f"{PROG} report: error: {error}")
             return EXIT_USAGE
@@ -540,11 +595,16 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManager) -> int:
+def _run(options: argparse.Namespace, provider: GroupSet, pm: pluggy.PluginManager) -> int:
     try:
         forwarded = parse_forwarded(options.forward_env, os.environ)
     except ValueError as error:
         raise UsageError(f"{PROG} run: error: {error}") from None
+    if options.on_demand_base and not provider.several:
+        raise UsageError(
+            f"{PROG} run: error: --on-demand-base needs a job of several groups "
+            "(the last one on-demand): give --group more than once"
+        )
     config = JobConfig(
         command=tuple(options.job),
         shape=JobShape(
@@ -583,6 +643,11 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
         events_path=options.events,
         metrics_port=options.metrics_port,
         metrics_addr=options.metrics_addr,
+        capacity=CapacityOptions(
+            fallback_after=options.fallback_after,
+            on_demand_base=options.on_demand_base,
+            return_after=options.return_after,
+        ),
     )
     # SIGTERM (a scheduler, `kill`) stops the job like Ctrl-C: workers first.
     signal.signal(signal.SIGTERM, _interrupt)

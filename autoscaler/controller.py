@@ -28,16 +28,19 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pluggy
 
+from spotring.autoscaler.capacity import CapacityOptions, CapacityPolicy, GroupStatus
+from spotring.autoscaler.group_set import GroupSet
 from spotring.core import (
     Instance,
     InstanceState,
     InterruptionNotice,
+    Lifecycle,
     ProviderError,
     is_valid_address,
 )
@@ -89,7 +92,21 @@ class Controller:
     :param readmit_after: seconds a failed host stays out of discovery (the lower end of
         ``--blacklist-cooldown-range``; Horovod's own blacklist then decides); None
         keeps it out until the cloud stops listing it, as Horovod does without a range.
+    :param capacity: the capacity policy's options, for a job of several groups (a
+        :class:`GroupSet` of more than one): the job's size is split across them, a
+        short group's shortfall asked of the next, and fallback hosts handed back at a
+        commit once a preferred group has capacity again.
+    :param capacity_clock: the capacity policy's clock (seconds, monotonic): tests
+        pass a fake one to pass its backoffs and waits without sleeping.
     """
+
+    RETURN_LEAVE_SECONDS = 60.0
+    """The longest a host being handed back waits for a ring formed without it before
+    its group is shrunk anyway (no ring may be forming at all)."""
+    RETURN_GONE_SECONDS = 600.0
+    """The longest a host handed back may stay listed before another may go."""
+    RETURN_NOTICE = "return"
+    """The notice kind a host handed back drains with (as a noticed preemption)."""
 
     def __init__(
         self,
@@ -101,6 +118,8 @@ class Controller:
         backoff: Backoff = Backoff(),
         replace_grace: float = 5.0,
         readmit_after: float | None = None,
+        capacity: CapacityOptions | None = None,
+        capacity_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if hook is None:
             from spotring.autoscaler.plugins import get_plugin_manager
@@ -134,6 +153,17 @@ class Controller:
         self._target: int | None = None
         self._invalid_addresses: set[str] = set()
         self._failures = 0
+        # The capacity policy, for a job of several groups: made at its first steering.
+        self._capacity_options = capacity or CapacityOptions()
+        self._capacity_clock = capacity_clock
+        self._policy: CapacityPolicy | None = None
+        self._group_asked: dict[str, int] = {}  # group -> size it last accepted
+        self._group_limits: dict[str, int] | None = None
+        self._members: dict[str, tuple[str, Lifecycle]] = {}  # live id -> (group, lifecycle)
+        self._not_preempted: set[str] = set()  # ids that left at spotring's request
+        self._return: _Return | None = None
+        # The last ring's hosts and when it formed (monotonic), from Horovod's thread.
+        self._ring: tuple[float, frozenset[str]] = (0.0, frozenset())
 
         self._last_error: ProviderError | None = None
         self._fatal: ProviderError | None = None
@@ -144,6 +174,9 @@ class Controller:
         self._thread: threading.Thread | None = None
         self.refreshes = 0
         """Successful refreshes so far."""
+        self.capacity_status: tuple[GroupStatus, ...] = ()
+        """Each group's status after the last capacity steering (a job of several
+        groups; empty otherwise): replaced whole, readable from any thread."""
 
     # ------------------------------------------------------------------ reading
 
@@ -245,6 +278,7 @@ class Controller:
             self._take_cloud_failures()
         if refreshed and self._job is not None and self.provider.can_resize:
             self._steer()
+            self._steer_capacity()
             self._call("keeping the group's size", self.provider.keep_size)
         self._announce()
         return refreshed, self._replace_due()
@@ -427,6 +461,10 @@ class Controller:
             instance = inventory.by_address(address) if inventory else None
             if instance is None or instance.id in self._excluded:
                 return instance
+            handed_back = self._return is not None and self._return.instance.id == instance.id
+            if handed_back:  # its workers stopped as it left: no failure, no replacement
+                log.info("host %s (%s) is being handed back: %s", address, instance.id, reason)
+                return instance
             self._excluded[instance.id] = (
                 None if self._readmit_after is None else time.monotonic() + self._readmit_after
             )
@@ -492,10 +530,24 @@ class Controller:
             except queue.Empty:
                 return
             self._emit("spotring_host_noticed", instance=instance, notice=notice, draining=drain)
+            if notice.kind != "rebalance":
+                self._preempted(instance.id)
             try:
                 self._call("starting a replacement", self.provider.host_noticed, instance, notice)
             except ProviderError as error:  # the group still replaces it after the reclaim
                 log.warning("could not start a replacement for %s early: %s", instance.id, error)
+
+    def ring_formed(self, hosts: Sequence[str]) -> list[str]:
+        """Horovod formed a ring of ``hosts`` (called on Horovod's thread; quick, no
+        cloud). Returns the addresses of hosts being handed back that have left the
+        ring: their workers are stopped, and their group shrinks at the controller's
+        next step."""
+        self._ring = (time.monotonic(), frozenset(hosts))
+        handing = self._return
+        if handing is None or handing.instance.address in hosts:
+            return []
+        self._wake.set()
+        return [handing.instance.address]
 
     def notice_watcher(self, address: str) -> dict[str, Any] | None:
         """The notice watcher for the host at ``address`` (``Provider.notice_watcher``),
@@ -585,6 +637,7 @@ class Controller:
                 continue
             log.info("asked %s to replace %s", self.provider.describe(), instance_id)
             del self._pending_replacements[instance_id]
+            self._not_preempted.add(instance_id)
         upcoming = self._pending_replacements.values()
         return max(0.0, min(upcoming) - now) if upcoming else None
 
@@ -626,6 +679,210 @@ class Controller:
         self._target = size
         log.info("asked %s for %d hosts", self.provider.describe(), size)
 
+    # ------------------------------------------------------------------ capacity
+
+    def _steer_capacity(self) -> None:
+        """Split the job's size across its groups (a job of several), fall back from
+        short groups, and hand fallback hosts back one at a time, at a commit."""
+        groups = self.provider
+        if not isinstance(groups, GroupSet) or not groups.several or groups.total is None:
+            return
+        assert self._job is not None and self._inventory is not None
+        policy = self._capacity_policy(groups)
+        inventory = self._inventory
+        live: dict[str, list[str]] = {name: [] for name in policy.groups}
+        ready: dict[str, list[str]] = {name: [] for name in policy.groups}
+        billed = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
+        for instance in self._instances:
+            if instance.group in live and instance.state in billed and not instance.failure:
+                live[instance.group].append(instance.id)
+        for instance in inventory.ready:
+            if instance.group in ready:
+                ready[instance.group].append(instance.id)
+        self._count_preemptions(inventory)
+        for name in policy.groups:
+            policy.observe(name, live[name], len(ready[name]))
+            shortage = None
+            since = policy.below_since_wall(name) if policy.wants_signal(name) else None
+            if since is not None:
+                try:
+                    shortage = self._call(
+                        f"asking {name} for a capacity shortage",
+                        groups.group(name).capacity_shortage,
+                        since,
+                    )
+                except ProviderError as error:
+                    if not error.retryable:
+                        raise
+                    log.warning("could not ask %s for a capacity shortage: %s", name, error)
+            decision = policy.report_shortage(name, shortage)
+            if decision is not None and decision.shortage is not None:
+                log.warning("group %s is short: %s", name, decision.shortage.describe())
+                self._emit("spotring_capacity_shortage", group=name, shortage=decision.shortage)
+        job = self._job
+        order = self._call(
+            "the spotring_order_groups hook",
+            self._hook.spotring_order_groups,
+            groups=policy.statuses(),
+            job=job,
+        )
+
+        def allow(group: str, short: str, hosts: int) -> bool:
+            answer = self._call(
+                "the spotring_fall_back hook",
+                self._hook.spotring_fall_back,
+                group=policy.status(group),
+                short=policy.status(short),
+                hosts=hosts,
+                job=job,
+            )
+            return answer is None or bool(answer)
+
+        if self._group_limits is None:
+            self._group_limits = self._call("reading the groups' limits", groups.group_limits)
+        order = list(order) if order is not None else None
+        asked, decisions = policy.distribute(groups.total, order, allow, self._group_limits)
+        for decision in decisions:
+            log.warning("asking %s for %d hosts %s cannot supply", decision.to_group,
+                        decision.hosts, decision.group)  # fmt: skip
+            self._emit("spotring_fell_back", from_group=decision.group,
+                       to_group=decision.to_group, hosts=decision.hosts)  # fmt: skip
+        for name, size in asked.items():
+            if self._group_asked.get(name) == size or not groups.group(name).can_resize:
+                continue
+            try:
+                self._call(f"resizing {name}", groups.set_group_size, name, size)
+            except ProviderError as error:
+                if not error.retryable:
+                    raise
+                log.warning("could not resize %s, will retry: %s", name, error)
+                continue
+            self._group_asked[name] = size
+            log.info("asked %s for %d hosts", name, size)
+        self._hand_back(groups, policy, ready, order)
+        self.capacity_status = tuple(policy.statuses())
+
+    def _capacity_policy(self, groups: GroupSet) -> CapacityPolicy:
+        if self._policy is None:
+            lifecycles = {
+                name: self._call(f"reading {name}'s lifecycle", groups.lifecycle, name)
+                for name in groups.names()
+            }
+            self._policy = CapacityPolicy(
+                groups.names(),
+                self._capacity_options,
+                lifecycles=lifecycles,
+                clock=self._capacity_clock,
+            )
+        return self._policy
+
+    def _count_preemptions(self, inventory: Inventory) -> None:
+        """A spot member the cloud took (it left the listing, or is going, failed)
+        without spotring asking counts against its group: 3 in an hour demote it."""
+        current: dict[str, tuple[str, Lifecycle]] = {}
+        gone: list[str] = []
+        for instance in inventory.instances:
+            taken = instance.failure or instance.state in (
+                InstanceState.TERMINATING,
+                InstanceState.GONE,
+            )
+            if taken:
+                gone.append(instance.id)
+            elif instance.group:
+                current[instance.id] = (instance.group, instance.lifecycle)
+        gone += [key for key in self._members if key not in current and key not in gone]
+        for key in gone:
+            if key in self._members:
+                self._preempted(key)
+        self._members = current
+
+    def _preempted(self, instance_id: str) -> None:
+        member = self._members.pop(instance_id, None)
+        if member is None or instance_id in self._not_preempted or self._policy is None:
+            return
+        self._not_preempted.add(instance_id)  # counted once
+        group, lifecycle = member
+        if lifecycle is not Lifecycle.SPOT:
+            return
+        decision = self._policy.preempted(group)
+        if decision is not None and decision.until is not None:
+            log.warning("group %s was preempted often: asked after the others for an hour",
+                        group)  # fmt: skip
+            self._emit("spotring_group_demoted", group=group, until=decision.until)
+
+    def _hand_back(
+        self,
+        groups: GroupSet,
+        policy: CapacityPolicy,
+        ready: dict[str, list[str]],
+        order: list[str] | None,
+    ) -> None:
+        """Hand fallback hosts back, one at a time: take the host out of discovery
+        (the ring re-forms without it at its next commit), then, once a ring formed
+        without it (or :data:`RETURN_LEAVE_SECONDS` passed), shrink its group."""
+        assert self._job is not None and self._inventory is not None and groups.total
+        handing = self._return
+        if handing is not None:
+            listed = self._inventory.by_id(handing.instance.id)
+            gone = listed is None or listed.state in (InstanceState.TERMINATING, InstanceState.GONE)
+            waited = time.monotonic() - handing.started
+            if not handing.removed:
+                ring_at, ring = self._ring
+                left = ring_at > handing.started and handing.instance.address not in ring
+                if gone or left or waited > self.RETURN_LEAVE_SECONDS:
+                    self._shrink(groups, policy, handing)
+                return
+            if not gone and waited <= self.RETURN_GONE_SECONDS:
+                return
+            self._return = None  # gone: the next may go
+            policy.finish_return(removed=False)
+        candidate = policy.return_candidate(groups.total, ready, order)
+        if candidate is None:
+            return
+        instance_id, name = candidate
+        instance = self._inventory.by_id(instance_id)
+        if instance is None:
+            return
+        keep = not self._call(
+            "the spotring_return_to_spot hook",
+            self._hook.spotring_return_to_spot,
+            instance=instance,
+            group=policy.status(name),
+            job=self._job,
+        )
+        if keep:
+            return
+        log.info("handing %s (%s) back to %s's preferred groups: it leaves the ring at its "
+                 "next commit", instance.address, instance.id, name)  # fmt: skip
+        self._return = _Return(instance, name, time.monotonic())
+        self._not_preempted.add(instance.id)
+        policy.start_return(instance.id, name)
+        with self._lock:
+            self._notices[instance.id] = InterruptionNotice(self.RETURN_NOTICE)
+            self._publish()
+
+    def _shrink(self, groups: GroupSet, policy: CapacityPolicy, handing: _Return) -> None:
+        group = groups.group(handing.group)
+        try:
+            if group.can_remove:
+                self._call(f"removing a member of {handing.group}", groups.remove_instance,
+                           handing.instance.id)  # fmt: skip
+            else:
+                size = max(0, self._group_asked.get(handing.group, 1) - 1)
+                self._call(f"resizing {handing.group}", group.set_target_size, size)
+        except ProviderError as error:
+            if not error.retryable:
+                raise
+            log.warning("could not hand %s back, will retry: %s", handing.instance.id, error)
+            return
+        handing.removed = True
+        if handing.group in self._group_asked:
+            self._group_asked[handing.group] = max(0, self._group_asked[handing.group] - 1)
+        policy.finish_return(removed=True)
+        policy.start_return(handing.instance.id, handing.group)  # still one at a time
+        log.info("handed %s back: %s shrunk by one", handing.instance.id, handing.group)
+        self._emit("spotring_returned", instance=handing.instance, group=handing.group)
+
     # ------------------------------------------------------------------ plumbing
 
     def _call(self, what: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -643,6 +900,16 @@ class Controller:
         still hear the event); with a bare pluggy manager an exception stops the
         controller as a plugin's bug."""
         self._call(f"the {name} hook", getattr(self._hook, name), **kwargs)
+
+
+@dataclass
+class _Return:
+    """A host being handed back: it drains, then its group is shrunk."""
+
+    instance: Instance
+    group: str
+    started: float
+    removed: bool = False
 
 
 def _unexpected(what: str, error: Exception) -> ControllerError:

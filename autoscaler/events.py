@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from spotring.autoscaler.hookspecs import hookimpl
-from spotring.core import Instance, InstanceState, InterruptionNotice
+from spotring.core import CapacityShortage, Instance, InstanceState, InterruptionNotice
 from spotring.core.inventory import Inventory
 from spotring.core.job import JobShape
 from spotring.driver.ring_progress import Hang, RingStatus, Stall
@@ -40,6 +40,7 @@ def host_record(instance: Instance) -> dict[str, Any]:
         "address": instance.address,
         "state": instance.state.value,
         "lifecycle": instance.lifecycle.value,
+        "group": instance.group,
         "slots": instance.slots,
         "zone": instance.zone,
         "instance_type": instance.instance_type,
@@ -212,6 +213,32 @@ class EventLog:
             deadline=notice.deadline,
             draining=draining,
         )
+
+    # ------------------------------------------------------------- capacity
+
+    @hookimpl
+    def spotring_capacity_shortage(self, group: str, shortage: CapacityShortage) -> None:
+        self.write(
+            "capacity_shortage",
+            group=group,
+            cause=shortage.cause.value,
+            code=shortage.code,
+            message=shortage.message,
+            at=shortage.at,
+        )
+
+    @hookimpl
+    def spotring_fell_back(self, from_group: str, to_group: str, hosts: int) -> None:
+        self.write("fell_back", **{"from": from_group, "to": to_group, "hosts": hosts})
+
+    @hookimpl
+    def spotring_returned(self, instance: Instance, group: str) -> None:
+        self._last_change = time.monotonic()
+        self.write("returned", host=instance.address, id=instance.id, group=group)
+
+    @hookimpl
+    def spotring_group_demoted(self, group: str, until: float) -> None:
+        self.write("group_demoted", group=group, until=round(until, 3))
 
 
 class _ProviderWarnings(logging.Handler):

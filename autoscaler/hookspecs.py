@@ -16,7 +16,10 @@ Threads: each hook's docstring says which thread calls it. In short:
   (the CLI's), before the controller starts and after everything has stopped;
 * the controller's decisions and events (``spotring_target_size``,
   ``spotring_replace_host``, ``spotring_inventory_changed``, ``spotring_refreshed``,
-  ``spotring_host_noticed``, ``spotring_host_failed``): the controller's thread
+  ``spotring_host_noticed``, ``spotring_host_failed``, and the capacity ones:
+  ``spotring_order_groups``, ``spotring_fall_back``, ``spotring_return_to_spot``,
+  ``spotring_capacity_shortage``, ``spotring_fell_back``, ``spotring_returned``,
+  ``spotring_group_demoted``): the controller's thread
   (``spotring-controller``), one call at a time, in the order things happened;
 * ``spotring_drain_on_notice``: the launcher's thread that read the notice from the
   worker (``spotring-output``), at once and synchronously, so that a draining host
@@ -49,7 +52,8 @@ from spotring.core.hooks import hookimpl as hookimpl
 from spotring.core.hooks import hookspec
 
 if TYPE_CHECKING:
-    from spotring.core import Instance, InterruptionNotice, Inventory, JobShape
+    from spotring.autoscaler.capacity import GroupStatus
+    from spotring.core import CapacityShortage, Instance, InterruptionNotice, Inventory, JobShape
     from spotring.driver.ring_progress import Hang, RingStatus, Stall
     from spotring.providers.base import Provider, ProviderRegistry
 
@@ -180,6 +184,68 @@ def spotring_drain_on_notice(
     """
 
 
+# ------------------------------------------------------------ capacity decisions
+
+
+@hookspec(firstresult=True)
+def spotring_order_groups(groups: Sequence[GroupStatus], job: JobShape) -> Sequence[str] | None:
+    """The order in which a job of several groups asks its groups for hosts.
+
+    Called on the controller thread after every successful refresh of a job that spans
+    several groups (``--group`` given more than once). The job's size goes to the
+    groups in this order; a short group's shortfall is asked of the next. spotring's
+    own answer: the user's order, with a demoted group (preempted 3 times within an
+    hour) moved after the others but before the last one for an hour. Stops at the
+    first non-None result.
+
+    :param groups: each group's status (``name``, ``lifecycle``, ``position`` in the
+        user's order, ``asked``, ``live``, ``ready``, ``short``, ``shortage``,
+        ``backoff_left_s``, ``below_target_s``, ``preemptions_last_hour``,
+        ``demoted_left_s``), in the user's order.
+    :param job: the job's elastic limits and steering options.
+    :return: group names, most preferred first (a group left out is appended in the
+        user's order), or None to leave the answer to others.
+    """
+
+
+@hookspec(firstresult=True)
+def spotring_fall_back(
+    group: GroupStatus, short: GroupStatus, hosts: int, job: JobShape
+) -> bool | None:
+    """Whether ``group`` may be asked for the hosts a short group cannot supply.
+
+    Called on the controller thread after every successful refresh, for each group met
+    after a short one while hosts are still wanted. A group refused keeps what it holds
+    and the shortfall goes on to the next group. spotring's own answer: yes. Stops at
+    the first non-None result.
+
+    :param group: the group that would be asked.
+    :param short: the first short group before it (``shortage`` says why).
+    :param hosts: the hosts still wanted when ``group``'s turn comes.
+    :param job: the job's elastic limits and steering options.
+    :return: True to ask it, False to skip it, None to leave the answer to others.
+    """
+
+
+@hookspec(firstresult=True)
+def spotring_return_to_spot(instance: Instance, group: GroupStatus, job: JobShape) -> bool | None:
+    """Whether a fallback host is handed back now.
+
+    Called on the controller thread when the job holds its size without ``instance``
+    (a preferred group has capacity again), the host has been in its group for
+    ``--return-after`` seconds and no other host is being handed back. A host handed
+    back leaves discovery at once (the ring re-forms without it at its next commit,
+    with nothing rolled back), then leaves its group (``remove_instance``). spotring's
+    own answer: yes. Asked again at the next refresh after a no. Stops at the first
+    non-None result.
+
+    :param instance: the host, as last listed (``group``, ``lifecycle``).
+    :param group: the status of the group it would leave.
+    :param job: the job's elastic limits and steering options.
+    :return: True to hand it back, False to keep it, None to leave the answer to others.
+    """
+
+
 # ---------------------------------------------------------------------- events
 
 
@@ -244,6 +310,58 @@ def spotring_host_failed(instance: Instance, reason: str) -> None:
 
     :param instance: the instance as last listed.
     :param reason: a short human explanation, e.g. ``"worker exited with -9"``.
+    """
+
+
+@event
+def spotring_capacity_shortage(group: str, shortage: CapacityShortage) -> None:
+    """A group of the job is short: its cloud reported a launch failure while it was
+    below the size asked of it, or it stayed below that size for ``--fallback-after``
+    seconds (``shortage.code`` is then ``BelowTarget``).
+
+    Called on the controller thread. The group is backed off (not asked for more until
+    the backoff expires) and its shortfall is asked of the next group. Return values
+    are ignored.
+
+    :param group: the group's name.
+    :param shortage: ``cause`` (capacity, quota, price, other), ``code``, ``message``.
+    """
+
+
+@event
+def spotring_fell_back(from_group: str, to_group: str, hosts: int) -> None:
+    """The hosts a short group cannot supply are asked of a later group (again, when
+    that number changed).
+
+    Called on the controller thread. Return values are ignored.
+
+    :param from_group: the short group.
+    :param to_group: the group asked instead.
+    :param hosts: how many hosts of ``from_group``'s share it is asked for.
+    """
+
+
+@event
+def spotring_returned(instance: Instance, group: str) -> None:
+    """A fallback host left the ring and was handed back: its group was shrunk by one.
+
+    Called on the controller thread after ``remove_instance`` (or, for a group that
+    cannot remove one member, a lower target size). Return values are ignored.
+
+    :param instance: the host, as last listed.
+    :param group: the group it left.
+    """
+
+
+@event
+def spotring_group_demoted(group: str, until: float) -> None:
+    """A group was preempted 3 times within an hour: it is asked after the other
+    groups (before the last) until ``until``.
+
+    Called on the controller thread. Return values are ignored.
+
+    :param group: the group's name.
+    :param until: epoch seconds at which the demotion ends.
     """
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
+from spotring.autoscaler.capacity import CapacityOptions
 from spotring.autoscaler.controller import Controller
 from spotring.autoscaler.progress import ProgressReporter
 from spotring.core import ConfigurationError, ProviderError
@@ -30,6 +31,7 @@ from spotring.providers.base import Provider
 if TYPE_CHECKING:
     from spotring.autoscaler.durable_job import DurableJob
     from spotring.driver.durable import RingLoss
+    from spotring.driver.launcher import ProcessLauncher
     from spotring.driver.ring_progress import Hang, RingStatus, Stall
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,9 @@ class JobConfig:
     metrics_port: int | None = None
     """``--metrics-port``: serve Prometheus metrics there (0: a free port)."""
     metrics_addr: str = "127.0.0.1"
+    capacity: CapacityOptions = field(default_factory=CapacityOptions)
+    """``--fallback-after``, ``--on-demand-base``, ``--return-after``: the capacity
+    policy of a job that spans several groups."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ def _run_locked(
         job=shape,
         refresh_interval=config.refresh_interval,
         readmit_after=readmit_after,
+        capacity=config.capacity,
     )
     local = config.launcher == "local" or (
         config.launcher == "auto" and provider.runs_workers_locally
@@ -129,12 +135,12 @@ def _run_locked(
         launcher.add_listener(_ProviderProcesses(provider))  # type: ignore[arg-type]  # listeners are duck-typed
     # The driver knows no plugin manager: the rings' events reach the plugins (the
     # progress lines, the events file, the metrics among them) through this listener.
-    ring_hooks = _RingHooks(pm.hook, durable)
+    ring_hooks = _RingHooks(pm.hook, durable, controller, launcher)
     rings = RingTracker(config.elastic.verbose, on_ring=ring_hooks.ring_formed)
     progress = RingProgress(config.elastic.hang_timeout, [ring_hooks])
     plugins = contextlib.ExitStack()  # the run's own: unregistered and closed at its end
     try:
-        _register_run_plugins(plugins, config, provider, pm, reporter)
+        _register_run_plugins(plugins, config, provider, pm, reporter, controller)
     except BaseException:
         plugins.close()
         raise
@@ -203,6 +209,7 @@ def _register_run_plugins(
     provider: Provider,
     pm: pluggy.PluginManager,
     reporter: ProgressReporter,
+    controller: Controller | None = None,
 ) -> None:
     """Register the run's events file and metrics endpoint, as asked, as plugins; each
     is unregistered and closed when ``stack`` closes. ConfigurationError (exit 2, one
@@ -218,7 +225,8 @@ def _register_run_plugins(
         if config.metrics_port is not None:
             from spotring.autoscaler.metrics import Metrics
 
-            metrics = Metrics(config.metrics_port, config.metrics_addr, provider.name)
+            capacity = (lambda: controller.capacity_status) if controller is not None else None
+            metrics = Metrics(config.metrics_port, config.metrics_addr, provider.name, capacity)
             stack.enter_context(contextlib.closing(metrics))
             _register(stack, pm, metrics, "spotring.metrics")
             reporter.say(f"metrics on http://{config.metrics_addr}:{metrics.port}/metrics")
@@ -237,11 +245,27 @@ class _RingHooks:
     """The rings' events, from the driver's rendezvous server and progress tracker to
     the plugins' hooks, on the thread each comes on (the hookspecs say which)."""
 
-    def __init__(self, hook: pluggy.HookRelay, durable: DurableJob | None = None) -> None:
+    def __init__(
+        self,
+        hook: pluggy.HookRelay,
+        durable: DurableJob | None = None,
+        controller: Controller | None = None,
+        launcher: ProcessLauncher | None = None,
+    ) -> None:
         self._hook = hook
         self._durable = durable
+        self._controller = controller
+        self._launcher = launcher
 
     def ring_formed(self, size: int, hosts: Sequence[str]) -> None:
+        if self._controller is not None:
+            # A host handed back (capacity back in a preferred group) that the new
+            # ring left out: its workers stop now, as a noticed host's do, before
+            # Horovod would tell them they have no rank; its group shrinks next.
+            for host in self._controller.ring_formed(hosts):
+                log.info("host %s has left the ring; stopping its workers", host)
+                if self._launcher is not None:
+                    self._launcher.stop_workers_on(host)
         self._hook.spotring_ring_formed(size=size, hosts=hosts)
 
     def ring_progress(self, status: RingStatus) -> None:

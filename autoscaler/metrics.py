@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from spotring.autoscaler.capacity import GroupStatus
 from spotring.autoscaler.hookspecs import hookimpl
-from spotring.core import Instance, InstanceState, InterruptionNotice, Lifecycle
+from spotring.core import CapacityShortage, Instance, InstanceState, InterruptionNotice, Lifecycle
 from spotring.core.inventory import Inventory
 from spotring.driver.ring_progress import Stall
 
@@ -24,7 +25,13 @@ _RUNNING = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
 class Metrics:
     """The run's Prometheus series, served on ``addr:port`` until :meth:`close`."""
 
-    def __init__(self, port: int, addr: str = "127.0.0.1", provider: str = "") -> None:
+    def __init__(
+        self,
+        port: int,
+        addr: str = "127.0.0.1",
+        provider: str = "",
+        capacity: Callable[[], Sequence[GroupStatus]] | None = None,
+    ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -69,8 +76,46 @@ class Metrics:
             buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
             registry=r,
         )
+        self.group_hosts = Gauge(
+            "spotring_group_hosts",
+            "Members by group, lifecycle and state",
+            ["group", "lifecycle", "state"],
+            registry=r,
+        )
+        self.group_instance_seconds = Counter(
+            "spotring_group_instance_seconds",
+            "Seconds of running instances, by group and lifecycle",
+            ["group", "lifecycle"],
+            registry=r,
+        )
+        self.below_target = Gauge(
+            "spotring_group_below_target_seconds",
+            "Seconds the group has been below the size asked of it (0: it is not)",
+            ["group"],
+            registry=r,
+        )
+        self.group_asked = Gauge(
+            "spotring_group_target_hosts", "Hosts asked of each group", ["group"], registry=r
+        )
+        self.shortages = Counter(
+            "spotring_capacity_shortages",
+            "Times a group was found short, by cause",
+            ["group", "cause"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "spotring_fallbacks",
+            "Times a short group's shortfall was asked of another",
+            ["from_group", "to_group"],
+            registry=r,
+        )
+        self.returns = Counter(
+            "spotring_returns", "Fallback hosts handed back, by group", ["group"], registry=r
+        )
+        self._capacity = capacity
         self._provider = provider
         self._rings = 0
+        self._group_running: dict[tuple[str, str], int] = {}  # (group, lifecycle) -> running
         self._running: dict[str, int] = {}  # lifecycle -> running instances at last refresh
         self._since = time.monotonic()
         self._lock = threading.Lock()
@@ -139,14 +184,27 @@ class Metrics:
             return
         self._account_instance_seconds()
         running: dict[str, int] = {}
+        by_group: dict[tuple[str, str], int] = {}
+        members: dict[tuple[str, str, str], int] = {}
         for state in InstanceState:
             self.hosts.labels(state.value).set(inventory.count(state))
         for instance in inventory.instances:
+            labels = (instance.group or self._provider, instance.lifecycle.value)
+            member = (*labels, instance.state.value)
+            members[member] = members.get(member, 0) + 1
             if instance.state in _RUNNING:
                 key = instance.lifecycle.value
                 running[key] = running.get(key, 0) + 1
+                by_group[labels] = by_group.get(labels, 0) + 1
+        self.group_hosts.clear()
+        for labels3, count in members.items():
+            self.group_hosts.labels(*labels3).set(count)
+        for status in self._capacity() if self._capacity is not None else ():
+            self.below_target.labels(status.name).set(round(status.below_target_s, 3))
+            self.group_asked.labels(status.name).set(status.asked)
         with self._lock:
             self._running = running
+            self._group_running = by_group
 
     @hookimpl
     def spotring_host_failed(self, instance: Instance, reason: str) -> None:
@@ -172,3 +230,19 @@ class Metrics:
             elapsed, self._since = now - self._since, now
             for lifecycle, count in self._running.items():
                 self.instance_seconds.labels(lifecycle).inc(count * elapsed)
+            for (group, lifecycle), count in self._group_running.items():
+                self.group_instance_seconds.labels(group, lifecycle).inc(count * elapsed)
+
+    # ------------------------------------------------------------- capacity
+
+    @hookimpl
+    def spotring_capacity_shortage(self, group: str, shortage: CapacityShortage) -> None:
+        self.shortages.labels(group, shortage.cause.value).inc()
+
+    @hookimpl
+    def spotring_fell_back(self, from_group: str, to_group: str, hosts: int) -> None:
+        self.fallbacks.labels(from_group, to_group).inc()
+
+    @hookimpl
+    def spotring_returned(self, instance: Instance, group: str) -> None:
+        self.returns.labels(group).inc()

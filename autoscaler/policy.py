@@ -1,4 +1,5 @@
-"""spotring's own answers to the decision hooks: how big the group is, what is replaced.
+"""spotring's own answers to the decision hooks: how big the group is, what is replaced,
+in which order a job's groups are asked, what falls back and what is handed back.
 
 Registered as a built-in plugin with ``trylast``, so a plugin that implements
 ``spotring_target_size`` or ``spotring_replace_host`` is asked first and its first
@@ -7,6 +8,9 @@ non-None answer wins, as in pytest.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from spotring.autoscaler.capacity import GroupStatus, default_order
 from spotring.core.hooks import hookimpl
 from spotring.core.instance import Instance, InstanceState, InterruptionNotice
 from spotring.core.inventory import Inventory
@@ -69,3 +73,22 @@ def spotring_drain_on_notice(instance: Instance, notice: InterruptionNotice, job
 def spotring_replace_host(instance: Instance, reason: str, job: JobShape) -> bool:
     """Replace a host whose worker failed, unless ``--no-replace``."""
     return job.replace_failed
+
+
+@hookimpl(trylast=True)
+def spotring_order_groups(groups: Sequence[GroupStatus], job: JobShape) -> list[str]:
+    """The user's order, a demoted group moved after the others but before the last."""
+    return default_order(groups)
+
+
+@hookimpl(trylast=True)
+def spotring_fall_back(group: GroupStatus, short: GroupStatus, hosts: int, job: JobShape) -> bool:
+    """Always ask the next group: the job's size matters more than where it runs."""
+    return True
+
+
+@hookimpl(trylast=True)
+def spotring_return_to_spot(instance: Instance, group: GroupStatus, job: JobShape) -> bool:
+    """Always hand a host back once the capacity policy allows it (``--return-after``,
+    one at a time, the job keeping its size)."""
+    return True

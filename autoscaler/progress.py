@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 from spotring.autoscaler.hookspecs import hookimpl
-from spotring.core import Instance, InterruptionNotice
+from spotring.core import CapacityShortage, Instance, InterruptionNotice
 from spotring.core.inventory import Inventory
 from spotring.driver.ring_progress import Hang
 from spotring.providers.base import Provider
@@ -32,6 +32,7 @@ class ProgressReporter:
         self.notices: dict[str, str] = {}  # address -> what its notice came to
         self._draining: dict[str, bool] = {}  # address -> no failure since its notice
         self.resumes: list[dict[str, Any] | None] = []  # each lost ring's checkpoint
+        self.capacity: list[str] = []  # fallbacks and hand-backs, for the summary
         self._lock = threading.Lock()  # one write per line
         self._state = threading.Lock()  # the fields above, written from several threads
 
@@ -55,7 +56,7 @@ class ProgressReporter:
     ) -> None:
         with self._state:
             self.membership_changes += 1
-        changes = [f"+{i.address}" for i in added] + [f"-{i.address}" for i in removed]
+        changes = [f"+{_named(i)}" for i in added] + [f"-{_named(i)}" for i in removed]
         self.say(
             f"hosts {' '.join(changes)} -> ready: {_hosts({i.address: i.slots for i in ready})}"
         )
@@ -120,6 +121,29 @@ class ProgressReporter:
             f"{hang.member_idle_s:.1f} s ago)"
         )
 
+    @hookimpl
+    def spotring_capacity_shortage(self, group: str, shortage: CapacityShortage) -> None:
+        self.say(f"group {group} is short: {shortage.describe()}")
+
+    @hookimpl
+    def spotring_fell_back(self, from_group: str, to_group: str, hosts: int) -> None:
+        with self._state:
+            self.capacity.append(f"{from_group} -> {to_group} ({hosts})")
+        self.say(f"asking {to_group} for {hosts} host(s) {from_group} cannot supply")
+
+    @hookimpl
+    def spotring_returned(self, instance: Instance, group: str) -> None:
+        with self._state:
+            self.capacity.append(f"{instance.address} back from {group}")
+        self.say(f"host {instance.address} handed back: {group} shrunk by one")
+
+    @hookimpl
+    def spotring_group_demoted(self, group: str, until: float) -> None:
+        self.say(
+            f"group {group} was preempted often: asked after the others for "
+            f"{max(0.0, until - time.time()) / 60:.0f} min"
+        )
+
     def summary(
         self,
         world_sizes: Sequence[int],
@@ -144,12 +168,20 @@ class ProgressReporter:
                 else f"commit {c['commits']} ({c['age_seconds']:.1f} s old)"
                 for c in self.resumes
             ))  # fmt: skip
+        if self.capacity:
+            lines.append("fallbacks and hand-backs: " + ", ".join(self.capacity))
         lines += [f"at {at:5.1f}s {what}" for at, what in events]
         width = max(len(line) for line in lines)
         print("spotring summary " + "-" * max(0, width - 17), file=self._stream)
         for line in lines:
             print(line, file=self._stream)
         self._stream.flush()
+
+
+def _named(instance: Instance) -> str:
+    """The host's address, and its group when the job spans several (only then is the
+    group set)."""
+    return f"{instance.address}[{instance.group}]" if instance.group else instance.address
 
 
 def _hosts(hosts: dict[str, int]) -> str:

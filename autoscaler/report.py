@@ -5,10 +5,13 @@ with the notices, host failures and the spans the ring stood still: the ``stall`
 records, each the ring's longest time without any commit around a reset (an events
 file written before spotring recorded progress has none, and the page says so: its
 ``ring_formed.since_change_s`` measured the time to a new ring, during which the old
-one may well have trained on, so it is not drawn as a stall). The page adds the cost
+one may well have trained on, so it is not drawn as a stall), and, for a job of
+several groups, each capacity shortage, fallback and hand-back. The page adds the cost
 line (instance-hours by lifecycle, priced with ``--price-spot`` /
-``--price-on-demand``) and every event but the per-refresh ones in a table. HTML
-embeds the chart; ``-o x.png`` writes only it.
+``--price-on-demand``), instance-hours and cost by group and lifecycle (priced with
+``--price GROUP_OR_LIFECYCLE=USD``), the time the job spent below its target, and every
+event but the per-refresh ones in a table. HTML embeds the chart; ``-o x.png`` writes
+only it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import base64
 import html
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +62,13 @@ class Run:
     has_progress: bool = False
     """Whether the file records the rings' progress (``stall`` records)."""
     instance_hours: dict[str, float] = field(default_factory=dict)
+    group_hours: dict[tuple[str, str], float] = field(default_factory=dict)
+    """Instance-hours by (group, lifecycle); the group is empty for a one-group job."""
+    below_target_s: float = 0.0
+    """Seconds the job had fewer ready hosts than its target (refresh records)."""
+    shortages: list[tuple[float, str]] = field(default_factory=list)
+    fallbacks: list[tuple[float, str]] = field(default_factory=list)
+    returns: list[tuple[float, str]] = field(default_factory=list)
 
 
 def read_events(path: str | Path) -> Run:
@@ -88,8 +99,10 @@ def read_events(path: str | Path) -> Run:
 
 
 def _timelines(run: Run) -> None:
-    opened: dict[str, tuple[float, str]] = {}  # instance id -> (billed since, lifecycle)
+    opened: dict[str, tuple[float, str, str]] = {}  # id -> (billed since, lifecycle, group)
     hours: dict[str, float] = {}
+    group_hours: dict[tuple[str, str], float] = {}
+    below_since: float | None = None
     for event in run.events:
         at, kind = event["t"] - run.start, event.get("event")
         if kind == "ring_formed":
@@ -104,6 +117,19 @@ def _timelines(run: Run) -> None:
             run.ready.append((at, int(event.get("ready", 0))))
             if isinstance(event.get("target"), int):
                 run.target.append((at, event["target"]))
+                below = int(event.get("ready", 0)) < event["target"]
+                if below and below_since is None:
+                    below_since = at
+                elif not below and below_since is not None:
+                    run.below_target_s += at - below_since
+                    below_since = None
+        elif kind == "capacity_shortage":
+            run.shortages.append((at, f"{event.get('group')} {event.get('code')}"))
+        elif kind == "fell_back":
+            hosts = event.get("hosts")
+            run.fallbacks.append((at, f"{event.get('from')} -> {event.get('to')} ({hosts})"))
+        elif kind == "returned":
+            run.returns.append((at, f"{event.get('host')} back from {event.get('group')}"))
         elif kind == "membership":
             run.ready.append((at, len(event.get("ready", ()))))
         elif kind == "notice":
@@ -120,14 +146,23 @@ def _timelines(run: Run) -> None:
         elif kind == "instance_state":
             iid, state = str(event.get("id")), event.get("state")
             if state in _BILLED and iid not in opened:
-                opened[iid] = (at, str(event.get("lifecycle") or "on-demand"))
+                lifecycle = str(event.get("lifecycle") or "on-demand")
+                opened[iid] = (at, lifecycle, str(event.get("group") or ""))
             elif state not in _BILLED and iid in opened:
-                since, lifecycle = opened.pop(iid)
+                since, lifecycle, group = opened.pop(iid)
                 hours[lifecycle] = hours.get(lifecycle, 0.0) + (at - since) / 3600
+                key = (group, lifecycle)
+                group_hours[key] = group_hours.get(key, 0.0) + (at - since) / 3600
     end = run.end - run.start
-    for since, lifecycle in opened.values():
+    for since, lifecycle, group in opened.values():
         hours[lifecycle] = hours.get(lifecycle, 0.0) + (end - since) / 3600
+        group_hours[(group, lifecycle)] = (
+            group_hours.get((group, lifecycle), 0.0) + (end - since) / 3600
+        )
+    if below_since is not None:
+        run.below_target_s += end - below_since
     run.instance_hours = hours
+    run.group_hours = group_hours
 
 
 def cost_line(run: Run, price_spot: float | None, price_on_demand: float | None) -> str:
@@ -145,6 +180,29 @@ def cost_line(run: Run, price_spot: float | None, price_on_demand: float | None)
         f"{line}: ${cost:.2f} at ${price_spot:g}/h spot and ${price_on_demand:g}/h on-demand;"
         f" on demand only: ${all_on_demand:.2f}, saved ${saved:.2f}{share}"
     )
+
+
+def group_cost_line(run: Run, prices: Mapping[str, float]) -> str:
+    """Instance-hours by group and lifecycle, each priced at its group's price, else
+    its lifecycle's (``--price GROUP_OR_LIFECYCLE=USD``); 'no prices given' without."""
+    if not run.group_hours:
+        return "no instances recorded"
+    parts, total, unpriced = [], 0.0, 0
+    for (group, lifecycle), hours in sorted(run.group_hours.items()):
+        name = f"{group} ({lifecycle})" if group else lifecycle
+        price = prices[group] if group in prices else prices.get(lifecycle)
+        if price is None:
+            unpriced += 1
+            parts.append(f"{name}: {hours:.3f} h")
+        else:
+            total += hours * price
+            parts.append(f"{name}: {hours:.3f} h, ${hours * price:.2f} at ${price:g}/h")
+    line = "; ".join(parts)
+    if not prices:
+        return f"{line} (no prices given: --price GROUP_OR_LIFECYCLE=USD_PER_HOUR)"
+    if unpriced:
+        return f"{line}; ${total:.2f} for those priced (no price for {unpriced})"
+    return f"{line}; total ${total:.2f}"
 
 
 def chart_png(run: Run) -> bytes:
@@ -174,6 +232,10 @@ def chart_png(run: Run) -> bytes:
         axes.axvline(at, color="tab:red", ls="-", lw=1)
     for at in run.lost_rings:
         axes.axvline(at, color="tab:purple", ls="--", lw=2)
+    for at, _ in run.fallbacks:
+        axes.axvline(at, color="tab:brown", ls="-.", lw=1.5)
+    for at, _ in run.returns:
+        axes.axvline(at, color="tab:olive", ls="-.", lw=1.5)
     handles, _ = axes.get_legend_handles_labels()
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -183,6 +245,14 @@ def chart_png(run: Run) -> bytes:
         Line2D([], [], color="tab:red", label="host failure"),
         Line2D(
             [], [], color="tab:purple", ls="--", lw=2, label="ring lost: resumed from a checkpoint"
+        ),
+        *(
+            [
+                Line2D([], [], color="tab:brown", ls="-.", label="fell back to a later group"),
+                Line2D([], [], color="tab:olive", ls="-.", label="host handed back"),
+            ]
+            if run.fallbacks or run.returns
+            else []
         ),
         Patch(
             color="tab:red",
@@ -209,7 +279,7 @@ def _extend(series: list[tuple[float, int]], end: float) -> list[tuple[float, in
     return [*series, (max(end, series[-1][0]), series[-1][1])]
 
 
-def render_html(run: Run, png: bytes, cost: str) -> str:
+def render_html(run: Run, png: bytes, cost: str, by_group: str = "") -> str:
     """A self-contained page: chart, cost line, table of events."""
     rows = "\n".join(
         f"<tr><td>{event['t'] - run.start:8.1f}</td><td>{html.escape(str(event['event']))}"
@@ -233,7 +303,11 @@ th{{text-align:left}}table{{border-collapse:collapse;font-size:90%}}</style></he
 {max(0, sum(1 for e in run.events if e.get("event") == "ring_formed") - 1)} reset(s)
 in {run.end - run.start:.0f} s{stalls if run.has_progress else ""}.</p>
 <img alt="world size, READY and target hosts over time" src="data:image/png;base64,{chart}">
-<h2>Cost</h2><p class="cost">{html.escape(cost)}</p>{note}
+<h2>Cost</h2><p class="cost">{html.escape(cost)}</p>
+<p class="groups">By group: {html.escape(by_group)}</p>
+<p class="capacity">Below target {run.below_target_s:.0f} s; {len(run.shortages)} capacity
+shortage(s), {len(run.fallbacks)} fallback(s), {len(run.returns)} host(s) handed back.</p>
+{note}
 <h2>Events</h2><table><tr><th>s</th><th>event</th><th>details</th></tr>
 {rows}
 </table></body></html>
@@ -251,9 +325,13 @@ def write_report(
     output: str | Path,
     price_spot: float | None = None,
     price_on_demand: float | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> str:
     """Write the report of ``events`` to ``output`` (.png: the chart only). Returns a
-    line saying what was written."""
+    line saying what was written.
+
+    ``prices``: USD per instance-hour by group name or lifecycle (``spot``,
+    ``on-demand``); ``price_spot`` / ``price_on_demand`` count as the lifecycles'."""
     run = read_events(events)
     png = chart_png(run)
     path = Path(output)
@@ -261,7 +339,13 @@ def write_report(
         if path.suffix.lower() == ".png":
             path.write_bytes(png)
         else:
-            path.write_text(render_html(run, png, cost_line(run, price_spot, price_on_demand)))
+            every = dict(prices or {})
+            if price_spot is not None:
+                every.setdefault("spot", price_spot)
+            if price_on_demand is not None:
+                every.setdefault("on-demand", price_on_demand)
+            cost = cost_line(run, price_spot, price_on_demand)
+            path.write_text(render_html(run, png, cost, group_cost_line(run, every)))
     except OSError as error:
         raise ReportError(f"cannot write {output}: {error.strerror or error}") from None
     return f"wrote {path} ({len(run.events)} events, {run.end - run.start:.0f} s)"

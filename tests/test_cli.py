@@ -62,6 +62,20 @@ def spotring(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
             ["run", "--provider", "local", "-np", "1", "--checkpoint", "s3://", "--", "true"],
             "--checkpoint",
         ),
+        (["report", "x.jsonl", "--price", "od"], "GROUP_OR_LIFECYCLE=USD_PER_HOUR"),
+        (["report", "x.jsonl", "--price", "od=-1"], "must not be negative"),
+        (
+            ["run", "--provider", "local", "-np", "1", "--fallback-after", "-1", "--", "true"],
+            "--fallback-after: must not be negative",
+        ),
+        (
+            ["run", "--provider", "local", "-np", "1", "--return-after", "soon", "--", "true"],
+            "--return-after",
+        ),
+        (
+            ["run", "--provider", "local", "-np", "1", "--on-demand-base", "1.5", "--", "true"],
+            "--on-demand-base: expected a whole number",
+        ),
         (
             ["run", "--provider", "local", "-np", "1", "--checkpoint", "ftp://x/y", "--", "true"],
             "--checkpoint",
