@@ -176,8 +176,8 @@ def run_anchor(workdir: Path) -> dict[str, Any]:
     script.chmod(0o755)
     log = workdir / "anchor.jsonl"
     argv = [
-        str(BIN / "horovodrun"),
-        *("-np", str(WORKERS), "--min-np", "2", "--max-np", str(WORKERS)),
+        str(BIN / "horovodrun"),  # -np 2: stock Horovod waits for -np hosts to start
+        *("-np", "2", "--min-np", "2", "--max-np", str(WORKERS)),
         *("--host-discovery-script", str(script), "--network-interface", "lo"),
         *_workload(log, "horovod"),
     ]

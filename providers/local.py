@@ -615,8 +615,7 @@ class LocalProvider(Provider):
         )
         if not self._short:
             self._short = True
-            self._note(f"{SPOT_GROUP}: {self._shortage.describe()}")
-            log.warning("%s: %s", SPOT_GROUP, self._shortage.describe())
+            self._note(f"{SPOT_GROUP}: {self._shortage.describe()}", level=logging.WARNING)
 
     def _terminate(self, host: _Host, sig: signal.Signals) -> None:
         self._kill(host, sig)
@@ -626,10 +625,12 @@ class LocalProvider(Provider):
         for group in list(host.process_groups):
             _killpg(group, sig)
 
-    def _note(self, what: str, lifecycle: Lifecycle = Lifecycle.SPOT) -> None:
+    def _note(
+        self, what: str, lifecycle: Lifecycle = Lifecycle.SPOT, level: int = logging.INFO
+    ) -> None:
         events = self.events if lifecycle is Lifecycle.SPOT else self.on_demand.events
         events.append((self._clock() - self._started, what))
-        log.info("%s", what)
+        log.log(level, "%s", what)
 
 
 class LocalOnDemandGroup(Provider):

@@ -54,6 +54,7 @@ def test_falls_back_to_on_demand_and_returns_to_spot_at_a_commit(
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
         wait_for_events(process, events, commits(size=4, steps=20), "20 commits at size 4")
         given_back = len(read_events(events))
+        rings_before = len(rings_formed(run_events))
         control.write_text("spot-capacity 4\n")
         wait_for_events(
             process, events, lambda _: all_spot_again(run_events), "a ring of 4 spot hosts"
@@ -71,7 +72,7 @@ def test_falls_back_to_on_demand_and_returns_to_spot_at_a_commit(
     assert "Traceback" not in log, log[-8000:]
     recorded = read_events(events)
     assert_no_committed_step_lost(recorded)
-    story = [json.loads(line) for line in run_events.read_text().splitlines()]
+    story = run_story(run_events)
 
     # The spot group's failed launches are the signal; the job falls back at once.
     started = next(e["t"] for e in story if e["event"] == "job_started")
@@ -93,6 +94,9 @@ def test_falls_back_to_on_demand_and_returns_to_spot_at_a_commit(
     assert sorted(e["id"] for e in returned) == ["od-0", "od-1"], returned
     assert all(e["group"] == "local-on-demand" for e in returned)
     assert sorted(rings[-1]["hosts"]) == ["host-0", "host-1", "host-2", "host-3"]
+    # A swap: the spot host joins as the on-demand host leaves; the ring never trains small.
+    during = [(e["size"], e["hosts"]) for e in rings_formed(run_events)[rings_before:]]
+    assert all(size == 4 for size, _ in during), during
     swaps = swap_costs(recorded[given_back:])
     assert swaps, "the ring never re-formed after the capacity came back"
     assert [s["rolled_back"] for s in swaps] == [0] * len(swaps), swaps
@@ -100,16 +104,25 @@ def test_falls_back_to_on_demand_and_returns_to_spot_at_a_commit(
     assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 4
 
 
+def run_story(run_events: Path) -> list[dict[str, Any]]:
+    """The run's events file (``spotring run --events``) so far."""
+    story = []
+    if run_events.exists():
+        for line in run_events.read_text().splitlines():
+            try:
+                story.append(json.loads(line))
+            except ValueError:  # a line still being written
+                break
+    return story
+
+
+def rings_formed(run_events: Path) -> list[dict[str, Any]]:
+    return [e for e in run_story(run_events) if e["event"] == "ring_formed"]
+
+
 def all_spot_again(run_events: Path) -> bool:
     """The run's last ring is 4 spot hosts and both on-demand hosts were handed back."""
-    if not run_events.exists():
-        return False
-    story = []
-    for line in run_events.read_text().splitlines():
-        try:
-            story.append(json.loads(line))
-        except ValueError:  # a line still being written
-            break
+    story = run_story(run_events)
     rings = [e for e in story if e["event"] == "ring_formed"]
     returned = {e["id"] for e in story if e["event"] == "returned"}
     return (
