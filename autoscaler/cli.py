@@ -231,12 +231,13 @@ def core_options(options: argparse.Namespace) -> CoreOptions:
     )
 
 
-def make_provider(provider: type[Provider], options: argparse.Namespace) -> GroupSet:
+def make_provider(provider: type[Provider], options: argparse.Namespace) -> Provider:
     """The job's groups (``provider.groups_from_options``: one per ``--group``, in the
     user's order) made from the provider's own options and the typed core ones, never
-    the whole command line, as one :class:`GroupSet`."""
+    the whole command line: the one provider of a one-group job, as before, or a
+    :class:`GroupSet` of several."""
     groups = provider.groups_from_options(provider_options(options), core_options(options))
-    return GroupSet(groups)
+    return groups[0] if len(groups) == 1 else GroupSet(groups)
 
 
 def _add_elastic_options(run: argparse.ArgumentParser) -> None:
@@ -595,12 +596,12 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _run(options: argparse.Namespace, provider: GroupSet, pm: pluggy.PluginManager) -> int:
+def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManager) -> int:
     try:
         forwarded = parse_forwarded(options.forward_env, os.environ)
     except ValueError as error:
         raise UsageError(f"{PROG} run: error: {error}") from None
-    if options.on_demand_base and not provider.several:
+    if options.on_demand_base and not isinstance(provider, GroupSet):
         raise UsageError(
             f"{PROG} run: error: --on-demand-base needs a job of several groups "
             "(the last one on-demand): give --group more than once"

@@ -795,6 +795,8 @@ class Controller:
             if key in self._members:
                 self._preempted(key)
         self._members = current
+        listed = {i.id for i in inventory.instances}
+        self._not_preempted &= listed  # forgotten once the cloud stops listing them
 
     def _preempted(self, instance_id: str) -> None:
         member = self._members.pop(instance_id, None)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from spotring.autoscaler.group_set import GroupSet
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.core import CapacityShortage, Instance, InstanceState, InterruptionNotice
 from spotring.core.inventory import Inventory
@@ -77,6 +78,8 @@ class EventLog:
     @hookimpl
     def spotring_job_started(self, provider: Provider, job: JobShape) -> None:
         # progress: this file records the rings' progress and stalls (older ones do not)
+        # A job of several groups: their names, in the user's order of preference.
+        groups = provider.names() if isinstance(provider, GroupSet) and provider.several else []
         self.write(
             "job_started",
             provider=provider.name,
@@ -84,6 +87,7 @@ class EventLog:
             min_np=job.min_num_proc,
             max_np=job.max_num_proc,
             progress=True,
+            **({"groups": groups} if groups else {}),
         )
 
     @hookimpl

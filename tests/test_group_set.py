@@ -401,3 +401,23 @@ def test_progress_lines_name_groups_and_swaps() -> None:
     assert "asking od for 2 host(s) spot cannot supply" in text
     assert "handed back: od shrunk by one" in text
     assert "fallbacks and hand-backs: spot -> od (2), od0 back from od" in text
+
+
+class TwoPools(Pool):
+    """A provider whose options name two groups (``--group`` twice)."""
+
+    name = "twopools"
+
+    @classmethod
+    def groups_from_options(cls, options: argparse.Namespace, core: CoreOptions) -> list[Provider]:
+        return [Pool("spot", Lifecycle.SPOT, 2), Pool("od", Lifecycle.ON_DEMAND, 2)]
+
+
+def test_the_command_line_makes_a_groupset_of_several_groups_and_one_group_as_before() -> None:
+    from spotring.autoscaler.cli import make_provider
+
+    options = argparse.Namespace(slots_per_host=None)
+    made = make_provider(TwoPools, options)
+    assert isinstance(made, GroupSet) and made.names() == ["spot", "od"]
+    single = make_provider(ScriptedProvider, options)
+    assert isinstance(single, ScriptedProvider)
