@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import socket
 import tempfile
@@ -144,6 +145,9 @@ def run_spotring(workdir: Path) -> dict[str, Any]:
             "to_full_s": full - shortage,
             "swaps": _swap_costs(job.events(), given_back),
             "probe_s": first_return - given_back,
+            "sizes": [
+                e["size"] for e in events if e["event"] == "ring_formed" and e["t"] > given_back
+            ],
         }
     finally:
         job.stop()
@@ -192,15 +196,29 @@ def run_anchor(workdir: Path) -> dict[str, Any]:
         job.wait_steady(WORKERS, after=time.time(), steps=4 * COMMIT_EVERY)
         given_back = time.time()
         current = [*spot, *on_demand]
-        for old, new in zip(on_demand, spare, strict=True):
-            time.sleep(BOOT_SECONDS)  # the spot host boots; then one edit swaps them
-            current = [new if n == old else n for n in current]
-            hosts.write_text("".join(f"{n}:1\n" for n in current))
-            _wait("the swap", _resumed_since(job, time.time()), job)
-            job.wait_steady(WORKERS, after=time.time(), steps=2 * COMMIT_EVERY)
-        return {"to_full_s": full - shortage, "swaps": _swap_costs(job.events(), given_back)}
+        failed = ""
+        try:
+            for old, new in zip(on_demand, spare, strict=True):
+                time.sleep(BOOT_SECONDS)  # the spot host boots; then one edit swaps them
+                current = [new if n == old else n for n in current]
+                hosts.write_text("".join(f"{n}:1\n" for n in current))
+                _wait("the swap", _resumed_since(job, time.time()), job)
+                job.wait_steady(WORKERS, after=time.time(), steps=2 * COMMIT_EVERY)
+        except (RuntimeError, TimeoutError) as error:  # stock Horovod may lose the job here
+            failed = _last_error(job) or str(error).splitlines()[0]
+        return {
+            "to_full_s": full - shortage,
+            "swaps": _swap_costs(job.events(), given_back),
+            "failed": failed,
+        }
     finally:
         job.stop()
+
+
+def _last_error(job: Job) -> str:
+    """The job's last line that names an error, if any (why a stock job ended)."""
+    errors = [line for _, line in job.lines if "Error" in line or "error" in line]
+    return errors[-1].strip()[:300] if errors else ""
 
 
 def _resumed_since(job: Job, at: float) -> Any:
@@ -216,15 +234,19 @@ def measure(quick: bool = False) -> list[Row]:
         (workdir / "anchor").mkdir()
         ours = run_spotring(workdir / "spotring")
         theirs = run_anchor(workdir / "anchor")
-    our_swaps, their_swaps = ours["swaps"], theirs["swaps"]
+    our_swaps, their_swaps = ours["swaps"], theirs["swaps"] or [dict.fromkeys(("stall_s",
+        "rolled_back"), math.nan)]  # fmt: skip
     extra = {
         "commit every": f"{COMMIT_EVERY} steps of 50 ms",
         "boot s": BOOT_SECONDS,
         "spotring s from capacity back to first hand-back": round(ours["probe_s"], 1),
+        "spotring ring sizes after capacity came back": ours["sizes"],
         "spotring swaps": [{k: round(v, 3) for k, v in s.items()} for s in our_swaps],
         "anchor swaps": [{k: round(v, 3) for k, v in s.items()} for s in their_swaps],
         "note": "the anchor adds hosts the moment it is told: it has no shortage detection",
     }
+    if theirs["failed"]:
+        extra["anchor failed at a swap"] = theirs["failed"]
     return [
         row(BENCHMARK, "s from shortage to full size", ours["to_full_s"], ANCHOR,
             theirs["to_full_s"], "", extra),
