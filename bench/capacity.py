@@ -20,8 +20,9 @@ Figures, from rank 0's step log (and the run's events file for spotring's shorta
 seconds from the shortage to the first step of the full ring (spotring: the
 ``capacity_shortage`` event; anchor: the moment the oracle learns of it), and per swap
 back to spot the steps rolled back (the last step completed before the ring changed,
-minus the step it resumed from) and the ring's stall (the longest time between two
-completed steps around the swap).
+minus the step it resumed from), the ring's stall (the longest time between two
+completed steps around the swap), and the seconds rank 0 trained in a ring smaller than
+4 while the on-demand hosts were swapped for spot ones.
 
     python -m bench.capacity [--quick]
 """
@@ -89,6 +90,17 @@ def _swap_costs(events: list[dict[str, Any]], after: float) -> list[dict[str, fl
     return costs
 
 
+def _below_full(events: list[dict[str, Any]], after: float) -> float:
+    """Seconds rank 0 trained in a ring smaller than ``WORKERS`` after time ``after``
+    (from its first step below full size to its next step at full size)."""
+    steps = [e for e in events if e["event"] == "step" and e["t"] > after]
+    small = next((e for e in steps if e["size"] < WORKERS), None)
+    if small is None:
+        return 0.0
+    full = next((e for e in steps if e["size"] == WORKERS and e["t"] > small["t"]), None)
+    return (full["t"] if full is not None else steps[-1]["t"]) - small["t"]
+
+
 def _read_story(path: Path) -> list[dict[str, Any]]:
     story = []
     if path.exists():
@@ -144,6 +156,7 @@ def run_spotring(workdir: Path) -> dict[str, Any]:
         return {
             "to_full_s": full - shortage,
             "swaps": _swap_costs(job.events(), given_back),
+            "below_full_s": _below_full(job.events(), given_back),
             "probe_s": first_return - given_back,
             "sizes": [
                 e["size"] for e in events if e["event"] == "ring_formed" and e["t"] > given_back
@@ -209,6 +222,7 @@ def run_anchor(workdir: Path) -> dict[str, Any]:
         return {
             "to_full_s": full - shortage,
             "swaps": _swap_costs(job.events(), given_back),
+            "below_full_s": _below_full(job.events(), given_back),
             "failed": failed,
         }
     finally:
@@ -253,6 +267,8 @@ def measure(quick: bool = False) -> list[Row]:
         row(BENCHMARK, "max s stall per swap back to spot",
             max(s["stall_s"] for s in our_swaps), ANCHOR,
             max(s["stall_s"] for s in their_swaps), "< 1 s", extra),
+        row(BENCHMARK, "s trained below full size while swapping back",
+            ours["below_full_s"], ANCHOR, theirs["below_full_s"], "== 0", extra),
         row(BENCHMARK, "steps rolled back, all swaps",
             sum(s["rolled_back"] for s in our_swaps), ANCHOR,
             sum(s["rolled_back"] for s in their_swaps), "== 0", extra),
