@@ -454,6 +454,11 @@ class CapacityPolicy:
                 return max(eligible, key=lambda key: state.joined.get(key, now)), name
         return None
 
+    def in_group_for(self, instance_id: str, group: str) -> float:
+        """Seconds ``instance_id`` has been listed in ``group`` (0 when it is not)."""
+        joined = self._groups[group].joined.get(instance_id)
+        return 0.0 if joined is None else self._clock() - joined
+
     def start_return(self, instance_id: str, group: str) -> None:
         """``instance_id`` of ``group`` is being handed back: no other until it is gone."""
         self.returning = (instance_id, group)

@@ -100,9 +100,11 @@ class Controller:
         pass a fake one to pass its backoffs and waits without sleeping.
     """
 
-    RETURN_LEAVE_SECONDS = 60.0
+    RETURN_LEAVE_SECONDS = 300.0
     """The longest a host being handed back waits for a ring formed without it before
-    its group is shrunk anyway (no ring may be forming at all)."""
+    its group is shrunk anyway (no ring may be forming at all). Generous: the ring
+    leaves it at its next commit, and a job may commit minutes apart; shrinking the
+    group before then would kill its workers mid-step (a roll back)."""
     RETURN_GONE_SECONDS = 600.0
     """The longest a host handed back may stay listed before another may go."""
     RETURN_NOTICE = "return"
@@ -856,7 +858,9 @@ class Controller:
             return
         log.info("handing %s (%s) back to %s's preferred groups: it leaves the ring at its "
                  "next commit", instance.address, instance.id, name)  # fmt: skip
-        self._return = _Return(instance, name, time.monotonic())
+        self._return = _Return(
+            instance, name, time.monotonic(), policy.in_group_for(instance.id, name)
+        )
         self._not_preempted.add(instance.id)
         policy.start_return(instance.id, name)
         with self._lock:
@@ -883,7 +887,8 @@ class Controller:
         policy.finish_return(removed=True)
         policy.start_return(handing.instance.id, handing.group)  # still one at a time
         log.info("handed %s back: %s shrunk by one", handing.instance.id, handing.group)
-        self._emit("spotring_returned", instance=handing.instance, group=handing.group)
+        self._emit("spotring_returned", instance=handing.instance, group=handing.group,
+                   seconds=handing.in_group_s)  # fmt: skip
 
     # ------------------------------------------------------------------ plumbing
 
@@ -911,6 +916,8 @@ class _Return:
     instance: Instance
     group: str
     started: float
+    in_group_s: float
+    """How long it had been in its group when its hand-back began."""
     removed: bool = False
 
 

@@ -236,9 +236,15 @@ class EventLog:
         self.write("fell_back", **{"from": from_group, "to": to_group, "hosts": hosts})
 
     @hookimpl
-    def spotring_returned(self, instance: Instance, group: str) -> None:
+    def spotring_returned(self, instance: Instance, group: str, seconds: float) -> None:
         self._last_change = time.monotonic()
-        self.write("returned", host=instance.address, id=instance.id, group=group)
+        self.write(
+            "returned",
+            host=instance.address,
+            id=instance.id,
+            group=group,
+            in_group_s=round(seconds, 3),
+        )
 
     @hookimpl
     def spotring_group_demoted(self, group: str, until: float) -> None:

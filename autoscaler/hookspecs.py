@@ -342,7 +342,7 @@ def spotring_fell_back(from_group: str, to_group: str, hosts: int) -> None:
 
 
 @event
-def spotring_returned(instance: Instance, group: str) -> None:
+def spotring_returned(instance: Instance, group: str, seconds: float) -> None:
     """A fallback host left the ring and was handed back: its group was shrunk by one.
 
     Called on the controller thread after ``remove_instance`` (or, for a group that
@@ -350,6 +350,7 @@ def spotring_returned(instance: Instance, group: str) -> None:
 
     :param instance: the host, as last listed.
     :param group: the group it left.
+    :param seconds: how long it had been in that group (at least ``--return-after``).
     """
 
 

@@ -244,5 +244,5 @@ class Metrics:
         self.fallbacks.labels(from_group, to_group).inc()
 
     @hookimpl
-    def spotring_returned(self, instance: Instance, group: str) -> None:
+    def spotring_returned(self, instance: Instance, group: str, seconds: float) -> None:
         self.returns.labels(group).inc()

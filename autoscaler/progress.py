@@ -132,10 +132,13 @@ class ProgressReporter:
         self.say(f"asking {to_group} for {hosts} host(s) {from_group} cannot supply")
 
     @hookimpl
-    def spotring_returned(self, instance: Instance, group: str) -> None:
+    def spotring_returned(self, instance: Instance, group: str, seconds: float) -> None:
         with self._state:
             self.capacity.append(f"{instance.address} back from {group}")
-        self.say(f"host {instance.address} handed back: {group} shrunk by one")
+        self.say(
+            f"host {instance.address} handed back after {seconds:.0f} s in {group}: "
+            f"{group} shrunk by one"
+        )
 
     @hookimpl
     def spotring_group_demoted(self, group: str, until: float) -> None:

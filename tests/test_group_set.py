@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,7 @@ class Pool(Provider):
 class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, ...]] = []
+        self.in_group: list[float] = []
 
     @hookimpl
     def spotring_capacity_shortage(self, group, shortage) -> None:  # type: ignore[no-untyped-def]
@@ -115,8 +117,9 @@ class Recorder:
         self.events.append(("fell_back", from_group, to_group, str(hosts)))
 
     @hookimpl
-    def spotring_returned(self, instance, group) -> None:  # type: ignore[no-untyped-def]
+    def spotring_returned(self, instance, group, seconds) -> None:  # type: ignore[no-untyped-def]
         self.events.append(("returned", instance.address, group))
+        self.in_group.append(seconds)
 
 
 CLOCK = Clock()
@@ -308,7 +311,6 @@ def test_the_events_file_records_groups_shortages_fallbacks_and_returns(tmp_path
 
 
 def test_metrics_count_hosts_by_group_shortages_fallbacks_and_returns() -> None:
-    import re
     import urllib.request
 
     from spotring.autoscaler.metrics import Metrics
@@ -399,7 +401,7 @@ def test_progress_lines_name_groups_and_swaps() -> None:
     text = stream.getvalue()
     assert "+od0[od]" in text and "group spot is short" in text
     assert "asking od for 2 host(s) spot cannot supply" in text
-    assert "handed back: od shrunk by one" in text
+    assert re.search(r"handed back after \d+ s in od: od shrunk by one", text)
     assert "fallbacks and hand-backs: spot -> od (2), od0 back from od" in text
 
 
@@ -421,3 +423,25 @@ def test_the_command_line_makes_a_groupset_of_several_groups_and_one_group_as_be
     assert isinstance(made, GroupSet) and made.names() == ["spot", "od"]
     single = make_provider(ScriptedProvider, options)
     assert isinstance(single, ScriptedProvider)
+
+
+def test_a_fallback_host_stays_return_after_seconds_in_its_group() -> None:
+    recorder = Recorder()
+    spot = Pool("spot", Lifecycle.SPOT, capacity=2)
+    od = Pool("od", Lifecycle.ON_DEMAND, capacity=10)
+    controller = job_of(spot, od, recorder, capacity=CapacityOptions(return_after=600))
+    controller.step()
+    CLOCK.now += 1
+    controller.step()
+    controller.step()  # od's two hosts listed: they fell back now
+    probe(spot)  # 420 s later, spot has capacity again
+    controller.step()
+    controller.step()
+    assert len(ready(controller)) == 6  # nothing handed back yet
+    CLOCK.now += 180
+    controller.step()
+    assert len(ready(controller)) == 5  # one leaves the ring
+    controller.ring_formed(ready(controller))
+    controller.step()
+    assert od.removed and recorder.in_group == [pytest.approx(600)]
+    assert ("returned", "od0", "od") in recorder.events
