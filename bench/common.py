@@ -52,6 +52,7 @@ BENCHMARKS: tuple[str, ...] = (
     "recovery",
     "kills",
     "notice",
+    "capacity",
     "scale",
 )
 """Benchmark modules under ``bench/``, in the order ``bench/run`` runs them."""
