@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from spotring.core.capacity import CapacityShortage, ShortageCause
 from spotring.core.instance import Lifecycle
@@ -40,6 +41,7 @@ __all__ = [
     "BELOW_TARGET_CODE",
     "DEFAULT_FALLBACK_AFTER",
     "DEFAULT_ON_DEMAND_BASE",
+    "DEFAULT_PROBE_AFTER",
     "DEFAULT_RETURN_AFTER",
     "DEMOTE_AFTER_PREEMPTIONS",
     "DEMOTION_SECONDS",
@@ -57,6 +59,9 @@ DEFAULT_FALLBACK_AFTER = 300.0
 short. Five minutes: longer than a GPU VM's usual boot (a slow launch is no shortage),
 as short as cluster-autoscaler's ``max-node-provision-time`` default is long (15 min)
 is too long for a ring training small meanwhile."""
+DEFAULT_PROBE_AFTER = 60.0
+"""``--probe-after``: seconds a short group is left alone before it is asked again (the
+first backoff; each shortage in a row multiplies it by 1.6, up to five times it)."""
 DEFAULT_ON_DEMAND_BASE = 0
 """``--on-demand-base``: hosts always kept in the last group (ASG's OnDemandBaseCapacity)."""
 DEFAULT_RETURN_AFTER = 600.0
@@ -113,6 +118,13 @@ class CapacityOptions:
     on_demand_base: int = DEFAULT_ON_DEMAND_BASE
     return_after: float = DEFAULT_RETURN_AFTER
     backoff: ShortageBackoff = field(default_factory=ShortageBackoff)
+
+    @classmethod
+    def probing_after(cls, probe_after: float, **options: Any) -> CapacityOptions:
+        """Options whose capacity backoff starts at ``probe_after`` seconds (SkyPilot's
+        growth and jitter, at most five times it); quota backoff unchanged."""
+        backoff = ShortageBackoff(base=probe_after, cap=5 * probe_after)
+        return cls(backoff=backoff, **options)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import pluggy
 from spotring.autoscaler.capacity import (
     DEFAULT_FALLBACK_AFTER,
     DEFAULT_ON_DEMAND_BASE,
+    DEFAULT_PROBE_AFTER,
     DEFAULT_RETURN_AFTER,
     CapacityOptions,
 )
@@ -356,6 +357,15 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "capacity or quota error from the cloud counts at once)",
     )
     capacity.add_argument(
+        "--probe-after",
+        type=positive_seconds,
+        default=DEFAULT_PROBE_AFTER,
+        metavar="SECONDS",
+        help="a short group is asked again this long after its shortage, 1.6 times longer "
+        "for each shortage in a row, at most five times this, +-40%% jitter (default: "
+        "%(default).0f; a quota shortage: 5 to 30 minutes)",
+    )
+    capacity.add_argument(
         "--on-demand-base",
         type=non_negative_int,
         default=DEFAULT_ON_DEMAND_BASE,
@@ -644,7 +654,8 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
         events_path=options.events,
         metrics_port=options.metrics_port,
         metrics_addr=options.metrics_addr,
-        capacity=CapacityOptions(
+        capacity=CapacityOptions.probing_after(
+            options.probe_after,
             fallback_after=options.fallback_after,
             on_demand_base=options.on_demand_base,
             return_after=options.return_after,

@@ -28,7 +28,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -166,6 +166,9 @@ class Controller:
         self._return: _Return | None = None
         # The last ring's hosts and when it formed (monotonic), from Horovod's thread.
         self._ring: tuple[float, frozenset[str]] = (0.0, frozenset())
+        self._offered: frozenset[str] | None = None
+        """What discovery last offered Horovod (:meth:`hosts_offered`); None before it
+        says (no driver: every ready host counts)."""
 
         self._last_error: ProviderError | None = None
         self._fatal: ProviderError | None = None
@@ -551,6 +554,13 @@ class Controller:
         self._wake.set()
         return [handing.instance.address]
 
+    def hosts_offered(self, hosts: Collection[str]) -> None:
+        """The hosts discovery last offered Horovod (READY and, with warm starts, their
+        workers waiting in ``hvd.init``): called by the driver's discovery on Horovod's
+        thread about once a second; only stores them. A fallback host is handed back
+        only while the job keeps its size in offered hosts without it."""
+        self._offered = frozenset(hosts)
+
     def notice_watcher(self, address: str) -> dict[str, Any] | None:
         """The notice watcher for the host at ``address`` (``Provider.notice_watcher``),
         as the controller's thread asked for it when the host was listed: callable from
@@ -761,6 +771,16 @@ class Controller:
                 continue
             self._group_asked[name] = size
             log.info("asked %s for %d hosts", name, size)
+        offered = self._offered
+        if offered is not None:
+            # Only hosts Horovod is offered count toward the job's size: a spot host
+            # still starting its warm worker is not yet one the ring can re-form onto,
+            # and handing a fallback host back before it is would train the ring small.
+            addresses = {i.id: i.address for i in inventory.ready}
+            ready = {
+                name: [key for key in ids if addresses[key] in offered]
+                for name, ids in ready.items()
+            }
         self._hand_back(groups, policy, ready, order)
         self.capacity_status = tuple(policy.statuses())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 from horovod.runner.elastic.discovery import HostDiscovery
@@ -11,11 +12,16 @@ from spotring.driver.warm_pool import WarmPool
 
 
 class InventorySource(Protocol):
-    """What discovery needs of spotring's controller: its latest good inventory."""
+    """What discovery needs of spotring's controller: its latest good inventory, and
+    an ear for the hosts offered to Horovod."""
 
     @property
     def inventory(self) -> Inventory | None:
         """The inventory of the last successful refresh; None before the first."""
+        ...
+
+    def hosts_offered(self, hosts: Collection[str]) -> None:
+        """The hosts just offered to Horovod (quick: Horovod's thread, its lock held)."""
         ...
 
 
@@ -41,4 +47,6 @@ class InventoryHostDiscovery(HostDiscovery):
         if inventory is None:
             raise RuntimeError("spotring has no inventory yet")
         available = inventory.hosts_and_slots()
-        return available if self._warm_pool is None else self._warm_pool.offer(available)
+        offered = available if self._warm_pool is None else self._warm_pool.offer(available)
+        self._controller.hosts_offered(offered.keys())
+        return offered

@@ -73,6 +73,10 @@ def spotring(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
             "--return-after",
         ),
         (
+            ["run", "--provider", "local", "-np", "1", "--probe-after", "0", "--", "true"],
+            "--probe-after: must be a positive number",
+        ),
+        (
             ["run", "--provider", "local", "-np", "1", "--on-demand-base", "1.5", "--", "true"],
             "--on-demand-base: expected a whole number",
         ),

@@ -45,7 +45,7 @@ def test_falls_back_to_on_demand_and_returns_to_spot_at_a_commit(
     argv = [
         *(SPOTRING, "--log-level", "info", "run", "--provider", "local"),
         *("-np", "4", "--min-np", "2", "--max-np", "4", "--spot-capacity", "2"),
-        *("--fallback-after", str(FALLBACK_AFTER), "--return-after", "1"),
+        *("--fallback-after", str(FALLBACK_AFTER), "--return-after", "1", "--probe-after", "5"),
         *("--refresh-interval", "0.5", "--boot-seconds", "1", "--control", str(control)),
         *("--events", str(run_events), "--"),
         *(sys.executable, str(repo / "examples" / "train_digits.py"), "--events", str(events)),

@@ -237,6 +237,23 @@ def test_capacity_back_hands_fallback_hosts_back_one_at_a_time_at_a_commit() -> 
     assert ready(controller) == ["spot0", "spot1", "spot2", "spot3"]
 
 
+def test_a_fallback_host_waits_for_its_replacement_to_be_offered_to_horovod() -> None:
+    """A spot host still starting its warm worker is READY but not yet offered to
+    Horovod: handing an on-demand host back then would train the ring small until the
+    spot host is warm (rings 4 -> 3 -> 2 seen in the e2e)."""
+    spot, od, controller = fall_back()
+    ring = ["od0", "od1", "spot0", "spot1"]
+    controller.hosts_offered(ring)
+    probe(spot)
+    controller.step()  # spot asked for 4 again, and launches them
+    controller.step()  # READY, but discovery offers only the ring's hosts yet
+    controller.step()
+    assert ready(controller) == [*ring, "spot2", "spot3"] and od.removed == []
+    controller.hosts_offered([*ring, "spot2"])  # one is warm: one od host may go
+    controller.step()
+    assert len([h for h in ready(controller) if h.startswith("od")]) == 1
+
+
 def test_a_host_handed_back_that_fails_is_not_replaced() -> None:
     spot, _od, controller = fall_back()
     probe(spot)
