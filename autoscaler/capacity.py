@@ -312,10 +312,13 @@ class CapacityPolicy:
         state.joined = {key: state.joined.get(key, now) for key in ids}
         state.live = len(ids)
         state.ready = ready
-        if ready >= state.asked or self._short(state):
+        # What it should hold: its share, not members it was left with beyond it (a
+        # host being handed back drains while its group is asked to keep it).
+        wanted = min(state.asked, self._shares.get(group, state.asked))
+        if ready >= wanted or self._short(state):
             # Backed off: it is not waited for; it is asked anew, and timed anew, at expiry.
             state.below_since = None
-            if ready >= state.asked > 0 and not self._short(state):
+            if ready >= wanted > 0 and not self._short(state):
                 state.failures = 0  # it reached what it was asked: the pool is back
         elif state.below_since is None:
             state.below_since = now
@@ -433,7 +436,7 @@ class CapacityPolicy:
             state.asked = size
             # Below target from the moment it is asked for more than it has: the
             # cloud's failure to launch comes right after the ask.
-            if state.ready < size and state.below_since is None and not self._short(state):
+            if state.ready < shares[name] and state.below_since is None and not self._short(state):
                 state.below_since = now
         return asked, decisions
 

@@ -157,6 +157,7 @@ def run_elastic(
     use_safe_worker_clients(driver)
     port = rendezvous.start(rendezvous_handler(driver), address)
     notifier.attach(driver)
+    _announce_joins_as_additions(driver)
     _replay_host_changes_for_new_coordinator(driver)
     stopper = _Stopper(driver)
     threading.Thread(
@@ -369,6 +370,32 @@ def _wait_for_results(driver: ElasticDriver, stopper: _Stopper) -> Any:
     except KeyboardInterrupt as interrupt:
         stopper.stop("interrupted", interrupt)
         return driver.get_results()
+
+
+def _announce_joins_as_additions(driver: ElasticDriver) -> None:
+    """Tell the workers of a change that brings a new host into the ring as an addition.
+
+    Horovod's workers skip the state sync after a reset when every change they heard
+    of was a removal (``HostsUpdatedInterrupt(skip_sync=True)``): the survivors all hold
+    the same state. But a host discovered earlier that found no slot (the ring at
+    ``--max-np``, a warm spare) takes the slot a removed host frees, and Horovod tells
+    of the removal only: the new member then waits in the sync's broadcasts while the
+    survivors train, and the ring hangs for good (seen handing an on-demand host back
+    with a warm spot host waiting). Such a change is told as removal and addition.
+    """
+    notify = horovod_internals.notify_workers_host_changes_function(driver)
+
+    def notify_with_joins(current_hosts: Any, update_result: Any) -> None:
+        if not update_result & HostUpdateResult.added:
+            try:
+                joining = horovod_internals.hosts_to_assign(driver, current_hosts)
+            except ValueError:  # too few slots for a ring: Horovod tells no one
+                joining = set()
+            if joining - horovod_internals.assigned_hosts(driver):
+                update_result |= HostUpdateResult.added
+        notify(current_hosts, update_result)
+
+    horovod_internals.replace_notify_workers_host_changes(driver, notify_with_joins)
 
 
 def _replay_host_changes_for_new_coordinator(driver: ElasticDriver) -> None:

@@ -213,6 +213,17 @@ def replace_register_worker_server(driver: Any, register: Callable[..., None]) -
     driver.register_worker_server = register
 
 
+def notify_workers_host_changes_function(driver: Any) -> Callable[[Any, Any], None]:
+    """The driver's ``_notify_workers_host_changes(current_hosts, update_result)``."""
+    notify: Callable[[Any, Any], None] = driver._notify_workers_host_changes
+    return notify
+
+
+def replace_notify_workers_host_changes(driver: Any, notify: Callable[[Any, Any], None]) -> None:
+    """Make ``driver`` tell its workers of host changes through ``notify``."""
+    driver._notify_workers_host_changes = notify
+
+
 def replace_get_slot_info(driver: Any, get_slot_info: Callable[[str, int], Any]) -> None:
     """Make ``driver`` answer each rank request (``host, slot``) with ``get_slot_info``."""
     driver.get_slot_info = get_slot_info

@@ -247,6 +247,19 @@ def test_fallback_hosts_go_back_one_at_a_time_after_return_after() -> None:
     assert policy.return_candidate(4, ready(policy, spot=4, od=1)) == ("od-0", "od")
 
 
+def test_a_group_left_with_a_host_being_handed_back_is_not_below_target() -> None:
+    """The fallback group keeps a draining host until it is removed: asked to keep it,
+    it holds none ready, yet it is not short (no BelowTarget shortage)."""
+    policy, clock = make(return_after=0, fallback_after=20)
+    fall_back_and_recover(policy, clock)
+    policy.observe("od", ids("od", 1), 0)  # od-0 gone, od-1 draining
+    policy.distribute(4)
+    clock.now += 30
+    policy.observe("od", ids("od", 1), 0)
+    assert policy.below_since("od") is None
+    assert policy.report_shortage("od", None) is None
+
+
 def test_no_hand_back_while_the_job_would_fall_below_its_total() -> None:
     policy, clock = make(return_after=0)
     fall_back_and_recover(policy, clock)
