@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from bench.driver_resources import install_fake_ssh
 from spotring.driver.launcher import (
     LAUNCH_FAILED_EXIT,
     ProcessLauncher,
@@ -220,19 +220,13 @@ def test_ssh_argv_ends_options_before_the_host_and_pins_host_keys() -> None:
 @pytest.fixture
 def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An ``ssh`` that runs the remote command in a session of its own, as a remote host
-    would, fed by a pipe that closes when this "client" dies or its stdin closes."""
-    script = tmp_path / "bin" / "ssh"
-    script.parent.mkdir()
-    script.write_text(
-        "#!/bin/sh\n"
-        'while [ "$1" != "--" ]; do shift; done; shift\n'
-        'echo "$1" >> "$FAKE_SSH_HOSTS"; shift\n'
-        'cat | setsid sh -c "$1"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    would, fed by a pipe that closes when this "client" dies or its stdin closes; it
+    logs each connection, multiplexed session and master closed (bench's FAKE_SSH)."""
+    script = install_fake_ssh(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SSH_HOSTS", str(tmp_path / "hosts"))
-    return tmp_path / "hosts"
+    monkeypatch.setenv("FAKE_SSH_LOG", str(tmp_path / "ssh.log"))
+    monkeypatch.delenv("FAKE_SSH_EXEC", raising=False)
+    return tmp_path / "ssh.log"
 
 
 def test_a_stop_reaches_the_remote_process_group(fake_ssh: Path) -> None:
@@ -245,12 +239,20 @@ def test_a_stop_reaches_the_remote_process_group(fake_ssh: Path) -> None:
         output=io.StringIO(),
     )
     threading.Timer(1.0, event.set).start()
-    code, _ = launcher(
-        spec("sh", "-c", f"sleep 60 {marker} & wait", marker, host="10.1.2.3"), [event]
-    )
+    try:
+        code, _ = launcher(
+            spec("sh", "-c", f"sleep 60 {marker} & wait", marker, host="10.1.2.3"), [event]
+        )
+    finally:
+        launcher.close()
     # Never 0 for a stopped worker, whatever ssh says: Horovod would take it as success.
     assert listener.exits[-1].stopped and code != 0
-    assert fake_ssh.read_text().split() == ["10.1.2.3"]
+    # The host's master connection carried the worker's session, and was closed.
+    assert fake_ssh.read_text().splitlines() == [
+        "connect 10.1.2.3",
+        "mux 10.1.2.3",
+        "exit 10.1.2.3",
+    ]
     deadline = time.monotonic() + 10
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
