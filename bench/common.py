@@ -53,6 +53,7 @@ BENCHMARKS: tuple[str, ...] = (
     "kills",
     "notice",
     "scale",
+    "driver_resources",
 )
 """Benchmark modules under ``bench/``, in the order ``bench/run`` runs them."""
 

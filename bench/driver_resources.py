@@ -23,8 +23,20 @@ nothing but their output to relay).
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import resource
 import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, Row, format_table, row
 
 BENCHMARK = "driver resources"
 BASELINE = "65d83e0"
@@ -102,3 +114,188 @@ def install_fake_ssh(directory: Path) -> Path:
     script.write_text(FAKE_SSH)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return script
+
+
+# -------------------------------------------------------------- the driver process
+
+
+class _CountingOutput:
+    """The launcher's output: counts the lines instead of printing them."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+
+    def write(self, text: str) -> int:
+        self.lines += text.count("\n")
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _baseline_module(directory: Path) -> Any:
+    """``driver/launcher.py`` as it was at :data:`BASELINE`, imported under a name of its
+    own (it imports the rest of spotring as it is now; those parts it uses are the same)."""
+    import importlib.util
+
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{BASELINE}:driver/launcher.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    path = directory / "launcher_baseline.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("spotring.driver.launcher_baseline", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def drive(version: str, kind: str, workers: int, window: float) -> dict[str, Any]:
+    """In the driver process: start ``workers`` stub workers through ``version``'s
+    launcher (``spotring`` or ``baseline``) of ``kind`` (``local`` or ``ssh``), measure,
+    stop them. Returns the figures."""
+    import psutil
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    scratch = Path(tempfile.mkdtemp(prefix="spotring-bench-driver-"))
+    stub = scratch / "stub"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    log = scratch / "ssh.log"
+    if kind == "ssh":
+        install_fake_ssh(scratch / "bin")
+        os.environ["PATH"] = f"{scratch / 'bin'}{os.pathsep}{os.environ['PATH']}"
+        os.environ.update(FAKE_SSH_LOG=str(log), FAKE_SSH_EXEC="1")
+    if version == "baseline":
+        module = _baseline_module(scratch)
+    else:
+        from spotring.driver import launcher as module
+
+    output = _CountingOutput()
+    launcher = module.ProcessLauncher(
+        remote=kind == "ssh",
+        ssh=module.SshOptions(host_key_checking="no"),
+        python=str(stub),
+        output=output,
+    )
+    shutdown = threading.Event()  # Horovod's: one for the job, one per host
+    hosts = [f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in range(1, workers + 1)]
+    hosts = hosts[: max(1, workers // SLOTS_PER_HOST)]
+    host_events = {host: threading.Event() for host in hosts}
+    env = {"PATH": os.environ["PATH"]}
+    codes: list[int] = []
+
+    def run(rank: int) -> None:
+        host = hosts[rank // SLOTS_PER_HOST]
+        spec = module.WorkerSpec(host, rank % SLOTS_PER_HOST, rank, ("stub",), env)
+        codes.append(launcher(spec, [shutdown, host_events[host]])[0])
+
+    me = psutil.Process()
+    began = time.monotonic()
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in range(workers)]
+    for thread in threads:
+        thread.start()
+    deadline = began + 600
+    while output.lines < workers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if output.lines < workers:
+        raise RuntimeError(f"only {output.lines} of {workers} workers printed in 600 s")
+    started_s = time.monotonic() - began
+    time.sleep(2.0)  # every worker past its start
+    rss = me.memory_info().rss
+    figures: dict[str, Any] = {
+        "started_s": started_s,
+        "rss_mib": rss / (1 << 20),
+        "threads": me.num_threads(),
+        "fds": me.num_fds(),
+        "children": len(me.children(recursive=True)),
+    }
+    cpu0, wall0, lines0 = sum(me.cpu_times()[:2]), time.monotonic(), output.lines
+    time.sleep(window)
+    cpu1, wall1, lines1 = sum(me.cpu_times()[:2]), time.monotonic(), output.lines
+    figures["cpu_percent"] = 100.0 * (cpu1 - cpu0) / (wall1 - wall0)
+    figures["lines_per_s"] = (lines1 - lines0) / (wall1 - wall0)
+    stopping = time.monotonic()
+    shutdown.set()
+    for thread in threads:
+        thread.join(timeout=120)
+    figures["stopped_s"] = time.monotonic() - stopping
+    figures["stopped"] = len(codes)
+    launcher.close()
+    if kind == "ssh":
+        said = log.read_text().split() if log.exists() else []
+        figures["ssh_connections"] = said[0::2].count("connect")
+        figures["ssh_sessions_multiplexed"] = said[0::2].count("mux")
+    return figures
+
+
+# ------------------------------------------------------------------- the benchmark
+
+
+def _run_driver(version: str, kind: str, workers: int, window: float) -> dict[str, Any]:
+    command = [
+        sys.executable, "-m", "bench.driver_resources", "--driver", version,
+        "--launcher", kind, "--workers", str(workers), "--window", str(window),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
+    if result.returncode != 0:
+        raise RuntimeError(f"{version} {kind} x{workers}: {result.stderr.strip()[-2000:]}")
+    figures: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def measure(quick: bool, sizes: tuple[int, ...] = SIZES, window: float | None = None) -> list[Row]:
+    """Both launchers at each size, spotring's beside the baseline's."""
+    window = window if window is not None else (5.0 if quick else WINDOW_S)
+    rows: list[Row] = []
+    anchor = f"launcher at {BASELINE}"
+    for kind in ("local", "ssh"):
+        for workers in sizes:
+            ours = _run_driver("spotring", kind, workers, window)
+            theirs = _run_driver("baseline", kind, workers, window)
+            print(f"   {kind} x{workers}: spotring {ours}", flush=True)
+            print(f"   {kind} x{workers}: baseline {theirs}", flush=True)
+            name = f"driver, {kind} launcher, {workers} workers"
+            big = workers >= 1024
+            extra = {"spotring": ours, "baseline": theirs, "window_s": window}
+            rows += [
+                row(name, "RSS MiB", ours["rss_mib"], anchor, theirs["rss_mib"],
+                    TARGET_RSS_MIB if big else "", extra),
+                row(name, "CPU % of a core, workers printing", ours["cpu_percent"], anchor,
+                    theirs["cpu_percent"], TARGET_CPU if big else "", {}),
+                row(name, "threads", ours["threads"], anchor, theirs["threads"], "", {}),
+                row(name, "fds", ours["fds"], anchor, theirs["fds"], "", {}),
+            ]  # fmt: skip
+            if kind == "ssh":
+                rows.append(
+                    row(name, "ssh connections", ours["ssh_connections"], anchor,
+                        theirs["ssh_connections"], "", {})
+                )  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.driver_resources")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--window", type=float, default=None)
+    parser.add_argument("--driver", choices=("spotring", "baseline"), help=argparse.SUPPRESS)
+    parser.add_argument("--launcher", choices=("local", "ssh"), default="local")
+    parser.add_argument("--workers", type=int, default=256)
+    args = parser.parse_args()
+    if args.driver:  # the driver process itself
+        figures = drive(args.driver, args.launcher, args.workers, args.window or WINDOW_S)
+        print(json.dumps(figures), flush=True)
+        os._exit(0)  # its threads are daemons; nothing else to wait for
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    print(format_table(measure(args.quick, sizes, args.window)))
+
+
+if __name__ == "__main__":
+    main()
