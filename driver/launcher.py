@@ -193,7 +193,7 @@ class ProcessLauncher:
         self._host_stops: dict[str, threading.Event] = {}
         self._host_stops_lock = threading.Lock()
         self._running: dict[tuple[str, int], _Launch] = {}  # (host, local_rank) -> launch
-        self._pump = Pump("spotring-workers")
+        self._pump = Pump("spotring-output")  # the thread hookspecs names
         self._multiplex = ssh.multiplex
         self._output_failed = False
         # (host, host key alias) -> its ssh master's control socket

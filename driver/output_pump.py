@@ -15,7 +15,8 @@ something for the thread that waits for that worker to look at (the process exit
 its output ended, one of its events was set, the pump failed), so that thread blocks
 on one event without a timeout. Should the pump's thread fail, the failure is logged
 and every watch is told (:attr:`Watch.error`): no worker is left waiting on a thread
-that is gone.
+that is gone. What it calls (the launcher's relay of lines, the listeners of notices
+and progress) must be quick: it holds up every worker's output and exit meanwhile.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class Pump:
     :param thread_name: the name of its thread.
     """
 
-    def __init__(self, thread_name: str = "spotring-pump") -> None:
+    def __init__(self, thread_name: str = "spotring-output") -> None:
         self._thread_name = thread_name
         self._lock = threading.Lock()
         self._watches: set[Watch] = set()
