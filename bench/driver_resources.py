@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import stat
 import subprocess
 import sys
@@ -231,6 +232,7 @@ def drive(version: str, kind: str, workers: int, window: float) -> dict[str, Any
         said = log.read_text().split() if log.exists() else []
         figures["ssh_connections"] = said[0::2].count("connect")
         figures["ssh_sessions_multiplexed"] = said[0::2].count("mux")
+    shutil.rmtree(scratch, ignore_errors=True)
     return figures
 
 
@@ -258,8 +260,8 @@ def measure(quick: bool, sizes: tuple[int, ...] = SIZES, window: float | None = 
     for kind in ("local", "ssh"):
         for workers in sizes:
             ours = _run_driver("spotring", kind, workers, window)
-            theirs = _run_driver("baseline", kind, workers, window)
             print(f"   {kind} x{workers}: spotring {ours}", flush=True)
+            theirs = _run_driver("baseline", kind, workers, window)
             print(f"   {kind} x{workers}: baseline {theirs}", flush=True)
             name = f"driver, {kind} launcher, {workers} workers"
             big = workers >= 1024
