@@ -273,6 +273,10 @@ def measure(quick: bool, sizes: tuple[int, ...] = SIZES, window: float | None = 
                     theirs["cpu_percent"], TARGET_CPU if big else "", {}),
                 row(name, "threads", ours["threads"], anchor, theirs["threads"], "", {}),
                 row(name, "fds", ours["fds"], anchor, theirs["fds"], "", {}),
+                row(name, "s until every worker printed", ours["started_s"], anchor,
+                    theirs["started_s"], "", {}),
+                row(name, "lines relayed per s", ours["lines_per_s"], anchor,
+                    theirs["lines_per_s"], f">= {0.95 * workers:g}", {}),
             ]  # fmt: skip
             if kind == "ssh":
                 rows.append(
