@@ -453,6 +453,7 @@ def test_many_workers_share_one_thread_and_each_exit_keeps_its_code(tmp_path: Pa
     for count in (2, 12):
         go = tmp_path / f"go-{count}"
         script = f"echo up; while [ ! -e {go} ]; do sleep 0.05; done; exit $1"
+        _wait_for(lambda: launcher.threads == 0, 10)  # the last round's has ended
         before = threading.active_count()
         specs = [
             WorkerSpec(f"host-{n}", 0, n, ("sh", "-c", script, "w", str(n % 7 + 1)), ENV)
