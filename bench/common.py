@@ -54,6 +54,7 @@ BENCHMARKS: tuple[str, ...] = (
     "notice",
     "capacity",
     "scale",
+    "driver_resources",
 )
 """Benchmark modules under ``bench/``, in the order ``bench/run`` runs them."""
 

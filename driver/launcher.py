@@ -28,11 +28,19 @@ Progress lines (each worker's commit count, ``spotring.worker_image.progress``) 
 checked the same way and told to listeners as ``worker_progress``.
 :meth:`ProcessLauncher.fail_worker` stops one worker and reports its exit as a failure
 (a hung worker: the failure path then runs as for one that died).
+
+What the driver holds per worker stays small (:mod:`spotring.driver.output_pump`): one
+thread reads every worker's output and sees every exit and stop event, so the thread
+that waits for a worker (Horovod's, one per slot) blocks on one event, without waking
+up until there is something to do. Over ssh, the workers of a host share one ssh
+connection: a master per host (``ControlMaster``, its socket in the job's private
+directory), opened before the host's first worker and closed by :meth:`close`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -45,11 +53,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal, Protocol
 
 from spotring.core import is_valid_address
+from spotring.driver.output_pump import MAX_LINE_CHARS as MAX_LINE_CHARS  # re-exported
+from spotring.driver.output_pump import Pump, Watch
 from spotring.driver.ring_progress import tell_listeners
 from spotring.worker_image.notices import MESSAGE_MARKER, Notice, NoticeMessage
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
@@ -66,11 +76,12 @@ STOP_GRACE_SECONDS = 5.0
 LAUNCH_FAILED_EXIT = 255
 """The exit code reported for a worker that could not be started or watched."""
 
-MAX_LINE_CHARS = 64 << 10
-"""The longest line of a worker's output the driver keeps: the rest of a longer line is
-read in chunks of this size and dropped, so a worker printing without newlines cannot
-fill the driver's memory. The supervisor's own lines (notices, ready) are short and
-always start a line of their own."""
+CONTROL_PERSIST_SECONDS = 60
+"""How long a host's ssh master connection outlives its last worker: a reset restarts
+the workers within seconds; a host left for good lets its connection go."""
+
+MASTER_START_SECONDS = 30.0
+"""The longest wait for a host's ssh master connection to open."""
 
 STOPPED_EXIT = 128 + signal.SIGTERM
 """Reported for a stopped worker that exited 0 anyway (over ssh, a remote worker killed
@@ -145,6 +156,8 @@ class SshOptions:
     identity_file: str | None = None
     host_key_checking: HostKeyChecking = "accept-new"
     known_hosts: str | None = None
+    multiplex: bool = True
+    """One ssh connection per host for all its workers (``ControlMaster``)."""
 
 
 class ProcessLauncher:
@@ -180,6 +193,11 @@ class ProcessLauncher:
         self._host_stops: dict[str, threading.Event] = {}
         self._host_stops_lock = threading.Lock()
         self._running: dict[tuple[str, int], _Launch] = {}  # (host, local_rank) -> launch
+        self._pump = Pump("spotring-output")  # the thread hookspecs names
+        self._multiplex = ssh.multiplex
+        self._output_failed = False
+        # (host, host key alias) -> its ssh master's control socket
+        self._masters: dict[tuple[str, str | None], _Master] = {}
 
     def add_listener(self, listener: WorkerListener) -> None:
         self._listeners.append(listener)
@@ -189,6 +207,9 @@ class ProcessLauncher:
         are reported as stopped, not failed."""
         with self._host_stops_lock:
             self._host_stops.setdefault(host, threading.Event()).set()
+            launches = [launch for (h, _), launch in self._running.items() if h == host]
+        for launch in launches:  # at once, not at the pump's next look at the events
+            launch.watch.wake.set()
 
     def fail_worker(self, host: str, local_rank: int, reason: str) -> bool:
         """Stop the worker of slot ``host[local_rank]`` and report its exit as a
@@ -200,6 +221,7 @@ class ProcessLauncher:
             return False
         launch.failure = reason
         launch.fail.set()
+        launch.watch.wake.set()
         return True
 
     def _stop_event(self, host: str) -> threading.Event:
@@ -211,8 +233,18 @@ class ProcessLauncher:
                 event = self._host_stops[host] = threading.Event()
             return event
 
+    @property
+    def threads(self) -> int:
+        """The threads the launcher runs itself (not those that wait in :meth:`__call__`)."""
+        return self._pump.threads
+
     def close(self) -> None:
-        """Remove the job's own known_hosts file, if one was made."""
+        """Close the hosts' ssh master connections; remove the job's own directory
+        (known_hosts, control sockets), if one was made."""
+        with self._job_dir_lock:
+            masters, self._masters = list(self._masters.items()), {}
+        for (host, _), master in masters:
+            master.close(host)
         with self._job_dir_lock:
             if self._job_dir is not None:
                 shutil.rmtree(self._job_dir, ignore_errors=True)
@@ -281,6 +313,8 @@ class ProcessLauncher:
     def _start(self, spec: WorkerSpec, warm: bool) -> _Launch:
         if not is_valid_address(spec.host):
             raise ValueError(f"{spec.host!r} is not a host name or IP address")
+        if self._remote:
+            self._open_master(spec.host)
         process = subprocess.Popen(
             self.argv(spec.host),
             stdin=subprocess.PIPE,
@@ -289,8 +323,6 @@ class ProcessLauncher:
             start_new_session=True,  # its own process group, so kills reach its children
             # The job key goes on stdin only, never into an environment block.
             env=_without_key(spec.env) if not self._remote else None,
-            text=True,
-            errors="replace",
         )
         launch = _Launch(spec, process, secrets.token_hex(8), self._tell)
         launch.prefix = f"[warm]<{spec.host}:{spec.local_rank}>" if warm else _prefix(spec)
@@ -307,15 +339,13 @@ class ProcessLauncher:
             line.update(launch=launch.id, progress=True)
             progress = _ProgressReader(launch, self._tell)
         notices = _NoticeReader(spec, launch.id, self._tell) if spec.notices is not None else None
-        launch.pump = threading.Thread(
-            target=self._pump,
-            args=(launch, notices, progress),
-            name="spotring-output",
-            daemon=True,
-        )
-        launch.pump.start()
         try:
-            process.stdin.write(json.dumps(line) + "\n")
+            launch.watch = self._pump.add(
+                process,
+                functools.partial(self._relay, launch, notices, progress),
+                lambda: launch.prefix,
+            )
+            process.stdin.write((json.dumps(line) + "\n").encode())
             process.stdin.flush()  # stays open: closing it stops the worker
         except OSError:  # it died at once (ssh could not connect): the caller reports it
             _kill_group(process)
@@ -328,6 +358,17 @@ class ProcessLauncher:
         supervisor = [self._python, "-m", "spotring.worker_image.supervisor"]
         if not self._remote:
             return supervisor
+        options = self._ssh_options(host)
+        master = self._master(host)
+        if master is not None:
+            # The host's master connection (_open_master) carries this session; should
+            # it be gone, this client opens one itself and keeps it in the background.
+            options += ["-o", "ControlMaster=auto", *master.options()]
+        remote = "exec " + shlex.join(supervisor)
+        # "--" ends ssh's options: nothing from a provider is ever read as one.
+        return ["ssh", *options, "--", host, remote]
+
+    def _ssh_options(self, host: str) -> list[str]:
         options = [
             "-o",
             "BatchMode=yes",  # never prompt for a password or passphrase
@@ -342,9 +383,72 @@ class ProcessLauncher:
             options += ["-p", str(self._ssh.port)]
         if self._ssh.identity_file is not None:
             options += ["-i", self._ssh.identity_file]
-        remote = "exec " + shlex.join(supervisor)
-        # "--" ends ssh's options: nothing from a provider is ever read as one.
-        return ["ssh", *options, "--", host, remote]
+        return options
+
+    def _master(self, host: str) -> _Master | None:
+        """The control socket of ``host``'s ssh master connection (None: every worker
+        connects on its own). One per host and host key alias: a new instance that
+        reuses an address never shares the old one's connection."""
+        if not self._multiplex:
+            return None
+        key = (host, self._host_alias(host))
+        directory = self._job_directory()
+        with self._job_dir_lock:
+            master = self._masters.get(key)
+            if master is None:
+                path = os.path.join(directory, f"c{len(self._masters)}")
+                if len(path.encode()) > _MAX_CONTROL_PATH:
+                    log.warning(
+                        "the job's directory %s is too deep for ssh's control sockets; "
+                        "each worker gets an ssh connection of its own",
+                        directory,
+                    )
+                    self._multiplex = False
+                    return None
+                master = self._masters[key] = _Master(path)
+            return master
+
+    def _open_master(self, host: str) -> None:
+        """Open ``host``'s ssh master connection unless it is open: once per host, even
+        when its workers start together (each of them would otherwise race to be the
+        master, and the losers connect on their own). A failure is logged and left to
+        the workers' own ssh, which reports it in their output."""
+        master = self._master(host)
+        if master is None:
+            return
+        with master.lock:
+            if os.path.exists(master.path):
+                return
+            command = [
+                "ssh",
+                *self._ssh_options(host),
+                *["-o", "ControlMaster=yes", *master.options(), "-o", "ConnectTimeout=10"],
+                # -f: in the background once connected; -N: no command of its own
+                *["-f", "-N", "--", host],
+            ]
+            with tempfile.TemporaryFile() as errors:
+                try:
+                    result = subprocess.run(
+                        command,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=errors,
+                        timeout=MASTER_START_SECONDS,
+                        start_new_session=True,  # no worker's stop may reach it
+                        check=False,
+                    )
+                except (OSError, subprocess.TimeoutExpired) as error:
+                    log.warning("could not open an ssh connection to %s: %s", host, error)
+                    return
+                if result.returncode != 0:
+                    errors.seek(0)
+                    said = errors.read(2000).decode(errors="replace").strip()
+                    log.warning(
+                        "could not open an ssh connection to %s (exit %d): %s",
+                        host,
+                        result.returncode,
+                        " ".join(said.split()) or "no message",
+                    )
 
     def _host_key_options(self, host: str) -> list[str]:
         mode = self._ssh.host_key_checking
@@ -373,39 +477,54 @@ class ProcessLauncher:
         self, launch: _Launch, events: Sequence[threading.Event], host_stop: threading.Event
     ) -> tuple[int, bool]:
         """Wait for the worker; stop it if any event is set (Horovod's, or
-        :meth:`stop_workers_on` for its host). Returns (code, stopped)."""
-        process = launch.process
-        events = [*events, host_stop]
+        :meth:`stop_workers_on` for its host). Returns (code, stopped).
+
+        Blocks on the launch's one wake-up event: the pump sets it when the process
+        exits or one of the events is set, :meth:`fail_worker` when it fails it."""
+        process, watch = launch.process, launch.watch
+        watched = (*events, host_stop)
+        self._pump.watch_events(watch, watched)
         stopped = False
-        while process.poll() is None:
-            if launch.fail.is_set():  # spotring's own verdict: a failure, not a stop
-                _stop(process)
-                break
-            if any(event.is_set() for event in events):
-                _stop(process)
-                stopped = True
-                break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=0.05)
-        if launch.pump is not None:
-            launch.pump.join(timeout=2.0)
+        try:
+            while not watch.ended.is_set():
+                if watch.error is not None:
+                    launch.failure = watch.error
+                    raise RuntimeError(watch.error)
+                if launch.fail.is_set():  # spotring's own verdict: a failure, not a stop
+                    _stop(launch)
+                    break
+                if any(event.is_set() for event in watched):
+                    _stop(launch)
+                    stopped = True
+                    break
+                watch.wake.wait()
+                watch.wake.clear()  # then look again: nothing set after it is missed
+        finally:
+            self._pump.unwatch_events(watch)
+        if watch.ended.is_set():
+            process.wait()  # it has exited: at once
+        watch.drained.wait(2.0)  # the rest of its output, before its exit is told
         # Its host had left the ring and it exited just before the stop reached it:
         # still a stop, not a failure.
         stopped = stopped or (host_stop.is_set() and not launch.fail.is_set())
-        if process.returncode == 0 and (stopped or launch.fail.is_set()):
+        code = process.poll()
+        if code is None:  # not even SIGKILL ended it: never a hang for Horovod
+            return LAUNCH_FAILED_EXIT, stopped
+        if code == 0 and (stopped or launch.fail.is_set()):
             return STOPPED_EXIT, stopped  # never a 0: Horovod would end the job
-        return process.returncode, stopped
+        return code, stopped
 
-    def _pump(
+    def _relay(
         self,
         launch: _Launch,
         notices: _NoticeReader | None,
-        progress: _ProgressReader | None = None,
+        progress: _ProgressReader | None,
+        lines: list[str],
     ) -> None:
-        stream = launch.process.stdout
-        if stream is None:
-            return
-        for line in _bounded_lines(stream, launch):
+        """Pass on a batch of ``launch``'s output lines (on the pump's thread): signed
+        lines to their readers, the ready line to the launch, the rest to the output."""
+        relayed = []
+        for line in lines:
             reader = (
                 notices if notices is not None and line.startswith(MESSAGE_MARKER)
                 else progress if progress is not None and line.startswith(PROGRESS_MARKER)
@@ -429,9 +548,17 @@ class ProcessLauncher:
                 else:
                     log.warning("dropped a forged ready line from %s", launch.spec.host)
                 continue
-            with self._output_lock:
-                self._output.write(f"{launch.prefix}: {line}")
+            relayed.append(f"{launch.prefix}: {line}")
+        if not relayed:
+            return
+        with self._output_lock:
+            try:
+                self._output.write("".join(relayed))
                 self._output.flush()
+            except (OSError, ValueError) as error:  # closed or broken: the workers go on
+                if not self._output_failed:
+                    self._output_failed = True
+                    log.error("workers' output is lost: %s: %s", type(error).__name__, error)
 
     def _tell(self, method: str, *args: Any) -> None:
         """Call every listener that has ``method``; one that raises is logged and does
@@ -442,10 +569,13 @@ class ProcessLauncher:
 class _Launch:
     """One supervisor the launcher started, and how its output is relayed."""
 
+    watch: Watch
+    """How the pump watches it (set once it is started)."""
+
     def __init__(
         self,
         spec: WorkerSpec,
-        process: subprocess.Popen[str],
+        process: subprocess.Popen[bytes],
         launch_id: str,
         tell: Callable[..., None],
     ) -> None:
@@ -459,9 +589,8 @@ class _Launch:
         self.fail = threading.Event()
         """Set to stop the worker as failed (:meth:`ProcessLauncher.fail_worker`)."""
         self.failure: str | None = None
-        self.pump: threading.Thread | None = None
         self.unreadable = 0
-        """Signed lines from it that a reader failed on (only the pump thread counts)."""
+        """Signed lines from it that a reader failed on (only the pump's thread counts)."""
         self._tell = tell
         self._exit_told = threading.Event()
 
@@ -514,7 +643,7 @@ class WarmWorker:
             if not same_command or launch.process.poll() is not None:
                 raise OSError("the warm worker cannot take this slot")
             assert launch.process.stdin is not None
-            launch.process.stdin.write(json.dumps(slot_env) + "\n")
+            launch.process.stdin.write((json.dumps(slot_env) + "\n").encode())
             launch.process.stdin.flush()
         except OSError:
             self._end()
@@ -538,9 +667,8 @@ class WarmWorker:
         threading.Thread(target=self._end, name="spotring-warm-stop", daemon=True).start()
 
     def _end(self) -> None:
-        _stop(self._launch.process)
-        if self._launch.pump is not None:
-            self._launch.pump.join(timeout=2.0)
+        _stop(self._launch)
+        self._launch.watch.drained.wait(2.0)
         self._launch.exited()
 
 
@@ -550,27 +678,6 @@ def _without_key(env: Mapping[str, str]) -> dict[str, str]:
 
 def _prefix(spec: WorkerSpec) -> str:
     return f"[{spec.rank}]<{spec.host}:{spec.local_rank}>"
-
-
-def _bounded_lines(stream: IO[str], launch: _Launch) -> Iterator[str]:
-    """The lines of ``stream``, each cut at :data:`MAX_LINE_CHARS` (the rest dropped, and
-    the first cut logged once per launch); never more than that in memory at once."""
-    dropping = warned = False
-    while line := stream.readline(MAX_LINE_CHARS):
-        if dropping:  # the rest of a line already cut
-            dropping = not line.endswith("\n")
-            continue
-        if len(line) >= MAX_LINE_CHARS and not line.endswith("\n"):
-            dropping = True
-            line += " [cut]\n"
-            if not warned:
-                warned = True
-                log.warning(
-                    "worker %s printed a line longer than %d characters; cut",
-                    launch.prefix,
-                    MAX_LINE_CHARS,
-                )
-        yield line
 
 
 class _NoticeReader:
@@ -627,19 +734,56 @@ class _ProgressReader:
         self._tell("worker_progress", spec.host, spec.local_rank, message.count, message.age)
 
 
-def _stop(process: subprocess.Popen[str]) -> None:
+def _stop(launch: _Launch) -> None:
     """Close the supervisor's stdin (it stops the worker); kill what is left after that."""
+    process = launch.process
     with contextlib.suppress(OSError):
         assert process.stdin is not None
         process.stdin.close()
-    try:
-        process.wait(timeout=STOP_GRACE_SECONDS + 2.0)
-    except subprocess.TimeoutExpired:
+    if launch.watch.ended.wait(STOP_GRACE_SECONDS + 2.0):
+        process.wait()  # it has exited: at once
+    else:
         _kill_group(process)
 
 
-def _kill_group(process: subprocess.Popen[str]) -> None:
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5.0)
+
+
+_MAX_CONTROL_PATH = 80
+"""The longest control socket path given to ssh: a Unix socket's path holds about 104
+bytes, and ssh binds a temporary name (the path and 17 more characters) first."""
+
+
+class _Master:
+    """The control socket of one host's ssh master connection."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        """Held while the master is opened, so the host's workers wait for it."""
+
+    def options(self) -> list[str]:
+        persist = ["-o", f"ControlPersist={CONTROL_PERSIST_SECONDS}"]
+        # ssh expands %-tokens in ControlPath: a literal % is written %%.
+        return ["-o", "ControlPath=" + self.path.replace("%", "%%"), *persist]
+
+    def close(self, host: str) -> None:
+        """Ask the master to exit (it ends its connection); never raises."""
+        if not os.path.exists(self.path):
+            return
+        command = ["ssh", "-o", "BatchMode=yes", *self.options()[:2], "-O", "exit", "--", host]
+        try:
+            subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10.0,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            log.warning("could not close the ssh connection to %s: %s", host, error)

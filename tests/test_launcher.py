@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from bench.driver_resources import install_fake_ssh
 from spotring.driver.launcher import (
     LAUNCH_FAILED_EXIT,
     ProcessLauncher,
@@ -209,30 +210,37 @@ def test_ssh_argv_ends_options_before_the_host_and_pins_host_keys() -> None:
         assert "HostKeyAlias=i-0abc" in options
         assert "BatchMode=yes" in options and "ServerAliveInterval=5" in options
         known = next(o for o in options if o.startswith("UserKnownHostsFile="))
-        assert Path(known.split("=", 1)[1]).parent.name.startswith("spotring-ssh-")
+        job_dir = Path(known.split("=", 1)[1]).parent
+        assert job_dir.name.startswith("spotring-ssh-")
+        assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700  # its sockets are the user's
+        # One master connection per host: its control socket in the job's directory.
+        assert "ControlMaster=auto" in options and "ControlPersist=60" in options
+        path = Path(next(o for o in options if o.startswith("ControlPath=")).split("=", 1)[1])
+        assert path.parent == job_dir
+        assert launcher.argv("10.0.0.5") == argv  # the same host, the same master
+        other = launcher.argv("10.0.0.6")
+        assert f"ControlPath={path}" not in other and other[-3:-1] == ["--", "10.0.0.6"]
         assert options[options.index("-p") + 1] == "2222"
     finally:
         launcher.close()
     no_check = ProcessLauncher(remote=True, ssh=SshOptions(host_key_checking="no"))
     assert "StrictHostKeyChecking=no" in no_check.argv("h")
+    no_check.close()
+    plain = ProcessLauncher(remote=True, ssh=SshOptions(multiplex=False))
+    assert not any(o.startswith("Control") for o in plain.argv("h"))
+    plain.close()
 
 
 @pytest.fixture
 def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An ``ssh`` that runs the remote command in a session of its own, as a remote host
-    would, fed by a pipe that closes when this "client" dies or its stdin closes."""
-    script = tmp_path / "bin" / "ssh"
-    script.parent.mkdir()
-    script.write_text(
-        "#!/bin/sh\n"
-        'while [ "$1" != "--" ]; do shift; done; shift\n'
-        'echo "$1" >> "$FAKE_SSH_HOSTS"; shift\n'
-        'cat | setsid sh -c "$1"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    would, fed by a pipe that closes when this "client" dies or its stdin closes; it
+    logs each connection, multiplexed session and master closed (bench's FAKE_SSH)."""
+    script = install_fake_ssh(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SSH_HOSTS", str(tmp_path / "hosts"))
-    return tmp_path / "hosts"
+    monkeypatch.setenv("FAKE_SSH_LOG", str(tmp_path / "ssh.log"))
+    monkeypatch.delenv("FAKE_SSH_EXEC", raising=False)
+    return tmp_path / "ssh.log"
 
 
 def test_a_stop_reaches_the_remote_process_group(fake_ssh: Path) -> None:
@@ -245,12 +253,20 @@ def test_a_stop_reaches_the_remote_process_group(fake_ssh: Path) -> None:
         output=io.StringIO(),
     )
     threading.Timer(1.0, event.set).start()
-    code, _ = launcher(
-        spec("sh", "-c", f"sleep 60 {marker} & wait", marker, host="10.1.2.3"), [event]
-    )
+    try:
+        code, _ = launcher(
+            spec("sh", "-c", f"sleep 60 {marker} & wait", marker, host="10.1.2.3"), [event]
+        )
+    finally:
+        launcher.close()
     # Never 0 for a stopped worker, whatever ssh says: Horovod would take it as success.
     assert listener.exits[-1].stopped and code != 0
-    assert fake_ssh.read_text().split() == ["10.1.2.3"]
+    # The host's master connection carried the worker's session, and was closed.
+    assert fake_ssh.read_text().splitlines() == [
+        "connect 10.1.2.3",
+        "mux 10.1.2.3",
+        "exit 10.1.2.3",
+    ]
     deadline = time.monotonic() + 10
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -401,3 +417,162 @@ def test_a_script_printing_a_crafted_notice_line_cannot_stop_the_drivers_reading
         )
         assert launcher(worker, [])[0] == 0
     assert "after" in out.getvalue()
+
+
+# ----------------------------------------------------------------- many workers
+
+
+def _run_all(
+    launcher: ProcessLauncher, specs: list[WorkerSpec], events: list[threading.Event]
+) -> tuple[list[threading.Thread], dict[int, int]]:
+    """Run each spec on a thread of its own, as Horovod's elastic driver does."""
+    codes: dict[int, int] = {}
+
+    def run(worker: WorkerSpec) -> None:
+        codes[worker.rank] = launcher(worker, events)[0]
+
+    threads = [threading.Thread(target=run, args=(worker,)) for worker in specs]
+    for thread in threads:
+        thread.start()
+    return threads, codes
+
+
+def _wait_for(predicate: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.05)
+    assert predicate(), "timed out"  # type: ignore[operator]
+
+
+def test_many_workers_share_one_thread_and_each_exit_keeps_its_code(tmp_path: Path) -> None:
+    """However many workers run, the launcher adds one thread of its own to those that
+    wait for them (Horovod's); each exit is told with its own code."""
+    out, listener = io.StringIO(), Listener()
+    launcher = ProcessLauncher(remote=False, listeners=[listener], output=out)
+    counted = {}
+    for count in (2, 12):
+        go = tmp_path / f"go-{count}"
+        script = f"echo up; while [ ! -e {go} ]; do sleep 0.05; done; exit $1"
+        _wait_for(lambda: launcher.threads == 0, 10)  # the last round's has ended
+        before = threading.active_count()
+        specs = [
+            WorkerSpec(f"host-{n}", 0, n, ("sh", "-c", script, "w", str(n % 7 + 1)), ENV)
+            for n in range(count)
+        ]
+        threads, codes = _run_all(launcher, specs, [])
+        _wait_for(lambda c=count: out.getvalue().count("up\n") == c)  # type: ignore[misc]
+        counted[count] = threading.active_count() - before - count
+        assert launcher.threads == 1
+        go.touch()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert codes == {n: n % 7 + 1 for n in range(count)}
+        out.seek(0)
+        out.truncate()
+    assert counted == {2: 1, 12: 1}
+    exits = {e.rank: e.exit_code for e in listener.exits}
+    assert exits == {n: n % 7 + 1 for n in range(12)}
+    _wait_for(lambda: launcher.threads == 0, 10)  # nothing left to watch: it ends
+
+
+def test_each_workers_lines_arrive_in_order_while_many_print_at_once() -> None:
+    out = io.StringIO()
+    launcher = ProcessLauncher(remote=False, output=out)
+    script = "i=0; while [ $i -lt 2000 ]; do echo $i; i=$((i+1)); done"
+    threads, codes = _run_all(
+        launcher, [WorkerSpec(f"h{n}", 0, n, ("sh", "-c", script), ENV) for n in range(6)], []
+    )
+    for thread in threads:
+        thread.join(timeout=60)
+    assert codes == dict.fromkeys(range(6), 0)
+    by_worker: dict[str, list[str]] = {}
+    for line in out.getvalue().splitlines():
+        prefix, text = line.split(": ", 1)
+        by_worker.setdefault(prefix, []).append(text)
+    assert by_worker == {f"[{n}]<h{n}:0>": [str(i) for i in range(2000)] for n in range(6)}
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 20])
+def test_lines_are_cut_once_whatever_the_pipe_hands_over_at_a_time(chunk: int) -> None:
+    """The same output read in any chunking gives the same lines: a line of
+    MAX_LINE_CHARS or more is cut there once (its rest dropped), shorter ones are
+    whole, "\\r\\n" and "\\r" end lines as in text mode, a last line without newline
+    comes at the end, and a character split across reads is decoded whole."""
+    from spotring.driver.launcher import MAX_LINE_CHARS
+    from spotring.driver.output_pump import Watch
+
+    max_ = MAX_LINE_CHARS
+    stream = (
+        b"a" * (max_ - 1) + b"\n"
+        + b"b" * max_ + b"\n"
+        + b"c" * (3 * max_ + 5) + b"\n"
+        + "d\u00e9\u20ac\r\n".encode() + b"e\rf\n" + b"g" * (max_ + 1)
+    )  # fmt: skip
+    watch = Watch(subprocess.Popen(["true"]), lambda lines: None, lambda: "w")
+    watch.process.wait()
+    lines: list[str] = []
+    for start in range(0, len(stream), chunk):
+        lines += watch._split(stream[start : start + chunk])
+    lines += watch._split(b"", final=True)
+    assert lines == [
+        "a" * (max_ - 1) + "\n",
+        "b" * max_ + " [cut]\n",
+        "c" * max_ + " [cut]\n",
+        "d\u00e9\u20ac\n",
+        "e\n",
+        "f\n",
+        "g" * max_ + " [cut]\n",
+    ]
+
+
+def test_a_failure_of_the_watcher_thread_fails_its_workers_and_hangs_none(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from spotring.driver.output_pump import Pump
+
+    def broken(self: Pump, selector: object, watch: object) -> None:
+        raise RuntimeError("a bug in the pump")
+
+    monkeypatch.setattr(Pump, "_read", broken)
+    listener = Listener()
+    launcher = ProcessLauncher(remote=False, listeners=[listener], output=io.StringIO())
+    began = time.monotonic()
+    with caplog.at_level("CRITICAL", logger="spotring.driver.output_pump"):
+        code, _ = launcher(spec("sh", "-c", "echo hi; sleep 60"), [])
+    assert code == LAUNCH_FAILED_EXIT and time.monotonic() - began < 30
+    (exit,) = listener.exits
+    assert exit.failed and "watcher thread failed" in exit.reason
+    assert any("a bug in the pump" in r.getMessage() or r.exc_info for r in caplog.records)
+
+
+def test_the_workers_of_a_host_share_its_one_ssh_connection(fake_ssh: Path) -> None:
+    """Three workers on one host and one on another: two connections (the hosts'
+    masters, opened before their first worker), every session carried over them, and
+    both closed by close()."""
+    out = io.StringIO()
+    launcher = ProcessLauncher(remote=True, ssh=SshOptions(host_key_checking="no"), output=out)
+    stop = threading.Event()
+    specs = [
+        WorkerSpec(host, slot, rank, ("sh", "-c", "echo up; read x"), ENV)
+        for rank, (host, slot) in enumerate(
+            [("10.0.0.1", 0), ("10.0.0.1", 1), ("10.0.0.1", 2), ("10.0.0.2", 0)]
+        )
+    ]
+    try:
+        threads, codes = _run_all(launcher, specs, [stop])
+        _wait_for(lambda: out.getvalue().count("up\n") == 4)
+        masters = [
+            line.split("=", 1)[1] for line in launcher.argv("10.0.0.1") if "ControlPath" in line
+        ]
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    finally:
+        launcher.close()
+    assert sorted(codes) == [0, 1, 2, 3] and 0 not in codes.values()  # stopped, never 0
+    log = fake_ssh.read_text().splitlines()
+    assert sorted(log[:2]) == ["connect 10.0.0.1", "connect 10.0.0.2"]
+    assert sorted(log[2:6]) == ["mux 10.0.0.1"] * 3 + ["mux 10.0.0.2"]
+    assert sorted(log[6:]) == ["exit 10.0.0.1", "exit 10.0.0.2"]
+    (master,) = masters
+    assert not os.path.exists(master) and not os.path.exists(os.path.dirname(master))
