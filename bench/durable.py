@@ -107,6 +107,9 @@ class _Recorder:
     def load_latest(self) -> Any:
         return self.checkpoints.load_latest()
 
+    def load_latest_decoded(self, decode: Callable[[bytes], Any]) -> Any:
+        return self.checkpoints.load_latest_decoded(decode)
+
     def wait(self, count: int, timeout: float = 300.0) -> None:
         """Until ``count`` writes have ended (written or failed)."""
         with self._cond:
@@ -123,10 +126,10 @@ def _timed_snapshots() -> Iterator[list[float]]:
     took: list[float] = []
     original = durable.snapshot_state
 
-    def timed(state: Any) -> dict[str, Any]:
+    def timed(state: Any, *args: Any) -> Any:
         begin = time.perf_counter()
         try:
-            return original(state)
+            return original(state, *args)
         finally:
             took.append(time.perf_counter() - begin)
 
@@ -350,14 +353,16 @@ def _latency(state: Any, uri: str, kind: str, rounds: int) -> Row:
     import hashlib
 
     from spotring.checkpoint import Checkpoints, open_store
-    from spotring.worker_image.durable import serialize, snapshot_state
+    from spotring.checkpoint.payload import PayloadBuffers
+    from spotring.worker_image.durable import snapshot_state
 
     store = open_store(uri)
     timed = _TimedStore(store)
     recorder = _Recorder(Checkpoints(timed, job_id="bench", keep=2))
     hooks = _hooks(recorder, uri, 0.0, time.monotonic)
     commit = hooks.wrap_commit(type(state).commit)
-    payload = bytes(serialize(snapshot_state(state)))  # the bytes a checkpoint holds
+    # The bytes a checkpoint holds, as the hooks write them.
+    payload = bytes(snapshot_state(state, PayloadBuffers()).serialized())
     begin = time.perf_counter()
     hashlib.sha256(payload).hexdigest()
     sha_s = time.perf_counter() - begin

@@ -40,6 +40,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from spotring.checkpoint.payload import PayloadBuffers, is_payload
+from spotring.checkpoint.payload import decode as decode_payload
+
 log = logging.getLogger(__name__)
 
 URI_ENV = "SPOTRING_CHECKPOINT_URI"
@@ -101,9 +104,28 @@ def _host_copy(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def snapshot_state(state: Any) -> dict[str, Any]:
-    """Rank 0's committed state, copied out of the live objects right after a commit
-    saved them: each handler's ``state_dict`` and the plain attributes."""
+@dataclass
+class Snapshot:
+    """A commit copied out of the live objects: a payload ready to write (spotring's
+    format, in a reused host buffer) or, for a state that format cannot hold, host
+    copies for ``torch.save``."""
+
+    payload: memoryview | None = None
+    tree: dict[str, Any] | None = None
+    release: Callable[[], None] = lambda: None
+    """Frees the payload's buffer for a later snapshot: called once nothing reads it."""
+
+    def serialized(self) -> memoryview:
+        """The bytes to write."""
+        if self.payload is not None:
+            return self.payload
+        assert self.tree is not None
+        return serialize(self.tree)
+
+
+def _state_tree(state: Any) -> dict[str, Any]:
+    """Each handler's live ``state_dict`` (right after a commit saved it: the committed
+    state) and the committed plain attributes, without copying anything."""
     from spotring.worker_image.horovod_internals import saved_attributes, state_handlers
 
     handlers = {}
@@ -113,9 +135,27 @@ def snapshot_state(state: Any) -> dict[str, Any]:
             raise TypeError(
                 f"cannot checkpoint {name!r}: {type(handler.value).__name__} has no state_dict()"
             )
-        handlers[name] = _host_copy(state_dict())
-    attributes = _host_copy(dict(saved_attributes(state)))
-    return {"handlers": handlers, "attributes": attributes}
+        handlers[name] = state_dict()
+    return {"handlers": handlers, "attributes": dict(saved_attributes(state))}
+
+
+def snapshot_state(state: Any, buffers: PayloadBuffers | None = None) -> Snapshot:
+    """Rank 0's committed state, copied out of the live objects right after a commit
+    saved them: each handler's ``state_dict`` and the plain attributes.
+
+    With ``buffers``, every tensor is copied once, straight into its place in a reused
+    host buffer that then is the payload (nothing to serialise); a state holding
+    something that format cannot write (say a numpy value) is deep-copied for
+    ``torch.save`` instead.
+    """
+    tree = _state_tree(state)
+    if buffers is not None:
+        try:
+            payload, release = buffers.encode(tree)
+            return Snapshot(payload=payload, release=release)
+        except TypeError as error:
+            _say_once(f"writing checkpoints with torch.save: {error}")
+    return Snapshot(tree=_host_copy(tree))
 
 
 def apply_snapshot(state: Any, snapshot: Mapping[str, Any]) -> None:
@@ -136,6 +176,7 @@ def apply_snapshot(state: Any, snapshot: Mapping[str, Any]) -> None:
 
 
 def serialize(snapshot: Mapping[str, Any]) -> memoryview:
+    """``snapshot`` in the format of the first checkpoints (``torch.save``)."""
     import torch
 
     buffer = io.BytesIO()
@@ -144,10 +185,15 @@ def serialize(snapshot: Mapping[str, Any]) -> memoryview:
 
 
 def deserialize(payload: bytes) -> dict[str, Any]:
+    """The snapshot a checkpoint's data holds, in either format; ValueError if it is not
+    a whole checkpoint of spotring's format."""
     import torch
 
-    # weights_only: a checkpoint is data; nothing in it may run code when loaded.
-    loaded = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    if is_payload(payload):
+        loaded = decode_payload(payload)
+    else:
+        # weights_only: a checkpoint is data; nothing in it may run code when loaded.
+        loaded = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     if not isinstance(loaded, dict) or "handlers" not in loaded or "attributes" not in loaded:
         raise ValueError("not a spotring checkpoint")
     return loaded
@@ -160,8 +206,20 @@ def deserialize(payload: bytes) -> dict[str, Any]:
 class _Pending:
     commits: int
     committed_at: float
-    snapshot: dict[str, Any]
+    snapshot: Snapshot
     done: threading.Event
+
+
+WRITER_NICE = 10
+"""How much lower the writer's threads run than the training (Linux nice is per thread,
+and relative within the process's autogroup): on a CPU-bound worker the write takes the
+cycles the training leaves, rather than half of them."""
+
+
+def _lower_priority(nice: int = WRITER_NICE) -> None:
+    """Lower the calling thread's (and the threads it starts) scheduling priority."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
 class BackgroundWriter:
@@ -179,18 +237,20 @@ class BackgroundWriter:
         self._thread = threading.Thread(target=self._run, name="spotring-durable", daemon=True)
         self._thread.start()
 
-    def submit(self, commits: int, snapshot: dict[str, Any]) -> threading.Event:
+    def submit(self, commits: int, snapshot: Snapshot) -> threading.Event:
         """Queue ``snapshot`` (the state at commit ``commits``); an event set once it
         was written or failed."""
         pending = _Pending(commits, time.time(), snapshot, threading.Event())
         with self._cond:
             if self._pending is not None:
+                self._pending.snapshot.release()
                 self._pending.done.set()  # superseded: never written
             self._pending = pending
             self._cond.notify()
         return pending.done
 
     def _run(self) -> None:
+        _lower_priority()
         while True:
             with self._cond:
                 while self._pending is None and not self._closed:
@@ -200,8 +260,7 @@ class BackgroundWriter:
                 pending, self._pending = self._pending, None
             try:
                 started = time.monotonic()
-                payload = serialize(pending.snapshot)
-                pending.snapshot = {}
+                payload = pending.snapshot.serialized()
                 meta = {"commits": pending.commits, "committed_at": pending.committed_at}
                 self._write(pending.commits, payload, meta)
                 took = time.monotonic() - started
@@ -212,6 +271,8 @@ class BackgroundWriter:
             except Exception as error:  # said, and the next one is tried
                 _say(f"checkpoint of commit {pending.commits} NOT written: {error}")
             finally:
+                pending.snapshot.release()
+                pending.snapshot = Snapshot()
                 pending.done.set()
 
     def close(self) -> None:
@@ -223,6 +284,15 @@ class BackgroundWriter:
 def _say(message: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         print(f"{MARKER} {message}", file=sys.stderr, flush=True)
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        _say(message)
 
 
 # ----------------------------------------------------------------- the hooks
@@ -252,6 +322,7 @@ class DurableCommits:
         self._synced = False
         self._last_copy: float | None = None
         self._writer: BackgroundWriter | None = None
+        self._buffers = PayloadBuffers()
         self._depth = threading.local()
         self._flush_poll = flush_poll
         self._flush_watch = threading.Event()  # set while the driver asks for it
@@ -298,7 +369,7 @@ class DurableCommits:
             return
         self._last_copy = now
         try:
-            snapshot = snapshot_state(state)
+            snapshot = snapshot_state(state, self._buffers)
         except Exception as error:  # never stop the training over a checkpoint
             _say(f"cannot copy the state of commit {self.commits}: {error}")
             return
@@ -378,14 +449,14 @@ class DurableCommits:
         """Load the newest complete checkpoint into ``state`` (rank 0 of a ring in
         which nobody has state); a job without one starts from its initial state."""
         try:
-            loaded = self._checkpoints.load_latest()
+            loaded = self._checkpoints.load_latest_decoded(deserialize)
             if loaded is None:
                 _say(
                     f"no checkpoint in {self.config.uri}: starting from the script's initial state"
                 )
                 return
-            info, payload = loaded
-            apply_snapshot(state, deserialize(payload))
+            info, snapshot = loaded
+            apply_snapshot(state, snapshot)
         except Exception as error:
             # Never train on from the initial state when a checkpoint could not be
             # read: this worker fails, and the ring tries again without it.
