@@ -128,7 +128,9 @@ def _decode(value: Any, tensors: list[Any]) -> Any:
         if tag == "$dict":
             return {_decode(k, tensors): _decode(v, tensors) for k, v in _pairs(inner)}
         if tag == "$odict":
-            result = OrderedDict((_decode(k, tensors), _decode(v, tensors)) for k, v in _pairs(inner))
+            result = OrderedDict(
+                (_decode(k, tensors), _decode(v, tensors)) for k, v in _pairs(inner)
+            )
             if "$meta" in value:
                 result._metadata = _decode(value["$meta"], tensors)  # type: ignore[attr-defined]  # as Module.state_dict sets it
             return result
@@ -231,9 +233,7 @@ def decode(data: bytes | memoryview) -> Any:
     if version != VERSION:
         raise ValueError(f"unsupported payload version {version}")
     if header_at < _START or header_at + header_size != len(view):
-        raise ValueError(
-            f"{len(view)} bytes of payload, its header says {header_at + header_size}"
-        )
+        raise ValueError(f"{len(view)} bytes of payload, its header says {header_at + header_size}")
     try:
         document = json.loads(bytes(view[header_at:]))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -217,9 +217,12 @@ cycles the training leaves, rather than half of them."""
 
 
 def _lower_priority(nice: int = WRITER_NICE) -> None:
-    """Lower the calling thread's (and the threads it starts) scheduling priority."""
+    """Lower the calling thread's scheduling priority (and that of the threads it
+    starts) by ``nice``, where the platform has per-thread priorities (Linux)."""
     with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        thread = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + nice))
 
 
 class BackgroundWriter:
