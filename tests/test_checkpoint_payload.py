@@ -292,3 +292,32 @@ def test_the_writer_runs_at_a_lower_priority_than_the_training() -> None:
         writer.close()
     main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     assert seen and seen[0] == min(19, main + durable.WRITER_NICE) and seen[0] > main
+
+
+def test_each_checkpoint_reuses_the_host_buffer_of_the_one_before(tmp_path: Path) -> None:
+    """The writer gives the buffer back once written: the next checkpoint's copy goes
+    into the same memory (no new allocation, no page faults on the training thread)."""
+    now = [0.0]
+    hooks = DurableCommits(
+        DurableConfig(uri=str(tmp_path), every=10, job_id="job"),
+        Checkpoints(open_store(str(tmp_path)), job_id="job", keep=3),
+        rank=lambda: int(hvd.rank()),
+        broadcast_object=hvd.broadcast_object,
+        flush_requested=lambda: False,
+        clock=lambda: now[0],
+    )
+    state = _make_state(TorchState, seed=1)
+    commit = hooks.wrap_commit(TorchState.commit)
+    held = []
+    for written in (1, 2):
+        _train(state, 1)
+        now[0] += 10
+        commit(state)
+        deadline = time.monotonic() + 30
+        while len(hooks._checkpoints.list()) < written and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)  # the buffer is given back right after the write returns
+        held.append(list(hooks._buffers._free))
+    assert len(held[0]) == 1 and len(held[1]) == 1 and held[0][0] is held[1][0]
+    _, data = hooks._checkpoints.load_latest() or (None, b"")
+    assert deserialize(data)["attributes"]["step"] == 2

@@ -7,10 +7,13 @@ spotring's ``TorchState`` alike) when the script imports Horovod:
 
 * **Write, off the training path.** After a commit that saved the state, rank 0 (every
   rank holds the same committed state) copies the live state, which the commit has just
-  saved, into host memory when :data:`EVERY_ENV` seconds have passed since its last
-  copy: one more copy of the state per interval, on the training thread. A background
-  thread serialises it and writes it (data first, manifest last:
-  :class:`spotring.checkpoint.Checkpoints`); a newer copy replaces one still waiting.
+  saved, when :data:`EVERY_ENV` seconds have passed since its last copy: one more copy
+  of the state per interval, on the training thread, straight into a reused host
+  buffer laid out as the checkpoint's payload (:mod:`spotring.checkpoint.payload`: raw
+  tensor bytes and a JSON header, nothing to serialise). A background thread, at a
+  lower priority than the training's, writes it while another hashes it (data first,
+  manifest last: :class:`spotring.checkpoint.Checkpoints`); a newer copy replaces one
+  still waiting.
 * **Read, on the first sync of a ring with no member of the previous one.** Horovod
   ranks the surviving hosts first, so a rank 0 that has never synchronised belongs to
   a ring in which nobody has state: the job's first ring, a ring formed after every
