@@ -19,8 +19,9 @@ each durable block, so its first commit is copied and written, as in a run with
 no background work spills into a plain block. The figure is the median over blocks of
 the mean time per step, with the hooks against without: it includes the copy of the
 state on the training thread (into the reused host buffer that is the payload) and
-the background threads' hashing and write (at a lower priority) competing with the training for the interpreter lock and for this machine's
-cores (torch's intra-op threads use them all). That is the real cost on a CPU-bound
+the background threads' hashing and write (at a lower priority) competing with the
+training for the interpreter lock and for this machine's cores (torch's intra-op
+threads use them all). That is the real cost on a CPU-bound
 worker. Extra gives the training time lost per checkpoint, from which the overhead at
 another interval follows (lost / interval). The same with ``hvd.elastic.TorchState``
 (whose commit deep-copies the state) is a second row.
@@ -30,7 +31,9 @@ another interval follows (lost / interval). The same with ``hvd.elastic.TorchSta
 writer (the ``committed_at`` in the checkpoint's meta) until its manifest was stored
 (the data, hashed while it is put, then the manifest: from then on it is complete and
 durable; pruning the oldest beyond ``keep`` follows, and extra gives the time until
-``Checkpoints.write`` returned too). The anchor is ``store.put`` of the same bytes
+``Checkpoints.write`` returned too, and the process's CPU time while this thread only
+waited for the write: the background's CPU per checkpoint, which a CPU-bound training
+loses at most). The anchor is ``store.put`` of the same bytes
 (one checkpoint's payload) through the same store
 object: the write bandwidth of that client. Rounds interleave both, each first in every
 other round; medians. Once for a local directory (written with fsync, as the store
@@ -374,6 +377,7 @@ def _latency(state: Any, uri: str, kind: str, rounds: int) -> Row:
     sha_s = time.perf_counter() - begin
     raw_key = "bench-raw/data"
     raw: list[float] = []
+    background_cpu: list[float] = []
     try:
         store.put(raw_key, payload)  # warm-up: the client, its connections, the files
         store.delete(raw_key)
@@ -384,7 +388,11 @@ def _latency(state: Any, uri: str, kind: str, rounds: int) -> Row:
                 if hooked:
                     ended = recorder.finished
                     commit(state)
+                    # This thread only waits now: the process's CPU time until the write
+                    # ends is the background's, which a CPU-bound training would lose.
+                    cpu = time.process_time()
                     recorder.wait(ended + 1)
+                    background_cpu.append(time.process_time() - cpu)
                     continue
                 begin = time.perf_counter()
                 store.put(raw_key, payload)
@@ -413,6 +421,7 @@ def _latency(state: Any, uri: str, kind: str, rounds: int) -> Row:
         "of which data put s": round(statistics.median(timed.data_s), 3),
         "of which manifest + prune s (mean)": round(timed.other_s / rounds, 3),
         "commit to write returned (pruned) s": round(statistics.median(to_returned), 3),
+        "background CPU s per checkpoint (median)": round(statistics.median(background_cpu), 3),
         "sha256 of the payload s (alone, this thread)": round(sha_s, 3),
         "fastest s commit to durable / raw put": f"{min(to_durable):.3f} / {min(raw):.3f}",
         "rounds": rounds,
