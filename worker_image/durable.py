@@ -10,8 +10,8 @@ spotring's ``TorchState`` alike) when the script imports Horovod:
   saved, when :data:`EVERY_ENV` seconds have passed since its last copy: one more copy
   of the state per interval, on the training thread, straight into a reused host
   buffer laid out as the checkpoint's payload (:mod:`spotring.checkpoint.payload`: raw
-  tensor bytes and a JSON header, nothing to serialise). A background thread, at a
-  lower priority than the training's, writes it while another hashes it (data first,
+  tensor bytes and a JSON header, nothing to serialise). A background thread writes
+  it while another hashes it (data first,
   manifest last: :class:`spotring.checkpoint.Checkpoints`); a newer copy replaces one
   still waiting.
 * **Read, on the first sync of a ring with no member of the previous one.** Horovod
@@ -213,15 +213,19 @@ class _Pending:
     done: threading.Event
 
 
-WRITER_NICE = 10
+WRITER_NICE = 0
 """How much lower the writer's threads run than the training (Linux nice is per thread,
-and relative within the process's autogroup): on a CPU-bound worker the write takes the
-cycles the training leaves, rather than half of them."""
+and relative within the process's autogroup). 0: at 10, rank 0's writer also yields to
+the other ranks of its host (one autogroup), and on a loaded 2-core machine the
+end-to-end job finished before its next checkpoint was written."""
 
 
-def _lower_priority(nice: int = WRITER_NICE) -> None:
+def _lower_priority(nice: int | None = None) -> None:
     """Lower the calling thread's scheduling priority (and that of the threads it
-    starts) by ``nice``, where the platform has per-thread priorities (Linux)."""
+    starts) by ``nice`` (:data:`WRITER_NICE`), where threads have their own (Linux)."""
+    nice = WRITER_NICE if nice is None else nice
+    if nice <= 0:
+        return
     with contextlib.suppress(AttributeError, OSError):
         thread = threading.get_native_id()
         current = os.getpriority(os.PRIO_PROCESS, thread)
