@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
+import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from spotring.checkpoint import manifest
 from spotring.checkpoint.errors import (
@@ -19,6 +21,38 @@ from spotring.checkpoint.manifest import CheckpointInfo
 from spotring.checkpoint.store import ObjectStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_HASH_CHUNK = 16 * 2**20
+
+
+class _Hashing:
+    """SHA-256 of a buffer on a thread of its own, while the same bytes are uploaded:
+    hashlib drops the GIL over large buffers, so the two overlap instead of adding up."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._digest = ""
+        self._error: BaseException | None = None
+        # A thread inherits its creator's scheduling priority (Linux nice is per thread).
+        self._thread = threading.Thread(target=self._run, name="spotring-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            digest = hashlib.sha256()
+            for start in range(0, len(self._view), _HASH_CHUNK):
+                digest.update(self._view[start : start + _HASH_CHUNK])
+            self._digest = digest.hexdigest()
+        except BaseException as error:  # handed to the caller of result()
+            self._error = error
+
+    def result(self) -> str:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._digest
 
 
 class Checkpoints:
@@ -65,16 +99,22 @@ class Checkpoints:
             step=step,
             created_at=created_at,
             size=view.nbytes,
-            sha256=hashlib.sha256(view).hexdigest(),
+            sha256="0" * 64,  # known once the data is written
             job_id=self.job_id,
             meta=dict(meta or {}),
         )
         try:
-            document = manifest.encode(info)
+            manifest.encode(info)
         except (TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint meta is not JSON: {one_line(error)}") from error
-        self.store.put(info.data_key, view)
-        self.store.put(info.manifest_key, document)
+        # The payload must not change until this returns: it is hashed while it is put.
+        hashing = _Hashing(view)
+        try:
+            self.store.put(info.data_key, view)
+        finally:
+            sha256 = hashing.result()
+        info = dataclasses.replace(info, sha256=sha256)
+        self.store.put(info.manifest_key, manifest.encode(info))
         try:
             self._prune(info.name)
         except CheckpointError as error:
@@ -140,10 +180,19 @@ class Checkpoints:
         there is none. A newer one that is incomplete or damaged is skipped with one
         warning naming it. Store errors (other than a missing object) are raised, not
         skipped: a flaky network must not roll the job back."""
+        return self.load_latest_decoded(lambda data: data)
+
+    def load_latest_decoded(self, decode: Callable[[bytes], T]) -> tuple[CheckpointInfo, T] | None:
+        """As :meth:`load_latest`, with the data passed through ``decode``: a checkpoint
+        whose data matches its manifest but that ``decode`` refuses (ValueError) is
+        skipped with the same one warning, and the one before it tried."""
         for info in self._manifests():
             problem = self._check(info)
             if isinstance(problem, bytes):
-                return info, problem
+                try:
+                    return info, decode(problem)
+                except ValueError as error:
+                    problem = f"its data is not a checkpoint: {one_line(error)}"
             log.warning(
                 "checkpoint %s/%s (step %d) is unusable (%s); trying the one before it",
                 self.store.uri,
