@@ -81,7 +81,7 @@ class Watch:
         self.error: str | None = None
         """Why the pump stopped watching it, when its thread failed."""
         self._on_lines = on_lines
-        self._name = name
+        self._worker_name = name
         self._decoder = io.IncrementalNewlineDecoder(
             codecs.getincrementaldecoder(_ENCODING)(errors="replace"), translate=True
         )
@@ -125,7 +125,7 @@ class Watch:
             self._warned = True
             log.warning(
                 "worker %s printed a line longer than %d characters; cut",
-                self._name(),
+                self._worker_name(),
                 MAX_LINE_CHARS,
             )
         return head + " [cut]\n"
@@ -313,14 +313,14 @@ class Pump:
         except BlockingIOError:
             return False
         except OSError as error:  # the pipe is broken: its output is over
-            log.warning("cannot read the output of %s: %s", watch._name(), error)
+            log.warning("cannot read the output of %s: %s", watch._worker_name(), error)
             data = b""
         lines = watch._split(data, final=not data)
         if lines:
             try:
                 watch._on_lines(lines)
             except Exception:  # the caller's bug: this worker's lines, not the thread
-                log.exception("the output of %s could not be relayed", watch._name())
+                log.exception("the output of %s could not be relayed", watch._worker_name())
         if not data:
             selector.unregister(stdout)
             stdout.close()

@@ -45,6 +45,8 @@ NOT_HOROVOD: dict[str, str] = {
     "_group_actions": "argparse: the options of a group, to name them (autoscaler/cli.py)",
     "_foreach_copy_": "torch's fused copy of many tensors (worker_image/state.py)",
     "_sock": "socket.SocketIO._sock: the socket under a buffered reader, for its timeout",
+    "_metadata": "torch's state_dict() keeps each module's version there; a checkpoint keeps "
+    "it (checkpoint/payload.py)",
     **dict.fromkeys(
         ("_asdict", "_fields", "_make", "_replace"),
         "a named tuple's public API (collections.namedtuple, urllib.parse's results)",
