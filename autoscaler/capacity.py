@@ -189,6 +189,7 @@ class _Group:
     lifecycle: Lifecycle | None
     position: int
     asked: int = 0
+    asked_once: bool = False
     live: int = 0
     ready: int = 0
     below_since: float | None = None
@@ -427,13 +428,16 @@ class CapacityPolicy:
             if not self._short(self._groups[name]):
                 self._groups[name].fell_back_to = 0
         self._shares = dict(shares)
-        # A group is never asked for fewer than its live members: hosts leave only by
-        # being handed back (return_candidate), at a commit.
-        asked = {name: max(shares[name], self._groups[name].live) for name in self._order}
+        # A group is never shrunk below its live members: hosts leave only by being
+        # handed back (return_candidate), at a commit. Nor is it grown to them: members
+        # beyond what it was asked (a noticed host's replacement, launched by the
+        # provider while the host drains) would otherwise raise its size each refresh,
+        # and the provider launch another on top, without end.
+        asked = {name: max(shares[name], self._floor(self._groups[name])) for name in self._order}
         now = self._clock()
         for name, size in asked.items():
             state = self._groups[name]
-            state.asked = size
+            state.asked, state.asked_once = size, True
             # Below target from the moment it is asked for more than it has: the
             # cloud's failure to launch comes right after the ask.
             if state.ready < shares[name] and state.below_since is None and not self._short(state):
@@ -493,6 +497,12 @@ class CapacityPolicy:
         self.returning = None
 
     # ---------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _floor(state: _Group) -> int:
+        """The least a group is asked for: its live members, but no more than it was
+        asked before (a group never asked yet: all it holds)."""
+        return min(state.live, state.asked) if state.asked_once else state.live
 
     def _short(self, state: _Group) -> bool:
         return state.backoff_until > self._clock()

@@ -260,6 +260,23 @@ def test_a_group_left_with_a_host_being_handed_back_is_not_below_target() -> Non
     assert policy.report_shortage("od", None) is None
 
 
+def test_members_beyond_what_a_group_was_asked_do_not_grow_it() -> None:
+    """A noticed host drains while the provider launches its replacement: the group
+    holds one more live member than it was asked. Asking for its live members would
+    make the provider launch yet another each refresh (13 hosts for a job of 3 seen
+    in the demo)."""
+    policy, _clock = make()
+    policy.distribute(3)
+    see(policy, spot=3)
+    for _ in range(3):
+        policy.observe("spot", ids("spot", 4), 3)  # the replacement is launching
+        asked, _ = policy.distribute(3)
+        assert asked["spot"] == 3
+    policy2, _ = make()
+    policy2.observe("od", ids("od", 2), 2)  # members before the job's first ask
+    assert policy2.distribute(0)[0]["od"] == 2  # never shrunk below them
+
+
 def test_no_hand_back_while_the_job_would_fall_below_its_total() -> None:
     policy, clock = make(return_after=0)
     fall_back_and_recover(policy, clock)
