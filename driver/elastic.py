@@ -57,7 +57,7 @@ from spotring.driver.peer_failure import PeerFailureNotifier
 from spotring.driver.rendezvous import RingTracker, rendezvous_handler, use_safe_worker_clients
 from spotring.driver.ring_progress import Hang, RingProgress
 from spotring.driver.warm_pool import WarmPool
-from spotring.worker_image.notices import Notice
+from spotring.worker_image.notices import REBALANCE, Notice
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
 from spotring.worker_image.supervisor import local_address_towards
 
@@ -122,7 +122,10 @@ def run_elastic(
     notifier = PeerFailureNotifier(job_key, lambda: rendezvous.generation, rendezvous.abandon)
     launcher.add_listener(_FailureRouter(controller, notifier))
     notices = _NoticeRouter(
-        controller, launcher, rendezvous.request_flush if options.durable else None
+        controller,
+        launcher,
+        rendezvous.request_flush if options.durable else None,
+        job.min_num_proc,
     )
     launcher.add_listener(notices)
     rendezvous.add_ring_listener(notices.ring_formed)
@@ -462,6 +465,10 @@ class _NoticeRouter:
     ring, whose workers stop at their next commit and re-form without it. The leaving
     host's workers wait in that rendezvous too: they are stopped as soon as the new
     ring is formed without them, before Horovod would tell them they have no rank.
+
+    With durable checkpoints, a notice after which nobody would carry the ring's state
+    on asks the ring to make the commit at which it stops durable (see
+    :meth:`_ring_stops_for_good`).
     """
 
     STOP_WAIT_SECONDS = 3.0
@@ -471,12 +478,15 @@ class _NoticeRouter:
         controller: JobController,
         launcher: ProcessLauncher,
         request_flush: Callable[[], None] | None = None,
+        min_workers: int = 1,
     ) -> None:
         self._controller = controller
         self._launcher = launcher
         self._request_flush = request_flush
+        self._min_workers = min_workers
         self._ring: set[str] = set()  # the current ring's hosts
         self._leaving: set[str] = set()
+        self._noticed: set[str] = set()  # hosts of the ring that announced a reclaim
         self._workers: dict[str, int] = {}  # host -> workers running there
         self._departed: dict[str, threading.Event] = {}  # host -> all its workers exited
         self._lock = threading.Lock()
@@ -507,26 +517,55 @@ class _NoticeRouter:
 
     def worker_noticed(self, host: str, notice: Notice) -> None:
         announced = InterruptionNotice(notice.kind, notice.deadline)
+        # A rebalance recommendation is a risk, not a reclaim: it may last for hours,
+        # and a flush makes every commit wait for its durable copy.
+        reclaim = notice.kind != REBALANCE
         with self._lock:
-            last = bool(self._ring) and self._ring <= self._leaving | {host}
-        if last and self._request_flush is not None:
+            if reclaim:
+                self._noticed.add(host)
+            ring, leaving = set(self._ring), self._leaving | {host}
+        if reclaim and self._request_flush is not None and self._ring_stops_for_good(ring, leaving):
             # Before the host leaves discovery: the commit at which the ring stops for
-            # its departure must find the request there (durable checkpoints).
-            log.info("every host of the ring is leaving: its last commit is made durable")
+            # its departure must find the request there.
+            log.info("the ring stops with nobody to carry its state on: its last commit "
+                     "is made durable")  # fmt: skip
             self._request_flush()
         if self._controller.host_noticed(host, announced):
             with self._lock:
                 self._leaving.add(host)
 
+    def _ring_stops_for_good(self, ring: set[str], leaving: set[str]) -> bool:
+        """Whether the ring's state would be held by nobody who stays once ``leaving``
+        go: every host of the ring leaves, or the hosts that stay (those waiting to
+        join among them) have fewer slots than ``--min-np``, so the ring would wait with
+        its state in the memory of hosts that may be reclaimed next (spot reclaims come
+        in batches). Their notices may reach the driver only after the ring has
+        stopped, when no commit is left to write it: decided on the first notice."""
+        if not ring:
+            return False
+        if ring <= leaving:
+            return True
+        inventory = self._controller.inventory
+        if inventory is None:
+            return False
+        slots = inventory.hosts_and_slots()
+        return sum(n for host, n in slots.items() if host not in leaving) < self._min_workers
+
     def ring_formed(self, size: int, hosts: list[str]) -> None:
         handed_back = set(self._controller.ring_formed(hosts))
         with self._lock:
             self._ring = set(hosts)
+            self._noticed &= self._ring
+            # Every host of the new ring announced a reclaim (one stays while no other
+            # can carry on): the store the ring formed on no longer holds the request.
+            reclaimed = bool(self._ring) and self._ring <= self._noticed
             gone = (self._leaving | handed_back) - set(hosts)
             self._leaving -= gone
             for host in gone:
                 if self._workers.get(host, 0) > 0:
                     self._departed[host] = threading.Event()
+        if reclaimed and self._request_flush is not None:
+            self._request_flush()
         for host in sorted(gone):
             log.info("host %s has left the ring; stopping its workers", host)
             self._launcher.stop_workers_on(host)

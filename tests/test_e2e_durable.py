@@ -8,9 +8,10 @@ progress, never on the clock):
   the driver is SIGKILLed, the newest checkpoint is corrupted, and the same command is
   run again -> it resumes from the one before, with one warning, and finishes with
   every sample seen once per epoch.
-* ``hvd.elastic.TorchState``, checkpoints in S3 (moto's server): every host noticed at
-  once (``notice all``), no replacement before they go -> the ring writes the commit
-  at which it stops before its hosts go, and the new ring loses nothing.
+* ``hvd.elastic.TorchState``, checkpoints in S3 (moto's server): one host noticed, the
+  other once the ring has stopped without it, no replacement before they go -> the
+  ring writes the commit at which it stops before its hosts go, and the new ring loses
+  nothing.
 """
 
 from __future__ import annotations
@@ -88,6 +89,18 @@ def _first_resume_after(recorded: list[dict[str, Any]], moment: float) -> dict[s
     return resumes[0]
 
 
+def _wait_until_the_ring_stops(process: Any, events: Path, quiet: float = 2.0) -> None:
+    """Until rank 0 has recorded no commit for ``quiet`` seconds (steps take 0.03 s)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        last = max((e["time"] for e in read_events(events) if e["event"] == "commit"), default=0)
+        if time.time() - last > quiet:
+            return
+        assert process.poll() is None, "the job ended"
+        time.sleep(0.1)
+    raise AssertionError("the ring went on training")
+
+
 def test_whole_ring_loss_and_driver_restart_resume_from_durable_checkpoints(
     repo: Path, tmp_path: Path
 ) -> None:
@@ -157,7 +170,11 @@ def test_a_noticed_total_reclaim_loses_no_commit(
     tmp_path: Path,
     s3_backend: Backend,  # noqa: F811 (the fixture)
 ) -> None:
-    """Through S3 (moto's server, the real boto3 in the driver and the workers)."""
+    """Through S3 (moto's server, the real boto3 in the driver and the workers).
+
+    The second host's notice comes after the ring stopped for the first (--min-np 2):
+    the commit at which it stopped is the last one, and only the first notice could
+    have it written."""
     events, control = tmp_path / "events.jsonl", tmp_path / "control"
     # Replacements boot for longer than the notice lasts: the ring has no host left to
     # re-form around, and starts again from what it wrote when the notices came.
@@ -170,7 +187,10 @@ def test_a_noticed_total_reclaim_loses_no_commit(
     with running_job(argv, cwd=tmp_path, env={**os.environ, **s3_backend.env}) as process:
         wait_for_events(process, events, commits(size=2, steps=20), "20 commits")
         noticed_at = time.time()
-        control.write_text("notice all\n")
+        control.write_text("notice host-0\n")
+        _wait_until_the_ring_stops(process, events)
+        with control.open("a") as lines:
+            lines.write("notice host-1\n")
         output = job_output(process, JOB_TIMEOUT)
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)
@@ -179,7 +199,7 @@ def test_a_noticed_total_reclaim_loses_no_commit(
         e["step"] for e in recorded if e["event"] == "commit" and e["time"] < resumed["time"]
     )
     assert resumed["step"] == last, (resumed, last)  # 0 commits lost
-    assert "every host of the ring is leaving" in output
+    assert "nobody stays to carry the ring on: writing commit" in output
     # The driver still sees the ring's commits (the durable hooks and the progress
     # counter both wrap Horovod's state).
     run = read_events(tmp_path / "run.jsonl")

@@ -387,7 +387,7 @@ class DurableCommits:
         if flush:
             # Every commit from now until the ring stops, or its hosts go, is durable
             # before the training goes on: nothing committed is lost with them.
-            _say(f"every host of the ring is leaving: writing commit {self.commits} now")
+            _say(f"nobody stays to carry the ring on: writing commit {self.commits} now")
             if not done.wait(FLUSH_TIMEOUT_SECONDS):
                 _say(
                     f"the checkpoint of commit {self.commits} took over {FLUSH_TIMEOUT_SECONDS:g} s"
