@@ -38,6 +38,7 @@ def checkpoint_summary(info: Any | None) -> dict[str, Any] | None:
     return {
         "commits": int(info.meta.get("commits", info.step)),
         "age_seconds": round(max(0.0, time.time() - committed_at), 3),
+        "committed_at": round(committed_at, 3),
         "name": info.name,
     }
 
@@ -53,8 +54,8 @@ class DurableJob:
         # Short: the newest checkpoint is read on Horovod's thread as a new ring starts.
         self._store = open_store(options.uri, timeout_s=STORE_TIMEOUT_SECONDS)
         self._checkpoints = Checkpoints(self._store, job_id=options.job_id, keep=options.keep)
-        self.resumes = 0
-        self.last_restored: dict[str, Any] | None = None
+        self.at_start: dict[str, Any] | None = None
+        """The newest checkpoint when the lock was taken: the first ring's start."""
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[DurableJob]:
@@ -68,7 +69,7 @@ class DurableJob:
         lock = JobLock(self._store, job_id=self.options.job_id, owner=owner, lease_s=LEASE_SECONDS)
         try:
             lock.acquire()
-            newest = checkpoint_summary(self._checkpoints.latest_info())
+            newest = self.at_start = checkpoint_summary(self._checkpoints.latest_info())
         except CheckpointError as error:
             raise ConfigurationError(f"--checkpoint {self.options.uri}: {error}") from None
         if newest is None:

@@ -125,9 +125,11 @@ class EventLog:
         )
 
     @hookimpl
-    def spotring_ring_lost(self, size: int, why: str, checkpoint: dict[str, Any] | None) -> None:
+    def spotring_ring_lost(
+        self, size: int, why: str, checkpoint: dict[str, Any] | None, lost: dict[str, Any]
+    ) -> None:
         """Every worker of the ring was lost; a new ring resumes from ``checkpoint``."""
-        self.write("ring_lost", size=size, why=why, resumed_from=checkpoint)
+        self.write("ring_lost", size=size, why=why, resumed_from=checkpoint, lost=lost)
 
     @hookimpl
     def spotring_ring_hung(self, hang: Hang) -> None:

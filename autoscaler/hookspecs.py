@@ -458,7 +458,9 @@ def spotring_ring_stalled(stall: Stall) -> None:
 
 
 @event
-def spotring_ring_lost(size: int, why: str, checkpoint: dict[str, Any] | None) -> None:
+def spotring_ring_lost(
+    size: int, why: str, checkpoint: dict[str, Any] | None, lost: dict[str, Any]
+) -> None:
     """Every worker of the ring was lost, and a new ring starts from durable storage.
 
     Only with ``--checkpoint``. Called on the Horovod thread that recorded the ring's
@@ -473,6 +475,10 @@ def spotring_ring_lost(size: int, why: str, checkpoint: dict[str, Any] | None) -
         ``commits`` (the job's commit count it holds), ``age_seconds`` (since that
         commit) and ``name``; None when there is none (the script starts over) or the
         store could not be read.
+    :param lost: what the resume loses: ``commits`` (the job's commits made after the
+        checkpoint's, as the workers reported them; those of a killed worker's last
+        half second may be missing) and ``seconds`` (from the checkpoint's commit to
+        the last commit reported; None when no commit was).
     """
 
 

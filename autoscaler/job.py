@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -31,7 +31,7 @@ from spotring.providers.base import Provider
 if TYPE_CHECKING:
     from spotring.autoscaler.durable_job import DurableJob
     from spotring.driver.durable import RingLoss
-    from spotring.driver.ring_progress import Hang, RingStatus, Stall
+    from spotring.driver.ring_progress import Hang, RingProgress, RingStatus, Stall
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,7 @@ def _run_locked(
     ring_hooks = _RingHooks(pm.hook, durable)
     rings = RingTracker(config.elastic.verbose, on_ring=ring_hooks.ring_formed)
     progress = RingProgress(config.elastic.hang_timeout, [ring_hooks])
+    ring_hooks.count_commits_with(progress)
     plugins = contextlib.ExitStack()  # the run's own: unregistered and closed at its end
     try:
         _register_run_plugins(plugins, config, provider, pm, reporter, controller)
@@ -251,6 +252,15 @@ class _RingHooks:
     ) -> None:
         self._hook = hook
         self._durable = durable
+        self._progress: RingProgress | None = None
+
+    def count_commits_with(self, progress: RingProgress) -> None:
+        """Let ``progress`` count the job's commits, from the checkpoint the run starts
+        from: a lost ring's loss is told in them."""
+        self._progress = progress
+        start = self._durable.at_start if self._durable is not None else None
+        if start is not None:
+            progress.restart_from(start["commits"])
 
     def ring_formed(self, size: int, hosts: Sequence[str]) -> None:
         self._hook.spotring_ring_formed(size=size, hosts=hosts)
@@ -269,7 +279,16 @@ class _RingHooks:
 
     def ring_lost(self, loss: RingLoss) -> None:
         checkpoint = self._durable.newest() if self._durable is not None else None
-        self._hook.spotring_ring_lost(size=loss.size, why=loss.why, checkpoint=checkpoint)
+        lost: dict[str, Any] = {"commits": None, "seconds": None}
+        if self._progress is not None:
+            restored = checkpoint["commits"] if checkpoint is not None else 0
+            made, last_at = self._progress.restart_from(restored)
+            lost["commits"] = max(0, made - restored)
+            if last_at is not None and checkpoint is not None:
+                lost["seconds"] = round(max(0.0, last_at - checkpoint["committed_at"]), 3)
+        self._hook.spotring_ring_lost(
+            size=loss.size, why=loss.why, checkpoint=checkpoint, lost=lost
+        )
 
 
 def _exit_status(error: BaseException | None) -> int:

@@ -31,7 +31,8 @@ class ProgressReporter:
         self.host_failures: list[str] = []
         self.notices: dict[str, str] = {}  # address -> what its notice came to
         self._draining: dict[str, bool] = {}  # address -> no failure since its notice
-        self.resumes: list[dict[str, Any] | None] = []  # each lost ring's checkpoint
+        self.resumes: list[tuple[dict[str, Any] | None, dict[str, Any]]] = []
+        """Each lost ring's checkpoint, and what its resume lost."""
         self.capacity: list[str] = []  # fallbacks and hand-backs, for the summary
         self._lock = threading.Lock()  # one write per line
         self._state = threading.Lock()  # the fields above, written from several threads
@@ -100,16 +101,19 @@ class ProgressReporter:
             self.say(f"host {address} {what.replace('left', 'left the ring', 1)}")
 
     @hookimpl
-    def spotring_ring_lost(self, size: int, why: str, checkpoint: dict[str, Any] | None) -> None:
+    def spotring_ring_lost(
+        self, size: int, why: str, checkpoint: dict[str, Any] | None, lost: dict[str, Any]
+    ) -> None:
         """Every worker of the ring was lost; a new ring resumes from ``checkpoint``."""
         with self._state:
-            self.resumes.append(checkpoint)
+            self.resumes.append((checkpoint, lost))
         if checkpoint is None:
             self.say(f"ring lost ({why}); a new ring starts with no checkpoint to resume from")
         else:
             self.say(
                 f"ring lost ({why}); a new ring resumes from the checkpoint of commit "
                 f"{checkpoint['commits']}, taken {checkpoint['age_seconds']:.1f} s ago"
+                f"{_lost(lost)}"
             )
 
     @hookimpl
@@ -168,8 +172,8 @@ class ProgressReporter:
         if self.resumes:
             lines.append("rings lost and resumed from durable checkpoints: " + ", ".join(
                 "no checkpoint" if c is None
-                else f"commit {c['commits']} ({c['age_seconds']:.1f} s old)"
-                for c in self.resumes
+                else f"commit {c['commits']} ({c['age_seconds']:.1f} s old){_lost(lost)}"
+                for c, lost in self.resumes
             ))  # fmt: skip
         if self.capacity:
             lines.append("fallbacks and hand-backs: " + ", ".join(self.capacity))
@@ -189,3 +193,11 @@ def _named(instance: Instance) -> str:
 
 def _hosts(hosts: dict[str, int]) -> str:
     return ", ".join(f"{host}:{slots}" for host, slots in hosts.items()) or "none"
+
+
+def _lost(lost: dict[str, Any]) -> str:
+    """``; N commits (S s) lost``, from what the hook was told; "" when not counted."""
+    if lost.get("commits") is None:
+        return ""
+    seconds = lost.get("seconds")
+    return f"; {lost['commits']} commits{'' if seconds is None else f' ({seconds:.1f} s)'} lost"

@@ -133,6 +133,8 @@ class RingProgress:
         self._stall_start: float | None = None  # last commit before a pending reset
         self._stall_end: float | None = None  # the new ring's first commit
         self._next_record = 0.0
+        self._job_commits = 0  # the job's commits when the current ring formed
+        self._ring_commits = 0  # the most commits a member made since it formed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -146,6 +148,8 @@ class RingProgress:
         now = self._clock()
         with self._lock:
             self._ring += 1
+            self._job_commits += self._ring_commits
+            self._ring_commits = 0
             self._size, self._hosts = size, frozenset(hosts)
             self._formed_at, self._standing = now, True
             for member in self._members.values():
@@ -182,6 +186,8 @@ class RingProgress:
             if member is None or commits <= member.commits:
                 return  # not a member now, or nothing new
             member.commits, member.last_commit = commits, at
+            if host in self._hosts:
+                self._ring_commits = max(self._ring_commits, commits - member.at_formation)
             if self._last_commit is None or at > self._last_commit:
                 self._last_commit = at
             formed = self._formed_at
@@ -190,6 +196,19 @@ class RingProgress:
             ends_stall = formed is not None and at > formed and self._stall_start is not None
             if ends_stall and (self._stall_end is None or at < self._stall_end):
                 self._stall_end = at
+
+    def restart_from(self, commits: int) -> tuple[int, float | None]:
+        """The next ring starts from a durable checkpoint of the job's commit
+        ``commits`` (a lost ring's, or the one a run starts from): the job's count goes
+        on from there. Returns the commits the job had made and the epoch time of the
+        last, as reported: a worker reports twice a second, so the commits of its last
+        half second before a hard kill may be missing."""
+        now = self._clock()
+        with self._lock:
+            made = self._job_commits + self._ring_commits
+            self._job_commits, self._ring_commits = commits, 0
+            last = self._last_commit
+        return made, None if last is None else self._to_wall(last, now)
 
     # ------------------------------------------------------------ the thread
 

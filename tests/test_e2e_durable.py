@@ -1,19 +1,18 @@
 """End to end: durable checkpoints with real Horovod workers on the local provider.
 
-One job per state class, each taking several blows in turn (chaos on training
-progress, never on the clock):
+Each scenario runs with both state classes (spotring's ``TorchState``, and
+``hvd.elastic.TorchState`` through the workers' hooks), one job taking several blows
+in turn (chaos on training progress, never on the clock):
 
-* spotring's ``TorchState``: every host hard-killed at once mid-epoch (``preempt all``)
-  -> a new ring resumes from the newest durable checkpoint, within the loss bound; then
-  the driver is SIGKILLed, the newest checkpoint is corrupted, and the same command is
-  run again -> it resumes from the one before, with one warning, and finishes with
-  every sample seen once per epoch.
-* ``hvd.elastic.TorchState``, checkpoints in S3 (moto's server): one host noticed, the
-  other once the ring has stopped without it, no replacement before they go -> the
-  ring writes the commit at which it stops before its hosts go, and the new ring loses
-  nothing.
+* Every host hard-killed at once mid-epoch (``preempt all``) -> a new ring resumes
+  from the newest durable checkpoint, within the loss bound, and says what it lost;
+  then the driver is SIGKILLed, the newest checkpoint is corrupted, and the same
+  command is run again -> it resumes from the one before, with one warning, and
+  finishes with every sample seen once per epoch.
+* Checkpoints in S3 (moto's server): one host noticed, the other once the ring has
+  stopped without it, no replacement before they go -> the ring writes the commit at
+  which it stops before its hosts go, and the new ring loses nothing.
 """
-
 from __future__ import annotations
 
 import os
@@ -41,6 +40,8 @@ pytestmark = pytest.mark.e2e
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 JOB_TIMEOUT = 300
+STATE_CLASSES = pytest.mark.parametrize("state", ["spotring", "horovod"])
+"""spotring's ``TorchState``, and ``hvd.elastic.TorchState`` through the workers' hooks."""
 
 
 def _argv(repo: Path, tmp: Path, state: str, *extra: str) -> list[str]:
@@ -101,11 +102,12 @@ def _wait_until_the_ring_stops(process: Any, events: Path, quiet: float = 2.0) -
     raise AssertionError("the ring went on training")
 
 
+@STATE_CLASSES
 def test_whole_ring_loss_and_driver_restart_resume_from_durable_checkpoints(
-    repo: Path, tmp_path: Path
+    repo: Path, tmp_path: Path, state: str
 ) -> None:
     events, control, ckpt = tmp_path / "events.jsonl", tmp_path / "control", tmp_path / "ckpt"
-    argv = _argv(repo, tmp_path, "spotring")
+    argv = _argv(repo, tmp_path, state)
     env = dict(os.environ)
     with running_job(argv, cwd=tmp_path, env=env) as process:
         wait_for_events(process, events, commits(size=2, steps=20), "20 commits")
@@ -141,6 +143,13 @@ def test_whole_ring_loss_and_driver_restart_resume_from_durable_checkpoints(
         first_output = job_output(process, 30)
         psutil.wait_procs(workers, timeout=30)  # they die with their driver
     assert "ring lost (all 2 workers were killed or lost)" in first_output, first_output[-4000:]
+    # What the resume lost, as the workers reported their commits (one per step, and
+    # one more at an epoch's end): none beyond the steps between the two.
+    told = re.search(
+        r"from the checkpoint of commit \d+, taken \S+ s ago; (\d+) commits", first_output
+    )
+    assert told is not None, first_output[-4000:]
+    assert 0 <= int(told[1]) <= last - resumed["step"] + 1, (told[0], last, resumed)
     previous_step, newest = _checkpointed_step(ckpt)
     from spotring.checkpoint import Checkpoints, open_store
 
@@ -165,10 +174,12 @@ def test_whole_ring_loss_and_driver_restart_resume_from_durable_checkpoints(
     assert "rings lost and resumed from durable checkpoints" not in output
 
 
+@STATE_CLASSES
 def test_a_noticed_total_reclaim_loses_no_commit(
     repo: Path,
     tmp_path: Path,
     s3_backend: Backend,  # noqa: F811 (the fixture)
+    state: str,
 ) -> None:
     """Through S3 (moto's server, the real boto3 in the driver and the workers).
 
@@ -179,7 +190,7 @@ def test_a_noticed_total_reclaim_loses_no_commit(
     # Replacements boot for longer than the notice lasts: the ring has no host left to
     # re-form around, and starts again from what it wrote when the notices came.
     argv = _argv(
-        repo, tmp_path, "horovod",
+        repo, tmp_path, state,
         *("--notice-lead", "8", "--boot-seconds", "15", "--checkpoint-every", "3600"),
         *("--checkpoint", s3_backend.uri("notice"), "--events", str(tmp_path / "run.jsonl")),
         *(arg for name in s3_backend.env for arg in ("-x", name)),
@@ -204,6 +215,7 @@ def test_a_noticed_total_reclaim_loses_no_commit(
     # counter both wrap Horovod's state).
     run = read_events(tmp_path / "run.jsonl")
     assert any(e["event"] == "stall" for e in run), [e["event"] for e in run]
+    assert [e["lost"]["commits"] for e in run if e["event"] == "ring_lost"] == [0], run
     # The old ring's round may still wait for hosts when they die (it then forms on
     # the replacements), or have ended with their deaths: either way, one resume.
     lost = re.findall(r"ring lost \((.*)\); a new ring resumes from the checkpoint", output)

@@ -106,7 +106,7 @@ class ThreadRecorder:
         self._saw("spotring_ring_hung")
 
     @hookimpl
-    def spotring_ring_lost(self, size: int, why: str, checkpoint: Any) -> None:
+    def spotring_ring_lost(self, size: int, why: str, checkpoint: Any, lost: Any) -> None:
         self._saw("spotring_ring_lost")
 
 

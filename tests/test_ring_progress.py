@@ -240,3 +240,30 @@ def test_no_hang_without_a_timeout_or_while_no_ring_stands() -> None:
     clock.now += 100
     progress.tick()
     assert hung == [] and recorder.idle[-1] == 0
+
+
+def test_the_jobs_commits_are_counted_across_rings_and_go_on_from_a_checkpoint() -> None:
+    """Survivors keep their count, a joining worker starts from 0; a lost ring's
+    commits since the checkpoint it resumes from are what the resume loses."""
+    progress, clock, _ = tracker()
+    a, b, c = ("a", 0), ("b", 0), ("c", 0)
+    counts: dict[tuple[str, int], int] = {}
+    assert progress.restart_from(7) == (0, None)  # the run starts from commit 7
+    for slot in (a, b):
+        progress.slot_started(*slot)
+    progress.ring_formed(2, ["a", "b"])
+    train(progress, clock, [a, b], 10, counts)  # commits 8..17
+    progress.worker_exited(WorkerExit("b", 0, 1, -9, stopped=False), 0)
+    progress.slot_started(*c)
+    progress.ring_formed(2, ["a", "c"])
+    train(progress, clock, [a, c], 5, counts)  # 18..22: a at 15, c at 5
+    last = clock.now
+    made, last_at = progress.restart_from(20)  # the ring is lost; commit 20 was durable
+    assert made == 22 and last_at == pytest.approx(last + 1000)
+    for slot in (a, c):
+        progress.worker_exited(WorkerExit(slot[0], 0, 0, -9, stopped=False), 0)
+    for slot in (("d", 0), ("e", 0)):
+        progress.slot_started(*slot)
+    progress.ring_formed(2, ["d", "e"])
+    train(progress, clock, [("d", 0), ("e", 0)], 3, {})
+    assert progress.restart_from(0)[0] == 23
