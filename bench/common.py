@@ -199,6 +199,16 @@ def format_table(rows: Sequence[Row | dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_extras(rows: Sequence[Row | dict[str, Any]]) -> str:
+    """Each row's extra figures under its name, for a module run on its own."""
+    return "\n".join(
+        f"\n{r['benchmark']} ({r['metric']}):\n"
+        + "\n".join(f"  {key}: {value}" for key, value in r["extra"].items())
+        for r in rows
+        if r["extra"]
+    )
+
+
 def format_changes(rows: Sequence[Row | dict[str, Any]], previous: dict[str, Any]) -> str:
     """Each row's value against the same (benchmark, metric, anchor) of a previous run."""
     before = {(r["benchmark"], r["metric"], r["anchor_name"]): r for r in previous.get("rows", [])}

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import os
 import re
@@ -42,7 +41,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.common import Row, format_table, row
+from bench.common import Row, format_extras, format_table, row
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "bench" / "workloads" / "steps.py"
@@ -196,17 +195,28 @@ def _kill_cycles(job: Job, kills: int) -> list[dict]:
         )
         job.wait_steady(WORKERS, after=first["t"], steps=5)
         if first["size"] < WORKERS:
-            results[-1]["join_stall_s"] = _join_stall(job.events(), first["t"])
+            stall, to_resume = _join_stall(job.events(), first["t"])
+            results[-1]["join_stall_s"] = stall
+            results[-1]["join_to_resume_s"] = to_resume
     return results
 
 
-def _join_stall(events: list[dict], since: float) -> float:
+def _join_stall(events: list[dict], since: float) -> tuple[float, float]:
     """Wait for the ring to grow back to full size after ``since``; the gap between
-    rank 0's last step before that join and its first step after it."""
-    steps = [e for e in events if e["event"] == "step" and e["t"] >= since]
-    for before, after in itertools.pairwise(steps):
-        if after["size"] == WORKERS and before["size"] < WORKERS:
-            return after["t"] - before["t"]
+    rank 0's last step before that join and its first step after it, and the part of
+    it until rank 0 resumed training (the step's sleep and commit, the reset, the
+    sync: the rest is the first step at the new size)."""
+    steps = [e for e in events if e["event"] in ("step", "resume") and e["t"] >= since]
+    last = None
+    for event in steps:
+        if event["event"] == "step" and event["size"] < WORKERS:
+            last = event
+        elif event["size"] == WORKERS and last is not None:
+            resume = next(
+                (e for e in steps if e["event"] == "resume" and last["t"] < e["t"]), event
+            )
+            following = next(e for e in steps if e["event"] == "step" and e["t"] > resume["t"])
+            return following["t"] - last["t"], resume["t"] - last["t"]
     raise RuntimeError("no join found in the step log")
 
 
@@ -372,6 +382,8 @@ def measure(quick: bool = False) -> list[Row]:
         row("scale-up stall, a host joining 3 local workers", "max s between steps",
             max(stalls), ANCHOR, max(anchor_stalls), "<= 1 s",
             {"spotring stalls s": [round(s, 2) for s in stalls],
+             "of which until rank 0 resumed s": [
+                 round(c["join_to_resume_s"], 2) for c in ours if "join_to_resume_s" in c],
              "anchor stalls s": [round(s, 2) for s in anchor_stalls],
              "why": "spotring started the joining worker ahead: it waited in hvd.init"})
     )  # fmt: skip
@@ -381,6 +393,9 @@ def measure(quick: bool = False) -> list[Row]:
             row("scale-up stall, a host joining 3 local workers, hvd.elastic.TorchState",
                 "max s between steps", max(horovod_state_stalls), ANCHOR, max(anchor_stalls),
                 "", {"stalls s": [round(s, 2) for s in horovod_state_stalls],
+                     "of which until rank 0 resumed s": [
+                         round(c["join_to_resume_s"], 2) for c in with_horovod_state
+                         if "join_to_resume_s" in c],
                      "why": "started ahead too; horovod's sync takes six collective rounds, "
                             "spotring's TorchState two"})
         )  # fmt: skip
@@ -399,7 +414,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    print(format_table(measure(args.quick)))
+    rows = measure(args.quick)
+    print(format_table(rows))
+    print(format_extras(rows))
 
 
 if __name__ == "__main__":
