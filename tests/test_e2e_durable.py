@@ -13,6 +13,7 @@ in turn (chaos on training progress, never on the clock):
   stopped without it, no replacement before they go -> the ring writes the commit at
   which it stops before its hosts go, and the new ring loses nothing.
 """
+
 from __future__ import annotations
 
 import os
