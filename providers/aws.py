@@ -44,6 +44,7 @@ from spotring.providers.cloud import (
     batches,
     lookup_state,
     one_line,
+    refuse_repeated_groups,
     worst_state,
 )
 
@@ -501,13 +502,8 @@ class AwsProvider(CloudGroupProvider):
             # without REGION/), with their region elsewhere.
             unprefixed = [p for p, (region, _) in zip(made, specs, strict=True) if not region]
             home = (unprefixed or made)[0].region
-            seen: set[tuple[str, str]] = set()
+            refuse_repeated_groups([(provider.region, provider.group) for provider in made])
             for provider in made:
-                if (provider.region, provider.group) in seen:
-                    raise ConfigurationError(
-                        f"--group {provider.region}/{provider.group} is given twice"
-                    )
-                seen.add((provider.region, provider.group))
                 if provider.region != home:
                     provider._label = f"{provider.region}/{provider.group}"
         except ConfigurationError:

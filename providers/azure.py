@@ -62,6 +62,7 @@ from spotring.providers.cloud import (
     EpisodeWarnings,
     MalformedAnswer,
     check_endpoint,
+    group_labels,
     lookup_state,
     one_line,
     worst_state,
@@ -421,14 +422,9 @@ def scale_set_specs(options: argparse.Namespace) -> list[ScaleSetSpec]:
                 f"--group {name}: no resource group (pass --resource-group, or write"
                 f" --group RESOURCE_GROUP/{name})"
             )
-        if (rg.lower(), name.lower()) in {(r.lower(), n.lower()) for r, n in pairs}:
-            raise ConfigurationError(f"--group {rg}/{name} is given twice")
         pairs.append((rg, name))
-    names = [name.lower() for _, name in pairs]
-    return [
-        ScaleSetSpec(rg, name, name if names.count(name.lower()) == 1 else f"{rg}/{name}")
-        for rg, name in pairs
-    ]
+    labels = group_labels(pairs, fold=str.lower)
+    return [ScaleSetSpec(rg, name, label) for (rg, name), label in zip(pairs, labels, strict=True)]
 
 
 class SharedClients:

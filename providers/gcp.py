@@ -53,6 +53,7 @@ from spotring.providers.cloud import (
     MalformedAnswer,
     batches,
     check_endpoint,
+    group_labels,
     lookup_state,
     one_line,
     worst_state,
@@ -388,18 +389,8 @@ def group_specs(
     if not values or not all(values):
         raise ConfigurationError("--group is required for --provider gcp")
     specs = [parse_group(text, zone, region) for text in values]
-    seen: set[tuple[str, str]] = set()
-    for spec in specs:
-        if (spec.location, spec.name) in seen:
-            raise ConfigurationError(
-                f"--group: group {spec.name} in {spec.location} is given more than once"
-            )
-        seen.add((spec.location, spec.name))
-    names = [spec.name for spec in specs]
-    return [
-        (spec, spec.name if names.count(spec.name) == 1 else f"{spec.location}/{spec.name}")
-        for spec in specs
-    ]
+    labels = group_labels([(spec.location, spec.name) for spec in specs])
+    return list(zip(specs, labels, strict=True))
 
 
 class _Clients:

@@ -126,11 +126,11 @@ def test_group_argument_is_name_or_region_slash_name(
     [
         (
             ["--region", REGION, "--group", "a", "--group", "b", "--group", "a"],
-            f"--group {REGION}/a is given twice",
+            f"--group {REGION}/a is given more than once",
         ),
         (
             ["--region", REGION, "--group", "a", "--group", f"{REGION}/a"],
-            f"--group {REGION}/a is given twice",
+            f"--group {REGION}/a is given more than once",
         ),
         (["--region", REGION, "--group", f"{REGION}/"], "--group 'us-east-1/' names no"),
         ([], "--group is required for --provider aws"),

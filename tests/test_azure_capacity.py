@@ -126,8 +126,8 @@ def test_one_group_works_as_it_did(fake: FakeArm) -> None:
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
-        (["--group", "a", "--group", "A", "--resource-group", "rg"], "--group rg/A is given twice"),
-        (["--group", "rg/a", "--group", "a", "--resource-group", "RG"], "given twice"),
+        (["--group", "a", "--group", "A", "--resource-group", "rg"], "rg/A is given more"),
+        (["--group", "rg/a", "--group", "a", "--resource-group", "RG"], "given more than once"),
         (["--group", "a"], "no resource group"),
         (["--group", "x/y/z"], "write NAME or RESOURCE_GROUP/NAME"),
         (["--group", "/y"], "write NAME or RESOURCE_GROUP/NAME"),
