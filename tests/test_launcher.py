@@ -454,14 +454,15 @@ def test_many_workers_share_one_thread_and_each_exit_keeps_its_code(tmp_path: Pa
         go = tmp_path / f"go-{count}"
         script = f"echo up; while [ ! -e {go} ]; do sleep 0.05; done; exit $1"
         _wait_for(lambda: launcher.threads == 0, 10)  # the last round's has ended
-        before = threading.active_count()
+        # Threads by identity: one an earlier test left may end meanwhile.
+        before = set(threading.enumerate())
         specs = [
             WorkerSpec(f"host-{n}", 0, n, ("sh", "-c", script, "w", str(n % 7 + 1)), ENV)
             for n in range(count)
         ]
         threads, codes = _run_all(launcher, specs, [])
         _wait_for(lambda c=count: out.getvalue().count("up\n") == c)  # type: ignore[misc]
-        counted[count] = threading.active_count() - before - count
+        counted[count] = len(set(threading.enumerate()) - before - set(threads))
         assert launcher.threads == 1
         go.touch()
         for thread in threads:
