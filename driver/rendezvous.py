@@ -1436,9 +1436,9 @@ class RingTracker(RendezvousServer):
             self.httpd.abandon()
 
     def request_flush(self) -> None:
-        """Every host of the current ring is leaving (all noticed): ask its rank 0 to
-        write the commit at which it stops to durable storage before it goes. The next
-        ring's ``init`` clears the store, and the request with it."""
+        """After a notice, nobody would carry the current ring's state on: ask its rank
+        0 to write the commit at which it stops to durable storage before it goes. The
+        next ring's ``init`` clears the store, and the request with it."""
         httpd = self.httpd
         with httpd.cache_lock:
             value = str(self.generation).encode("ascii")

@@ -23,7 +23,7 @@ spotring's ``TorchState`` alike) when the script imports Horovod:
   and stored in each checkpoint, so a resumed ring counts on from the checkpoint and
   each checkpoint says which commit it holds.
 * **A noticed total reclaim**: while the driver publishes :data:`FLUSH_KEY` on its
-  rendezvous server (every host of the ring has announced its interruption), rank 0
+  rendezvous server (after a notice, nobody would carry the ring's state on), rank 0
   writes every commit synchronously, the one at which the ring stops to train
   included, before training on: what its hosts take with them was durable.
 """
