@@ -11,8 +11,9 @@
 # every other worker std::terminate, Horovod now raises an error it recovers from) and
 # then worker_image/horovod-rendezvous.patch (each Gloo context forms with one request
 # per rank to the driver's rendezvous server instead of about 2N, and the global
-# process set reuses the global contexts), and cache the wheel under $SPOTRING_CACHE
-# (default ~/.cache/spotring), keyed on both patches.
+# process set reuses the global contexts) and worker_image/horovod-idle-wait.patch (a
+# worker waiting for a collective sleeps instead of keeping a core busy), and cache the
+# wheel under $SPOTRING_CACHE (default ~/.cache/spotring), keyed on the patches.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,7 +46,8 @@ fi
 
 # Applied in this order (worker_image/bootstrap.sh.tftpl applies the same list).
 horovod_patches=("$root/worker_image/horovod-failure-paths.patch"
-  "$root/worker_image/horovod-rendezvous.patch")
+  "$root/worker_image/horovod-rendezvous.patch"
+  "$root/worker_image/horovod-idle-wait.patch")
 # Wheels are cached per set of patches: changing one builds (and installs) a new one.
 horovod_build=$(cat "${horovod_patches[@]}" | sha1sum | cut -c1-12)
 wheels="$cache/wheels/horovod-$horovod_version-$horovod_build"

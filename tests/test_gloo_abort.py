@@ -100,3 +100,15 @@ def test_the_abort_frees_a_wait_no_failing_socket_would_end(ring_server: int) ->
     seconds = float(ended.split()[2])
     # Called 0.5 s in; waits look every 20 ms. Without the abort: 30 s.
     assert seconds < 3, ended
+
+
+def test_a_worker_waiting_for_a_collective_leaves_the_cpu_to_others(ring_server: int) -> None:
+    """horovod-idle-wait.patch: ``synchronize`` sleeps until the collective is done.
+    Stock Horovod polls in a ``yield`` loop, a busy core per waiting worker (measured:
+    2.2 s of CPU in a 2 s wait), which on a shared machine slows the very peer the
+    ring waits for (a joining worker)."""
+    ended = run_ring(ring_server, "--abort-after", "1.5")
+    assert ended.startswith("failed after "), ended
+    waited, cpu = float(ended.split()[2]), float(ended.split()[4])
+    assert waited >= 1.4, ended
+    assert cpu < 0.1 * waited, ended

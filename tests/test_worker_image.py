@@ -29,6 +29,7 @@ LOCK = REPO / "worker_image" / "requirements-worker.txt"
 HOROVOD_PATCHES = [
     REPO / "worker_image" / "horovod-failure-paths.patch",
     REPO / "worker_image" / "horovod-rendezvous.patch",
+    REPO / "worker_image" / "horovod-idle-wait.patch",
 ]
 """spotring's Horovod patches, in the order scripts/setup.sh and the bootstrap apply them."""
 
@@ -307,6 +308,10 @@ def test_patch_switches_both_cmake_files_to_cxx17(script: Path, tmp_path: Path) 
     assert '"spotring-mesh-"' in store
     mesh = (src / "third_party" / "gloo" / "gloo" / "rendezvous" / "context.cc").read_text()
     assert "store.exchangeFullMesh(" in mesh
+    # and the third
+    wait = (src / "horovod" / "torch" / "mpi_ops_v2.cc").read_text()
+    assert "handle_manager.WaitForHandle(handle);" in wait
+    assert "if (handle_manager.PollHandle(handle)) break;" not in wait
 
 
 def test_bootstrap_finds_the_horovod_patch_in_the_installed_package(
@@ -323,6 +328,7 @@ def test_bootstrap_finds_the_horovod_patch_in_the_installed_package(
     assert done.returncode == 0, done.stderr
     assert "could not form its Gloo context" in (src / "horovod/common/operations.cc").read_text()
     assert "spotring-mesh-" in (src / "horovod/common/gloo/http_store.cc").read_text()
+    assert "WaitForHandle" in (src / "horovod/torch/handle_manager.cc").read_text()
 
 
 def test_patch_fails_loudly_when_it_does_not_apply(script: Path, tmp_path: Path) -> None:
