@@ -11,9 +11,10 @@
 # every other worker std::terminate, Horovod now raises an error it recovers from) and
 # then worker_image/horovod-rendezvous.patch (each Gloo context forms with one request
 # per rank to the driver's rendezvous server instead of about 2N, and the global
-# process set reuses the global contexts) and worker_image/horovod-idle-wait.patch (a
-# worker waiting for a collective sleeps instead of keeping a core busy), and cache the
-# wheel under $SPOTRING_CACHE (default ~/.cache/spotring), keyed on the patches.
+# process set reuses the global contexts) and worker_image/horovod-waits.patch (a
+# worker waiting for a collective sleeps instead of keeping a core busy; Gloo's event
+# loop is woken instead of polled when a pair connects), and cache the wheel under
+# $SPOTRING_CACHE (default ~/.cache/spotring), keyed on the patches.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,7 +48,7 @@ fi
 # Applied in this order (worker_image/bootstrap.sh.tftpl applies the same list).
 horovod_patches=("$root/worker_image/horovod-failure-paths.patch"
   "$root/worker_image/horovod-rendezvous.patch"
-  "$root/worker_image/horovod-idle-wait.patch")
+  "$root/worker_image/horovod-waits.patch")
 # Wheels are cached per set of patches: changing one builds (and installs) a new one.
 horovod_build=$(cat "${horovod_patches[@]}" | sha1sum | cut -c1-12)
 wheels="$cache/wheels/horovod-$horovod_version-$horovod_build"

@@ -103,7 +103,7 @@ def test_the_abort_frees_a_wait_no_failing_socket_would_end(ring_server: int) ->
 
 
 def test_a_worker_waiting_for_a_collective_leaves_the_cpu_to_others(ring_server: int) -> None:
-    """horovod-idle-wait.patch: ``synchronize`` sleeps until the collective is done.
+    """horovod-waits.patch: ``synchronize`` sleeps until the collective is done.
     Stock Horovod polls in a ``yield`` loop, a busy core per waiting worker (measured:
     2.2 s of CPU in a 2 s wait), which on a shared machine slows the very peer the
     ring waits for (a joining worker)."""

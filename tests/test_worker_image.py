@@ -29,7 +29,7 @@ LOCK = REPO / "worker_image" / "requirements-worker.txt"
 HOROVOD_PATCHES = [
     REPO / "worker_image" / "horovod-failure-paths.patch",
     REPO / "worker_image" / "horovod-rendezvous.patch",
-    REPO / "worker_image" / "horovod-idle-wait.patch",
+    REPO / "worker_image" / "horovod-waits.patch",
 ]
 """spotring's Horovod patches, in the order scripts/setup.sh and the bootstrap apply them."""
 
