@@ -312,6 +312,8 @@ def test_patch_switches_both_cmake_files_to_cxx17(script: Path, tmp_path: Path) 
     wait = (src / "horovod" / "torch" / "mpi_ops_v2.cc").read_text()
     assert "handle_manager.WaitForHandle(handle);" in wait
     assert "if (handle_manager.PollHandle(handle)) break;" not in wait
+    loop = (src / "third_party" / "gloo" / "gloo" / "transport" / "tcp" / "loop.cc").read_text()
+    assert "deferrables_.defer([] {});" in loop
 
 
 def test_bootstrap_finds_the_horovod_patch_in_the_installed_package(
