@@ -9,7 +9,8 @@ another cloud), and for every horovodrun discovery script already written::
 
 * horovodrun's: ``HOST`` or ``HOST:SLOTS``: a READY member whose id is its address;
 * spotring's, version 1: ``ID ADDRESS STATE [SLOTS]``, STATE one of ``pending``,
-  ``ready``, ``draining``, ``terminating``, ``gone``.
+  ``ready``, ``draining``, ``terminating``, ``gone``; ID must not start with ``-``
+  (``--replace-command`` gets it as its argument, not as an option).
 
 Blank lines and lines starting with ``#`` are ignored (``# spotring-group v1`` is a good
 first line). ``--resize-command CMD`` runs as ``CMD SIZE`` and ``--replace-command CMD``
@@ -75,6 +76,8 @@ def _parse_line(words: list[str], default_slots: int | None) -> Instance:
         return Instance(id=host, address=host, state=InstanceState.READY, slots=slots)
     if len(words) in (3, 4):  # spotring v1: ID ADDRESS STATE [SLOTS]
         instance_id, address, state_text = words[:3]
+        if instance_id.startswith("-"):  # --replace-command would take it for an option
+            raise ValueError(f"id {instance_id!r} starts with '-'")
         state = _STATES.get(state_text.lower())
         if state is None:
             raise ValueError(f"state {state_text!r} is not one of {', '.join(_STATES)}")

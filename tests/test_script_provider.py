@@ -71,6 +71,7 @@ def test_both_line_formats_mixed() -> None:
         ("a:1\nb:x\n", "line 2: slots 'x'"),
         ("a:0\n", "line 1: slots '0'"),
         ("ok\n-oProxyCommand=x\n", "line 2: '-oProxyCommand=x' is not a host name"),
+        ("i-1 10.0.0.1 ready\n--force 10.0.0.2 ready\n", "line 2: id '--force' starts with '-'"),
         ("i-1 10.0.0.1 sleepy 1\n", "line 1: state 'sleepy'"),
         ("a b\n", "line 1: expected"),
         ("a:1\na:2\n", "line 2: id 'a' repeated"),
