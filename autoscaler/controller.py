@@ -702,12 +702,8 @@ class Controller:
         assert self._job is not None and self._inventory is not None
         policy = self._capacity_policy(groups)
         inventory = self._inventory
-        live: dict[str, list[str]] = {name: [] for name in policy.groups}
+        live = {name: self._live_members(name) for name in policy.groups}
         ready: dict[str, list[str]] = {name: [] for name in policy.groups}
-        billed = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
-        for instance in self._instances:
-            if instance.group in live and instance.state in billed and not instance.failure:
-                live[instance.group].append(instance.id)
         for instance in inventory.ready:
             if instance.group in ready:
                 ready[instance.group].append(instance.id)
@@ -783,6 +779,16 @@ class Controller:
             }
         self._hand_back(groups, policy, ready, order)
         self.capacity_status = tuple(policy.statuses())
+
+    def _live_members(self, group: str) -> list[str]:
+        """Ids of ``group``'s members the cloud bills and keeps: starting, up or
+        draining, and not failed."""
+        billed = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
+        return [
+            i.id
+            for i in self._instances
+            if i.group == group and i.state in billed and not i.failure
+        ]
 
     def _capacity_policy(self, groups: GroupSet) -> CapacityPolicy:
         if self._policy is None:
@@ -894,7 +900,12 @@ class Controller:
                 self._call(f"removing a member of {handing.group}", groups.remove_instance,
                            handing.instance.id)  # fmt: skip
             else:
-                size = max(0, self._group_asked.get(handing.group, 1) - 1)
+                # One less than the group was asked for, or than it holds when no
+                # resize of it went through yet: never 0 for a group of several.
+                asked = self._group_asked.get(handing.group)
+                if asked is None:
+                    asked = len(self._live_members(handing.group))
+                size = max(0, asked - 1)
                 self._call(f"resizing {handing.group}", group.set_target_size, size)
         except ProviderError as error:
             if not error.retryable:

@@ -24,6 +24,7 @@ from spotring.core import (
     InstanceState,
     JobShape,
     Lifecycle,
+    ProviderError,
     ShortageCause,
 )
 from spotring.providers.base import Provider
@@ -264,6 +265,43 @@ def test_a_host_handed_back_that_fails_is_not_replaced() -> None:
     controller.host_failed(leaving.address, "worker exited with 1")
     controller.step()
     assert controller.inventory.excluded == frozenset()
+
+
+class Resizable(Pool):
+    """A group that can only be resized (no removal of one member), whose resizes
+    fail while ``failures`` lasts, as a throttled cloud's would."""
+
+    can_remove = False
+    failures = 0
+
+    def set_target_size(self, size: int) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ProviderError("Throttling: Rate exceeded")
+        super().set_target_size(size)
+
+
+def test_a_group_that_cannot_remove_a_member_is_shrunk_by_one() -> None:
+    """Handing a host back through a resize asks one less than the group holds, even
+    when none of its resizes went through before (it asked 0: every member gone)."""
+    spot = Pool("spot", Lifecycle.SPOT, capacity=2)
+    od = Resizable("od", Lifecycle.ON_DEMAND, capacity=10)
+    od.set_target_size(2)  # two members the job falls back on
+    od.targets.clear()
+    od.failures = 10**6  # throttled: the controller never resizes it
+    controller = job_of(spot, od)
+    controller.step()
+    CLOCK.now += 1
+    controller.step()
+    controller.step()
+    assert od.targets == [] and len(od.members) == 2
+    probe(spot)
+    controller.step()
+    controller.step()  # 6 ready: an od host drains
+    controller.ring_formed(ready(controller))
+    od.failures = 1  # this step's resize of od fails, its hand-back's goes through
+    controller.step()
+    assert od.targets == [1]
 
 
 class Veto:
