@@ -494,8 +494,9 @@ def _validation(module: Module, variable: str) -> str:
 
 def test_ssh_from_the_whole_internet_is_refused(aws: Module) -> None:
     text = _validation(aws, "ssh_ingress_cidrs")
-    assert '!endswith(c, "/0")' in text and '!strcontains(c, ":")' in text
-    assert "0.0.0.0/0" in text and "::/0" in text  # the message names them
+    # Any block wider than /8, not just /0 (0.0.0.0/1 + 128.0.0.0/1 is everyone too).
+    assert 'split("/", c)[1]) >= 8' in text and '!strcontains(c, ":")' in text
+    assert "0.0.0.0/0" in text and "::/0" in text and "0.0.0.0/1" in text  # named
 
 
 def assert_https_only_validations(module: Module) -> None:
@@ -600,6 +601,9 @@ def aws_variables_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"ssh_ingress_cidrs": ["0.0.0.0/0"]}, "ssh_ingress_cidrs"),
         ({"ssh_ingress_cidrs": ["::/0"]}, "ssh_ingress_cidrs"),
         ({"ssh_ingress_cidrs": ["10.0.0.0/8", "0.0.0.0/0"]}, "ssh_ingress_cidrs"),
+        ({"ssh_ingress_cidrs": ["10.0.0.0/8", "35.235.240.0/20"]}, None),
+        ({"ssh_ingress_cidrs": ["0.0.0.0/1", "128.0.0.0/1"]}, "ssh_ingress_cidrs"),
+        ({"ssh_ingress_cidrs": ["10.0.0.0/7"]}, "ssh_ingress_cidrs"),
         *https_url_cases("aws"),
         ({"checkpoint_uri": "s3://ckpt-bucket/runs/spot-train"}, None),
         ({"checkpoint_uri": "s3://ckpt.bucket-1/a/"}, None),

@@ -453,7 +453,7 @@ def test_security_group_allows_the_network_and_ssh_to_the_driver_only(azure: Mod
     assert member[1]["network_interface_id"] == "${azurerm_network_interface.driver.id}"
     assert "default" not in azure.variables["admin_cidrs"], "admin_cidrs must have no default"
     condition = azure.variables["admin_cidrs"]["validation"][0]["condition"]
-    assert "/0" in condition and "internet" in condition.lower()
+    assert 'split("/", c)[1]) >= 8' in condition and "internet" in condition.lower()
 
     deny = rules["deny_other_inbound"]
     assert (deny["access"], deny["source_address_prefix"], deny["protocol"]) == ("Deny", "*", "*")
@@ -732,6 +732,8 @@ def test_valid_inputs_pass_the_validations(variables_only: Path) -> None:
     [
         ("admin_cidrs", ["0.0.0.0/0"]),
         ("admin_cidrs", ["203.0.113.7/32", "10.0.0.0/0"]),
+        ("admin_cidrs", ["0.0.0.0/1", "128.0.0.0/1"]),  # the internet without a /0
+        ("admin_cidrs", ["10.0.0.0/7"]),
         ("admin_cidrs", ["*"]),
         ("admin_cidrs", ["Internet"]),
         ("admin_cidrs", ["2001:db8::/32"]),

@@ -394,7 +394,7 @@ def test_firewall_opens_the_cluster_to_itself_and_ssh_to_the_driver_only(gcp: Mo
     # No rule at all without admin_cidrs: a rule without source ranges matches 0.0.0.0/0.
     assert ssh["count"] == "${length(var.admin_cidrs) > 0 ? 1 : 0}"
     assert "default" not in gcp.variables["admin_cidrs"], "admin_cidrs must have no default"
-    assert "/0" in gcp.variables["admin_cidrs"]["validation"][0]["condition"]
+    assert 'split("/", c)[1]) >= 8' in gcp.variables["admin_cidrs"]["validation"][0]["condition"]
 
 
 def test_private_network_with_flow_logs_and_nat(gcp: Module) -> None:
@@ -722,6 +722,8 @@ def test_valid_inputs_pass_the_validations(variables_only: Path) -> None:
     [
         ("admin_cidrs", ["0.0.0.0/0"]),
         ("admin_cidrs", ["203.0.113.7/32", "10.0.0.0/0"]),
+        ("admin_cidrs", ["0.0.0.0/1", "128.0.0.0/1"]),  # the internet without a /0
+        ("admin_cidrs", ["10.0.0.0/7"]),
         ("admin_cidrs", ["2001:db8::/32"]),
         ("spotring_package", "spotring @ https://example.com/spotring-0.1.0-py3-none-any.whl"),
         ("spotring_package", "spotring[gcp]' ; rm -rf / '"),

@@ -241,13 +241,15 @@ variable "ssh_public_keys" {
 }
 
 variable "ssh_ingress_cidrs" {
-  description = "IPv4 CIDR blocks allowed to ssh to the driver host. Empty means no ssh from outside the cluster (use SSM or a bastion)."
+  description = "IPv4 CIDR blocks allowed to ssh to the driver host, each /8 or narrower. Empty means no ssh from outside the cluster (use SSM or a bastion)."
   type        = list(string)
   default     = []
 
   validation {
-    condition     = alltrue([for c in var.ssh_ingress_cidrs : can(cidrhost(c, 0)) && !strcontains(c, ":") && !endswith(c, "/0")])
-    error_message = "ssh_ingress_cidrs must hold IPv4 CIDR blocks such as 203.0.113.7/32; 0.0.0.0/0 and ::/0 (any /0: ssh from the whole internet) are not allowed."
+    # Not just /0: 0.0.0.0/1 + 128.0.0.0/1 is the whole internet too. IANA's largest
+    # allocations are /8s, so a wider block is never one party's own addresses.
+    condition     = alltrue([for c in var.ssh_ingress_cidrs : can(cidrhost(c, 0)) && !strcontains(c, ":") && try(tonumber(split("/", c)[1]) >= 8, false)])
+    error_message = "ssh_ingress_cidrs must hold IPv4 CIDR blocks of /8 or narrower, such as 203.0.113.7/32: ::/0, 0.0.0.0/0 and wider blocks (0.0.0.0/1 and 128.0.0.0/1 together are ssh from the whole internet) are not allowed."
   }
 }
 

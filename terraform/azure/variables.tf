@@ -225,12 +225,14 @@ variable "address_space" {
 }
 
 variable "admin_cidrs" {
-  description = "IPv4 CIDR blocks allowed to ssh (port 22) to the driver; nothing else is open from outside. Required, so that nobody gets ssh from everywhere by default: [] for none, or your own addresses. /0 ranges and service tags (*, Internet, Any) are refused."
+  description = "IPv4 CIDR blocks allowed to ssh (port 22) to the driver; nothing else is open from outside. Required, so that nobody gets ssh from everywhere by default: [] for none, or your own addresses. Blocks wider than /8 and service tags (*, Internet, Any) are refused."
   type        = list(string)
 
   validation {
-    condition     = alltrue([for c in var.admin_cidrs : can(cidrhost(c, 0)) && !strcontains(c, ":") && !endswith(c, "/0") && !contains(["*", "internet", "any"], lower(c))])
-    error_message = "admin_cidrs must hold IPv4 CIDR blocks such as 203.0.113.7/32; 0.0.0.0/0 (any /0), \"*\", \"Internet\" and \"Any\" are not allowed."
+    # Not just /0: 0.0.0.0/1 + 128.0.0.0/1 is the whole internet too. IANA's largest
+    # allocations are /8s, so a wider block is never one party's own addresses.
+    condition     = alltrue([for c in var.admin_cidrs : can(cidrhost(c, 0)) && !strcontains(c, ":") && try(tonumber(split("/", c)[1]) >= 8, false) && !contains(["*", "internet", "any"], lower(c))])
+    error_message = "admin_cidrs must hold IPv4 CIDR blocks of /8 or narrower, such as 203.0.113.7/32: 0.0.0.0/0 and wider blocks (0.0.0.0/1 and 128.0.0.0/1 together are ssh from the whole internet), \"*\", \"Internet\" and \"Any\" are not allowed."
   }
 }
 

@@ -221,12 +221,14 @@ variable "flow_log_sampling" {
 }
 
 variable "admin_cidrs" {
-  description = "IPv4 CIDR blocks allowed to ssh (port 22) to the driver host; nothing else is open from outside. Required, so that nobody gets ssh from everywhere by default: [] for none, [\"35.235.240.0/20\"] for IAP TCP forwarding, or your own addresses. /0 ranges are refused."
+  description = "IPv4 CIDR blocks allowed to ssh (port 22) to the driver host; nothing else is open from outside. Required, so that nobody gets ssh from everywhere by default: [] for none, [\"35.235.240.0/20\"] for IAP TCP forwarding, or your own addresses. Blocks wider than /8 are refused."
   type        = list(string)
 
   validation {
-    condition     = alltrue([for c in var.admin_cidrs : can(cidrhost(c, 0)) && !strcontains(c, ":") && !endswith(c, "/0")])
-    error_message = "admin_cidrs must hold IPv4 CIDR blocks such as 203.0.113.7/32; 0.0.0.0/0 (any /0) is not allowed."
+    # Not just /0: 0.0.0.0/1 + 128.0.0.0/1 is the whole internet too. IANA's largest
+    # allocations are /8s, so a wider block is never one party's own addresses.
+    condition     = alltrue([for c in var.admin_cidrs : can(cidrhost(c, 0)) && !strcontains(c, ":") && try(tonumber(split("/", c)[1]) >= 8, false)])
+    error_message = "admin_cidrs must hold IPv4 CIDR blocks of /8 or narrower, such as 203.0.113.7/32: 0.0.0.0/0 and wider blocks (0.0.0.0/1 and 128.0.0.0/1 together are ssh from the whole internet) are not allowed."
   }
 }
 
