@@ -426,6 +426,13 @@ def test_group_is_spot_with_capacity_rebalance(aws: Module) -> None:
     assert "desired_capacity" in lifecycle["ignore_changes"]
 
 
+def test_zone_rebalancing_is_suspended(aws: Module) -> None:
+    """A hand-back (TerminateInstanceInAutoScalingGroup with a decrement) may unbalance
+    the zones, and AZRebalance would then terminate training hosts in other zones."""
+    asg = aws.resource("aws_autoscaling_group", "workers")
+    assert "AZRebalance" in asg.get("suspended_processes", [])
+
+
 def test_slots_tag_propagates_at_launch(aws: Module) -> None:
     asg = aws.resource("aws_autoscaling_group", "workers")
     tags = {tag["key"]: tag for tag in asg["tag"]}

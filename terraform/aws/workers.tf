@@ -135,6 +135,14 @@ resource "aws_autoscaling_group" "workers" {
   # instance (rebalance recommendation), before the 2-minute notice.
   capacity_rebalance = true
 
+  # No zone rebalancing: spotring hands a fallback host back with
+  # TerminateInstanceInAutoScalingGroup and a decrement, which the API reference warns
+  # may unbalance the zones, and "rebalancing might terminate instances in other
+  # zones": training hosts. New launches still go to the zone with the fewest members
+  # ("Suspend and resume processes" in the Auto Scaling User Guide). terraform/gcp turns
+  # the equivalent off (instance_redistribution_type NONE).
+  suspended_processes = ["AZRebalance"]
+
   health_check_type         = "EC2"
   health_check_grace_period = var.health_check_grace_period
 
