@@ -231,6 +231,8 @@ def hcl_expression(value: Any) -> str:
         )
     if not isinstance(value, str):
         return json.dumps(value)
+    if value.startswith("<<"):  # a heredoc, as written (the caller ends its line)
+        return value
     if value.startswith("${") and _closing_brace(value, 1) == len(value) - 1:
         # One interpolation: the expression as written (quoting it would escape the
         # quotes of its own string literals).

@@ -290,8 +290,11 @@ def _expected_actions() -> tuple[frozenset[str], str]:
 
 
 def _roles(azure: Module) -> dict[str, list[str]]:
+    """The driver's custom roles (not the checkpoints' data role)."""
     roles = {}
     for name, body in only(azure, "azurerm_role_definition"):
+        if name == "checkpoints":
+            continue
         (permissions,) = body["permissions"]
         assert not permissions.get("not_actions"), f"{name}: use actions, not not_actions"
         assert not permissions.get("data_actions"), f"{name}: no data actions"
@@ -360,6 +363,8 @@ def test_roles_are_assigned_at_the_narrowest_scope(azure: Module) -> None:
     assert not any("virtualMachineScaleSets" in a for a in roles["driver_members"])
     assert roles["driver_sizes"] == ["Microsoft.Compute/skus/read"]
     for name, body in only(azure, "azurerm_role_definition"):
+        if name == "checkpoints":
+            continue
         scope = SUBSCRIPTION_SCOPE if name == "driver_sizes" else RG_ID
         assert body["scope"] == scope and body["assignable_scopes"] == [scope], name
     assert azure.locals["subscription_scope"] == "/subscriptions/${var.subscription_id}"
@@ -615,26 +620,183 @@ STORAGE_ACCOUNT_ID = (
 )
 
 
+BLOBS = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
+CHECKPOINT_DATA_ACTIONS = {f"{BLOBS}/{a}" for a in ("read", "write", "add/action", "delete")}
+
+
 def test_checkpoint_roles_are_on_the_container_only_with_checkpoint_uri(azure: Module) -> None:
+    role = azure.resource("azurerm_role_definition", "checkpoints")
+    assert role["count"] == CHECKPOINTS_ONLY
+    (permissions,) = role["permissions"]
+    assert permissions["actions"] == [] and not permissions.get("not_data_actions")
+    granted = {
+        a.replace("${local.blobs}", azure.locals["blobs"]) for a in permissions["data_actions"]
+    }
+    assert granted == CHECKPOINT_DATA_ACTIONS
+    (lifecycle,) = role["lifecycle"]
+    conditions = " ".join(c["condition"] for c in lifecycle["precondition"])
+    assert "var.checkpoint_storage_account_id != null" in conditions
+    assert "/storageAccounts/${local.checkpoint_location[0]}" in conditions
     for name, principal in CHECKPOINT_ASSIGNMENTS.items():
         assignment = azure.resource("azurerm_role_assignment", name)
         assert assignment["count"] == CHECKPOINTS_ONLY, name
         assert assignment["principal_id"] == principal, name
         assert assignment["principal_type"] == "ServicePrincipal", name
-        assert assignment["role_definition_name"] == "Storage Blob Data Contributor", name
+        assert "role_definition_name" not in assignment, f"{name}: a built-in role"
+        assert assignment["role_definition_id"] == (
+            "${azurerm_role_definition.checkpoints[0].role_definition_resource_id}"
+        ), name
         assert assignment["scope"] == "${local.checkpoint_container_scope}", name
-        (lifecycle,) = assignment["lifecycle"]
-        conditions = " ".join(c["condition"] for c in lifecycle["precondition"])
-        assert "var.checkpoint_storage_account_id != null" in conditions
-        assert "/storageAccounts/${local.checkpoint_location[0]}" in conditions
+        assert assignment["condition_version"] == "2.0", name
+        who = name.split("_")[0]
+        assert assignment["condition"] == f"${{local.{who}_checkpoint_condition}}", name
     assert azure.locals["checkpoint_container_scope"] == (
         "${local.checkpoint_account_id}/blobServices/default/containers/"
         "${local.checkpoint_location[1]}"
     )
-    # No data actions in the module's own roles, no storage role anywhere else.
+    # No storage action in the driver's own roles.
     for name, body in only(azure, "azurerm_role_definition"):
         (permissions,) = body["permissions"]
         assert not [a for a in permissions["actions"] if "Storage" in a], name
+
+
+_ABAC_TOKEN = re.compile(
+    r"\s*(?:(?P<paren>[()])|(?P<word>AND|OR|NOT)\b|(?P<bang>!)"
+    r"|(?P<match>ActionMatches|SubOperationMatches)\{'(?P<matched>[^']*)'\}"
+    r"|@(?P<source>Resource|Request)\[(?P<attribute>[^\]]+)\]\s+"
+    r"(?P<operator>StringStartsWith|StringEquals)\s+'(?P<value>[^']*)')"
+)
+
+
+def abac_allows(condition: str, request: dict[str, str]) -> bool:
+    """Whether an Azure role assignment condition (the subset the module writes:
+    ActionMatches, SubOperationMatches, StringStartsWith and StringEquals on @Resource
+    and @Request attributes, !, NOT, AND, OR, parentheses) lets ``request`` through.
+    ``request``: its action, its suboperation if any, and the attributes it carries
+    ("path" for a blob's operations, "prefix" for List Blobs). An attribute a request
+    does not carry fails its test, as Azure's "Actions and attributes for Azure role
+    assignment conditions for Azure Blob Storage" says of List Blobs and the path."""
+    tokens = []
+    at = 0
+    while condition[at:].strip():
+        token = _ABAC_TOKEN.match(condition, at)
+        assert token, f"cannot read the condition at {condition[at : at + 60]!r}"
+        tokens.append(token)
+        at = token.end()
+    position = 0
+
+    def peek() -> str:
+        if position == len(tokens):
+            return ""
+        token = tokens[position]
+        return token["paren"] or token["word"] or token["bang"] or ""
+
+    def either() -> bool:
+        nonlocal position
+        value = both()
+        while peek() == "OR":
+            position += 1
+            value = both() or value
+        return value
+
+    def both() -> bool:
+        nonlocal position
+        value = single()
+        while peek() == "AND":
+            position += 1
+            value = single() and value
+        return value
+
+    def single() -> bool:
+        nonlocal position
+        token = tokens[position]
+        position += 1
+        if token["bang"] or token["word"] == "NOT":
+            return not single()
+        if token["paren"] == "(":
+            value = either()
+            assert peek() == ")", "unbalanced parentheses"
+            position += 1
+            return value
+        if token["match"] == "ActionMatches":
+            return request["action"] == token["matched"]
+        if token["match"] == "SubOperationMatches":
+            return request.get("suboperation") == token["matched"]
+        assert token["source"], f"unexpected {token.group(0)!r}"
+        name = token["attribute"].rpartition(":")[2]
+        assert token["attribute"] == f"{BLOBS}:{name}", token["attribute"]
+        assert (token["source"], name) in {("Resource", "path"), ("Request", "prefix")}
+        value = request.get(name)
+        if value is None:
+            return False
+        if token["operator"] == "StringEquals":
+            return value == token["value"]
+        return value.startswith(token["value"])
+
+    allowed = either()
+    assert position == len(tokens), "trailing tokens"
+    return allowed
+
+
+def _blob_request(operation: str, name: str) -> dict[str, str]:
+    """What the storage layer's calls are to Azure RBAC: action, suboperation and
+    attributes (Azure's "Permissions for Blob service operations")."""
+    if operation == "list":
+        return {"action": f"{BLOBS}/read", "suboperation": "Blob.List", "prefix": name}
+    action = {"get": "read", "put": "write", "create": "add/action", "delete": "delete"}
+    return {"action": f"{BLOBS}/{action[operation]}", "path": name}
+
+
+# Who may do what: the storage layer's calls under PREFIX (runs/spot-train), and what
+# lies next to it.
+CHECKPOINT_ACCESS = [
+    # (operation, blob name or list prefix, workers allowed, driver allowed)
+    ("get", "runs/spot-train/step-48/manifest.json", True, True),
+    ("list", "runs/spot-train/", True, True),
+    ("list", "runs/spot-train/step-", True, True),
+    ("put", "runs/spot-train/step-48/shard-0", True, False),
+    ("create", "runs/spot-train/step-48/shard-0", True, False),
+    ("delete", "runs/spot-train/step-47/shard-0", True, False),
+    ("put", "runs/spot-train/lock.json", True, True),
+    ("create", "runs/spot-train/lock.json", True, True),
+    ("delete", "runs/spot-train/lock.json", True, True),
+    ("get", "runs/other-job/manifest.json", False, False),
+    ("get", "runs/spot-train2/manifest.json", False, False),  # a sibling prefix
+    ("list", "", False, False),
+    ("list", "runs/", False, False),
+    ("put", "runs/other-job/lock.json", False, False),
+    ("delete", "runs/spot-train2/x", False, False),
+    ("put", "lock.json", False, False),
+]
+
+
+@needs_terraform
+def test_checkpoint_conditions_confine_each_identity_to_the_prefix(
+    azure: Module, tmp_path: Path
+) -> None:
+    """The conditions, evaluated by Terraform for a checkpoint_uri, let the workers read,
+    list, write and delete under PREFIX/ and the driver read and list there but write
+    only PREFIX/lock.json; nothing outside PREFIX/ (a sibling prefix included)."""
+    values = evaluate(
+        azure,
+        tmp_path,
+        {
+            **VALID_INPUTS,
+            "checkpoint_uri": CHECKPOINT_URIS["azure"] + "/",
+            "checkpoint_storage_account_id": STORAGE_ACCOUNT_ID,
+        },
+        {
+            "workers": "local.workers_checkpoint_condition",
+            "driver": "local.driver_checkpoint_condition",
+            "group": "local.checkpoint_account_group",
+        },
+    )
+    assert values["group"] == STORAGE_ACCOUNT_ID.split("/providers/")[0]
+    for operation, name, workers, driver in CHECKPOINT_ACCESS:
+        request = _blob_request(operation, name)
+        assert request["action"] in CHECKPOINT_DATA_ACTIONS
+        allowed = {who: abac_allows(values[who], request) for who in ("workers", "driver")}
+        assert allowed == {"workers": workers, "driver": driver}, (operation, name)
 
 
 @needs_terraform

@@ -395,7 +395,7 @@ variable "job_ssh_identity_file" {
 }
 
 variable "checkpoint_uri" {
-  description = "Where the job writes durable checkpoints (spotring run --checkpoint): https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX. Empty: no durable checkpoints and no storage permissions. When set (with checkpoint_storage_account_id), the workers get a user-assigned identity, and it and the driver's identity get Storage Blob Data Contributor on that one container; the unit's command (and spotring_command) pass --checkpoint."
+  description = "Where the job writes durable checkpoints (spotring run --checkpoint): https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX. Empty: no durable checkpoints and no storage permissions. When set (with checkpoint_storage_account_id), the workers get a user-assigned identity, and it and the driver's identity get blob data access to that container confined by conditions to PREFIX/ (the driver writes only PREFIX/lock.json); the unit's command (and spotring_command) pass --checkpoint."
   type        = string
   default     = ""
 

@@ -84,7 +84,7 @@ run "defaults" {
 
   # No checkpoint_uri, no job_command: no workers' identity, no storage role, no unit.
   assert {
-    condition     = length(azurerm_user_assigned_identity.workers) == 0 && length(azurerm_role_assignment.workers_checkpoints) == 0 && length(azurerm_role_assignment.driver_checkpoints) == 0 && length(azurerm_orchestrated_virtual_machine_scale_set.workers.identity) == 0
+    condition     = length(azurerm_user_assigned_identity.workers) == 0 && length(azurerm_role_definition.checkpoints) == 0 && length(azurerm_role_assignment.workers_checkpoints) == 0 && length(azurerm_role_assignment.driver_checkpoints) == 0 && length(azurerm_orchestrated_virtual_machine_scale_set.workers.identity) == 0
     error_message = "an identity or a storage role without checkpoint_uri"
   }
 
@@ -195,7 +195,7 @@ run "durable_job" {
   }
 
   assert {
-    condition     = azurerm_role_assignment.workers_checkpoints[0].role_definition_name == "Storage Blob Data Contributor" && azurerm_orchestrated_virtual_machine_scale_set.workers.identity[0].type == "UserAssigned"
+    condition     = azurerm_role_definition.checkpoints[0].scope == "/subscriptions/11111111-1111-1111-1111-111111111111/resourceGroups/rg-data" && strcontains(azurerm_role_assignment.workers_checkpoints[0].condition, "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers/blobs:path] StringStartsWith 'runs/spot-train/'") && strcontains(azurerm_role_assignment.driver_checkpoints[0].condition, "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers/blobs:path] StringEquals 'runs/spot-train/lock.json'") && azurerm_orchestrated_virtual_machine_scale_set.workers.identity[0].type == "UserAssigned"
     error_message = "the workers' identity or role is not the expected one"
   }
 
@@ -212,7 +212,7 @@ run "checkpoints_without_the_account_id" {
     checkpoint_uri = "https://ckptaccount.blob.core.windows.net/checkpoints/runs"
   }
 
-  expect_failures = [azurerm_role_assignment.workers_checkpoints, azurerm_role_assignment.driver_checkpoints]
+  expect_failures = [azurerm_role_definition.checkpoints]
 }
 
 run "checkpoints_in_another_account" {
@@ -223,5 +223,5 @@ run "checkpoints_in_another_account" {
     checkpoint_storage_account_id = "/subscriptions/11111111-1111-1111-1111-111111111111/resourceGroups/rg-data/providers/Microsoft.Storage/storageAccounts/otheraccount"
   }
 
-  expect_failures = [azurerm_role_assignment.workers_checkpoints, azurerm_role_assignment.driver_checkpoints]
+  expect_failures = [azurerm_role_definition.checkpoints]
 }
