@@ -572,6 +572,20 @@ def test_job_setup_runs_as_the_user_with_the_venv_on_path(script: Path, tmp_path
     assert (home / "job" / "where").read_text() == f"{home}\n"
 
 
+def test_job_setup_output_stays_in_the_root_only_log(tmp_path: Path) -> None:
+    """The bootstrap's own output is copied to the console, which the cloud keeps (EC2
+    console output, GCP serial port, Azure boot diagnostics): what the job's setup
+    commands print goes to the log file only."""
+    path = tmp_path / "bootstrap.sh"
+    setup = 'echo "token=S3CR3T"\necho "fetch failed: S3CR3T" >&2'
+    path.write_text(render({**WORKER_VARS, "job_setup_commands": setup}))
+    done = run_sourced(path, 'sudo() { shift 3; "$@"; }\nrun_job_setup', tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "S3CR3T" not in done.stdout + done.stderr
+    log = (tmp_path / "bootstrap.log").read_text()
+    assert "token=S3CR3T" in log and "fetch failed: S3CR3T" in log
+
+
 def test_empty_job_setup_is_valid(tmp_path: Path) -> None:
     path = tmp_path / "bootstrap.sh"
     path.write_text(render({**WORKER_VARS, "job_setup_commands": ""}))
