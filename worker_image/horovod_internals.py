@@ -29,8 +29,10 @@ INTERNALS: tuple[tuple[str, str], ...] = (
     ("horovod.common.basics:HorovodBasics", "init"),
     # The loaded library, for spotring's own entry point (worker_image/peer_abort.py).
     ("horovod.torch.mpi_ops", "_basics"),
-    # The worker's notification service (worker_image/peer_abort.py).
+    # The worker's notification service (worker_image/peer_abort.py), and the
+    # registration it sends the driver (sent signed: worker_image/store_client.py).
     ("horovod.runner.elastic.worker:WorkerNotificationManager", "_service"),
+    ("horovod.runner.elastic.worker", "put_data_into_kvstore"),
     (_SERVICE, "_handle"),
     (_SERVICE, "_make_handler"),
     ("horovod.runner.common.util.network", "AckResponse"),
@@ -87,6 +89,33 @@ def abort_collectives() -> bool:
         return False
     entry.restype = ctypes.c_bool
     return bool(entry())
+
+
+def set_store_key(job_key: bytes) -> bool:
+    """Hand ``job_key`` to spotring's Horovod build (``horovod-rendezvous.patch``),
+    which signs the worker's writes to the driver's rendezvous server with it. Through
+    a call, never the environment. False when the installed Horovod lacks the entry
+    point."""
+    import ctypes
+
+    import horovod.torch.mpi_ops as mpi_ops
+
+    try:
+        entry = mpi_ops._basics.MPI_LIB_CTYPES.horovod_spotring_set_store_key
+    except AttributeError:  # a Horovod without spotring's patch
+        return False
+    entry.restype = ctypes.c_bool
+    entry.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    return bool(entry(job_key, len(job_key)))
+
+
+def replace_registration_put(put: Callable[[str, int, str, str, Any], None]) -> None:
+    """Make the worker's notification manager register its service with ``put``
+    (Horovod's ``put_data_into_kvstore(addr, port, scope, key, value)``, imported into
+    ``horovod.runner.elastic.worker`` by name)."""
+    import horovod.runner.elastic.worker as worker
+
+    worker.put_data_into_kvstore = put
 
 
 # ------------------------------------------------------------- the notification service

@@ -44,12 +44,13 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from spotring.worker_image import horovod_internals, sampler_reset
+from spotring.worker_image import horovod_internals, sampler_reset, store_client
 from spotring.worker_image.after_import import call_after_import
 from spotring.worker_image.ring_formation import (
     retry_failed_formation,
     watch_abandoned_formation,
 )
+from spotring.worker_image.store_auth import RING_KEY, parse_ring
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +67,14 @@ JOB_KEY_FD_ENV = "SPOTRING_JOB_KEY_FD"
 MAX_JOB_KEY_HEX = 256
 """A job key is 64 hex digits; anything much longer is not one."""
 
-RING_SCOPE = "spotring"
-RING_KEY = "ring"
 ABANDONED_KEY = "abandoned"
-"""Where the driver's rendezvous server publishes the current ring generation, as
-ASCII digits (read-only from outside)."""
+"""Where the driver's rendezvous server publishes the current ring's generation once a
+member of it died while it formed, as ASCII digits (read-only from outside), beside
+the current ring's (:data:`~spotring.worker_image.store_auth.RING_KEY`)."""
 ABANDONED_SLOT_PREFIX = ABANDONED_KEY + "."
 """``abandoned.HOST:SLOT``: the current ring's generation if it was abandoned and that
 slot is still forming it (a slot gone on to the next ring gets 404)."""
 
-MAX_RING_BYTES = 18
 RING_READ_TIMEOUT_SECONDS = 10.0
 WATCH_READ_TIMEOUT_SECONDS = 2.0
 REAP_EVERY_SECONDS = 0.02
@@ -188,16 +187,6 @@ def _listening_ports(inodes: Iterable[int]) -> frozenset[int]:
     return frozenset(ports)
 
 
-def _rendezvous_endpoint() -> tuple[str, int] | None:
-    """The driver's rendezvous server, as the worker's environment names it."""
-    try:
-        return os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(
-            os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]
-        )
-    except (KeyError, ValueError):
-        return None
-
-
 @dataclass(frozen=True)
 class _Forming:
     """An ``init`` in progress: what was open when it began."""
@@ -213,7 +202,7 @@ class _Forming:
         connected), leaving out connections to the rendezvous server: Horovod retries
         a failed store request on a new connection, and a rank request asked twice
         counts twice at the driver's barrier."""
-        rendezvous = _rendezvous_endpoint()
+        rendezvous = store_client.rendezvous_endpoint()
         found: set[int] = set()
         for inode, sock in _tcp_sockets():
             if inode in self.before:
@@ -465,26 +454,10 @@ def read_generation_key(key: str, timeout: float = RING_READ_TIMEOUT_SECONDS) ->
     unpickled, so whoever can reach the server cannot run code in the worker. Raises
     ``OSError`` (or ``ValueError`` for a malformed answer) when it cannot be read.
     """
-    import http.client
-
-    endpoint = _rendezvous_endpoint()
+    endpoint = store_client.rendezvous_endpoint()
     if endpoint is None:
         raise ValueError("no rendezvous server in the environment")
-    connection = http.client.HTTPConnection(*endpoint, timeout=timeout)
-    try:
-        connection.request("GET", f"/{RING_SCOPE}/{key}")
-        answer = connection.getresponse()
-        body = answer.read(MAX_RING_BYTES + 1)
-    finally:
-        connection.close()
-    if answer.status == 404:
-        return None
-    if answer.status != 200:
-        raise ValueError(f"the rendezvous server answered {answer.status}")
-    generation = parse_ring_generation(body)
-    if generation is None:
-        raise ValueError("the ring generation is not a number")
-    return generation
+    return store_client.read_published_generation(endpoint, key, timeout)
 
 
 def _read_ring_generation() -> int | None:
@@ -517,11 +490,8 @@ def _unregistered() -> bool:
     return not horovod_internals.has_notification_service()
 
 
-def parse_ring_generation(body: bytes) -> int | None:
-    """The generation in ``body`` (ASCII digits only), or None."""
-    if not 0 < len(body) <= MAX_RING_BYTES or not body.isdigit():  # bytes: ASCII only
-        return None
-    return int(body)
+parse_ring_generation = parse_ring
+"""The generation in ``body`` (ASCII digits only), or None."""
 
 
 def install() -> CollectiveAbort:
@@ -539,9 +509,9 @@ def install() -> CollectiveAbort:
             return _guard
         import horovod.torch.mpi_ops as mpi_ops
 
-        guard = CollectiveAbort(
-            take_job_key(), _read_ring_generation, horovod_internals.abort_collectives
-        )
+        job_key = take_job_key()
+        guard = CollectiveAbort(job_key, _read_ring_generation, horovod_internals.abort_collectives)
+        sign_store_writes(job_key)
         formation = watch_abandoned_formation(
             retry_failed_formation(guard.track_attempt(mpi_ops.init), mpi_ops.shutdown),
             guard.abort_formation,
@@ -554,6 +524,23 @@ def install() -> CollectiveAbort:
         harden_notification_service()
         _guard = guard
         return guard
+
+
+def sign_store_writes(job_key: bytes | None) -> None:
+    """Sign this worker's writes to the driver's rendezvous server with ``job_key``,
+    which the server requires of every one (:mod:`.store_auth`): hand the key to
+    spotring's Horovod build, which signs Gloo's and the rank request, and send the
+    notification service's registration signed. Without a key (a worker not started
+    by spotring's driver) nothing is signed, as with Horovod's own server."""
+    if job_key is None:
+        return
+    if not horovod_internals.set_store_key(job_key):
+        print(
+            "spotring: this Horovod build cannot sign its rendezvous requests "
+            "(horovod-rendezvous.patch missing): the driver will refuse them",
+            file=sys.stderr,
+        )
+    horovod_internals.replace_registration_put(store_client.signed_registration(job_key))
 
 
 def patch_notification_service(guard_for: Callable[[Any], CollectiveAbort]) -> None:

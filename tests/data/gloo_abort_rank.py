@@ -18,7 +18,9 @@ import horovod.torch as hvd
 import torch
 
 from spotring.worker_image import horovod_internals
+from spotring.worker_image.peer_abort import sign_store_writes, take_job_key
 
+sign_store_writes(take_job_key())  # as spotring's sitecustomize does in its workers
 hvd.init()
 hvd.allreduce(torch.ones(1), name="formed")
 print("ready", flush=True)
