@@ -17,7 +17,7 @@ counters, the ``--spot-only`` filter and the scale-down at the end of a job. Bes
   starts and once when it clears, not on every refresh;
 * :func:`one_line` shapes an API message for a one-line error;
 * :func:`check_endpoint` refuses an ``--endpoint`` that would send a token in clear;
-* :class:`MalformedAnswer` is the retryable error of an answer spotring cannot use.
+* :class:`MalformedAnswer` is the retryable error of an answer broken as a whole.
 
 Nothing here imports a cloud SDK.
 """
@@ -299,14 +299,17 @@ def _has_space(text: str) -> bool:
 
 
 class MalformedAnswer(ProviderError):
-    """The cloud answered ``call_name``, but not with what the call always returns: a
-    field spotring needs is missing (an id, a state, a running VM's address, the list of
-    members), or a value has the wrong type.
+    """The cloud answered ``call_name``, but with an answer broken as a whole: the list
+    of members (or a page of it) is missing, a member or VM comes without the id that
+    says whose it is, or a value has the wrong type.
 
     A refresh built on such an answer would show members in the wrong state, or none,
     so the whole listing fails instead, and the controller keeps the last good inventory.
-    Retryable: the next answer may be whole. Raised inside a call given to
-    :meth:`CloudGroupProvider.call_api` it is retried there like a network failure.
+    (A member that lacks only its own fields, a state or a running VM's address, costs
+    only itself: the provider lists it as not usable, warned once with
+    :class:`EpisodeWarnings`.) Retryable: the next answer may be whole. Raised inside a
+    call given to :meth:`CloudGroupProvider.call_api` it is retried there like a network
+    failure.
     """
 
     def __init__(self, call_name: str, problem: str) -> None:

@@ -15,7 +15,11 @@ with ``deleteInstances`` (the group's target size drops by one).
 For the capacity policy it reads what the group launches from its instance template
 (``instanceTemplates.get``, once per template) and why members cannot be created from
 the members' ``lastAttempt.errors`` (already in the listing) or, when no member shows
-one, one page of ``listErrors``.
+one, ``listErrors`` (every page, up to a bound: the errors come in no documented order).
+
+A member whose row or VM lacks what the API always sends (a state, a running VM's IPv4
+address, as an IPv6-only VM has none) is listed as not usable, with one warning while
+it stays so; only an answer broken as a whole fails a listing.
 
 A steady group costs one call per refresh. google-cloud-compute is imported on first
 use, so importing this module costs nothing without the ``gcp`` extra.
@@ -29,7 +33,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,7 +70,7 @@ log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------ IAM and limits
 
-_PERMISSION_BY_CALL: Mapping[str, str] = {
+PERMISSION_BY_CALL: Mapping[str, str] = {
     "instanceGroupManagers.get": "compute.instanceGroupManagers.get",
     "instanceGroupManagers.listManagedInstances": "compute.instanceGroupManagers.get",
     "instanceGroupManagers.resize": "compute.instanceGroupManagers.update",
@@ -80,8 +84,12 @@ _PERMISSION_BY_CALL: Mapping[str, str] = {
     # regionInstanceTemplates.get reference pages).
     "instanceTemplates.get": "compute.instanceTemplates.get",
 }
+"""The IAM permission each API call the provider makes needs, by the call's name in
+errors (regional groups: the same calls of regionInstanceGroupManagers and
+regionInstanceTemplates). The README's table is made from it
+(:mod:`spotring.providers.permissions`)."""
 
-IAM_PERMISSIONS: tuple[str, ...] = tuple(dict.fromkeys(_PERMISSION_BY_CALL.values()))
+IAM_PERMISSIONS: tuple[str, ...] = tuple(dict.fromkeys(PERMISSION_BY_CALL.values()))
 """Every IAM permission the provider needs; a custom role holding exactly these is
 enough (terraform/gcp grants them to the driver's service account)."""
 
@@ -123,8 +131,12 @@ LAUNCH_ACTIONS = frozenset(
 an error of another action (deleting, abandoning, refreshing) is no shortage."""
 
 ERRORS_PAGE_SIZE = 500
-"""listErrors items read per shortage check: one page, the API's maximum ("Acceptable
-values are 0 to 500"); the check never pages further."""
+"""listErrors items per page, the API's maximum ("Acceptable values are 0 to 500")."""
+
+ERRORS_PAGES = 10
+"""At most this many listErrors pages per shortage check. The reference gives the
+errors no order (and refuses ``orderBy``), so the newest since a time may be on any
+page: every page is read, up to this bound (5,000 errors)."""
 
 
 def shortage_cause(code: str) -> ShortageCause:
@@ -146,9 +158,12 @@ _RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
 # ------------------------------------------------------- fields the answers must hold
 #
 # What Compute Engine's REST reference (compute/docs/reference/rest/v1, the same text as
-# google-cloud-compute's message docs) says of each field spotring reads. A field the
-# API always sends missing makes the listing a retryable MalformedAnswer; an absent
-# optional one keeps its documented meaning.
+# google-cloud-compute's message docs) says of each field spotring reads. An answer
+# broken as a whole (no list where the API always sends one, a row that names no member
+# or VM) makes the listing a retryable MalformedAnswer. A member whose row or VM lacks
+# what the API always sends costs only itself: it is listed as not usable (PENDING, or
+# worse if its other fields say so), with one warning while it stays so. An absent
+# optional field keeps its documented meaning.
 #
 # instanceGroupManagers.get (InstanceGroupManager)
 #   name, targetSize                always sent (targetSize: "The target number of
@@ -158,26 +173,35 @@ _RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
 #   managedInstances[]              optional: an empty group sends none (checked against
 #                                   targetSize, see GcpProvider.list_members)
 #   name                            required: "The name always exists even if the
-#                                   instance has not yet been created"
+#                                   instance has not yet been created"; a row without it
+#                                   (nor an instance URL that names it) is malformed
 #   currentAction                   required: every member has one (NONE: "The instance
 #                                   is running, and the group does not have any scheduled
-#                                   actions for this instance")
+#                                   actions for this instance"); without it, not usable
 #   id, instanceStatus              optional, together: "empty when the instance does
 #                                   not exist" (being created, or its creation failed):
-#                                   then PENDING, no address. One without the other, or
-#                                   NONE without them, is malformed
+#                                   then PENDING, no address. NONE without them is a VM
+#                                   deleted behind the group's back, which the group
+#                                   repairs ("About repairing VMs in a MIG": a VM "deleted
+#                                   by an action not initiated by the MIG", such as the
+#                                   preemption of a spot VM whose termination action is
+#                                   DELETE, as terraform/gcp sets it): GONE. One without
+#                                   the other: not usable
 #   instance (the URL)              optional: "can exist even if the instance has not yet
-#                                   been created"; required of an existing VM whose zone
-#                                   only the URL names (a regional group)
+#                                   been created"; an existing VM whose zone only the URL
+#                                   names (a regional group) without it: not usable
 #   instanceHealth[], lastAttempt   optional: no health check; no failed attempt
 # instances.list (Instance)
 #   items[]                         optional: none match; all of them missing is malformed
-#   name, id, status                always sent (id: "[Output Only] The unique identifier
+#   name, id                        always sent (id: "[Output Only] The unique identifier
 #                                   for the resource. This identifier is defined by the
-#                                   server"; status: "[Output Only] The status of the
-#                                   instance")
-#   networkInterfaces[0].networkIP  required once RUNNING: "If not specified by the user,
-#                                   an unused internal IP is assigned by the system"
+#                                   server"); an item without them is malformed
+#   status                          always sent ("[Output Only] The status of the
+#                                   instance"); without it, not usable
+#   networkInterfaces[0].networkIP  the internal IPv4 address, sent once RUNNING unless
+#                                   the interface is IPV6_ONLY (NetworkInterface.stackType;
+#                                   then ipv6Address instead): a running VM without it is
+#                                   not usable (spotring and Horovod address hosts by IPv4)
 #   scheduling, guestAccelerators,  optional: standard provisioning, no accelerators, no
 #   labels, creationTimestamp       labels, no launch time
 # instanceGroupManagers.get, again (group_lifecycle)
@@ -187,7 +211,8 @@ _RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
 #   properties.scheduling           optional, each field too: none is a STANDARD VM;
 #                                   provisioningModel SPOT or preemptible true is spot
 # listErrors (InstanceManagedByIgmError)
-#   items[]                         optional: no errors
+#   items[]                         optional: no errors; in no documented order (the
+#                                   method refuses orderBy), so every page is read
 #   error.code, error.message       an item without a code is skipped
 #   timestamp                       "The time that this error occurred" (RFC 3339); an
 #                                   item without one cannot be placed after `since`
@@ -218,6 +243,8 @@ CURRENT_ACTION_MAP: Mapping[str, InstanceState] = {
 """The group's ``currentAction`` on a member -> InstanceState."""
 
 INSTANCE_STATUS_MAP: Mapping[str, InstanceState] = {
+    # Waiting for capacity (a Flex-start VM; "Compute Engine instance lifecycle").
+    "PENDING": InstanceState.PENDING,
     "PROVISIONING": InstanceState.PENDING,
     "STAGING": InstanceState.PENDING,
     "REPAIRING": InstanceState.PENDING,
@@ -230,6 +257,9 @@ INSTANCE_STATUS_MAP: Mapping[str, InstanceState] = {
     "STOPPED": InstanceState.TERMINATING,
     "SUSPENDED": InstanceState.TERMINATING,
     "TERMINATED": InstanceState.TERMINATING,
+    # "The instance is halted and we are performing tear down tasks like network
+    # deprogramming, releasing quota, IP, tearing down disks" (Instance.Status).
+    "DEPROVISIONING": InstanceState.TERMINATING,
 }
 """The VM's ``instanceStatus`` -> InstanceState."""
 
@@ -249,17 +279,25 @@ def member_state(
     current_action: str, instance_status: str, health: Sequence[str], vm_found: bool = True
 ) -> InstanceState:
     """Combine the group's action, the VM's status and its health: the least usable
-    wins. A member with no VM yet (no status) is as its action says; one whose VM
-    instances.list no longer returns is GONE. Unknown strings count as PENDING."""
+    wins. A member with no VM (no status) is as its action says, and GONE with action
+    NONE (its VM was deleted behind the group's back: see the field table above); one
+    whose VM instances.list no longer returns is GONE. Unknown strings count as PENDING."""
     if not instance_status:
+        if current_action == "NONE":
+            return InstanceState.GONE
         return worst_state(InstanceState.PENDING, lookup_state(CURRENT_ACTION_MAP, current_action))
     if not vm_found:
         return InstanceState.GONE
-    return worst_state(
+    return worst_state(*_views(current_action, instance_status, health))
+
+
+def _views(current_action: str, instance_status: str, health: Sequence[str]) -> list[InstanceState]:
+    """What the group's action, the VM's status and its health each say of a member."""
+    return [
         lookup_state(CURRENT_ACTION_MAP, current_action),
         lookup_state(INSTANCE_STATUS_MAP, instance_status),
         *(lookup_state(HEALTH_STATE_MAP, state) for state in health),
-    )
+    ]
 
 
 # ------------------------------------------------------------------ the group's view
@@ -277,6 +315,8 @@ class _Member:
     health: tuple[str, ...]
     errors: tuple[tuple[str, str], ...]
     """The last creation attempt's (code, message) pairs."""
+    problem: str = ""
+    """What the row lacks that the API always sends ("": nothing): then not usable."""
 
     @property
     def key(self) -> tuple[str, str, int | None]:
@@ -301,30 +341,43 @@ class _Vm:
     machine_type: str
     launch_time: float | None
     labels: Mapping[str, str]
+    problem: str = ""
+    """What the VM lacks that a usable one has ("": nothing): then not usable."""
+
+    @property
+    def final(self) -> bool:
+        """Whether these details stay true while the VM lives: it runs, and is whole."""
+        return self.status == "RUNNING" and not self.problem
 
     @classmethod
     def of(cls, vm: Any) -> _Vm:
         """The VM as instances.list answers it; raises :class:`MalformedAnswer` for one
-        without a name, id or status, or running without an address."""
+        without a name or id (it cannot be told which member's it is)."""
         raw = type(vm).pb(vm)
+        if not (raw.name and raw.HasField("id")):
+            raise MalformedAnswer("instances.list", f"VM {raw.name or '?'} without its name or id")
         scheduling = raw.scheduling
-        address = raw.network_interfaces[0].network_i_p if raw.network_interfaces else ""
-        if not (raw.name and raw.HasField("id") and raw.status) or (
-            raw.status == "RUNNING" and not address
-        ):
-            raise MalformedAnswer(
-                "instances.list", f"VM {raw.name or '?'} without its name, id, status or address"
+        nic = raw.network_interfaces[0] if raw.network_interfaces else None
+        address = nic.network_i_p if nic is not None else ""
+        problem = ""
+        if not raw.status:
+            problem = "its VM has no status"
+        elif raw.status == "RUNNING" and not address:
+            ipv6_only = nic is not None and nic.stack_type == "IPV6_ONLY"
+            problem = "its VM runs without an internal IPv4 address" + (
+                " (an IPV6_ONLY network interface)" if ipv6_only else ""
             )
         return cls(
             name=raw.name,
             vm_id=raw.id,
             status=raw.status,
-            address=address,
+            address="" if problem else address,
             spot=scheduling.provisioning_model == "SPOT" or scheduling.preemptible,
             accelerators=sum(a.accelerator_count for a in raw.guest_accelerators),
             machine_type=_last_segment(raw.machine_type),
             launch_time=_timestamp(raw.creation_timestamp),
             labels=dict(raw.labels),
+            problem=problem,
         )
 
 
@@ -483,8 +536,9 @@ class GcpProvider(CloudGroupProvider):
         self._members: dict[str, _Member] = {}
         self._capacity = EpisodeWarnings(log)
         self._vms: DescribeOnce[tuple[str, str, int | None], _Vm] = DescribeOnce(
-            self._describe_vms, lambda vm: vm.status == "RUNNING"
+            self._describe_vms, lambda vm: vm.final
         )
+        self._odd = EpisodeWarnings(log)  # members listed as not usable for what they lack
         self._label = label or group
         self._listed_at: float | None = None  # when the last listing was read
         self._template_lifecycles: dict[str, Lifecycle] = {}  # template URL -> lifecycle
@@ -647,13 +701,21 @@ class GcpProvider(CloudGroupProvider):
         self._members = {m.name: m for m in members}
         self._listed_at = time.time()
         self._warn_about_capacity(members)
-        vms = self._vms.get([m.key for m in members if m.vm_id is not None])
-        return [self._to_instance(m, vms.get(m.key)) for m in members]
+        vms = self._vms.get([m.key for m in members if m.vm_id is not None and not m.problem])
+        instances = [self._to_instance(m, vms.get(m.key)) for m in members]
+        self._warn_about_odd_members(members, vms, instances)
+        return instances
 
     def _to_instance(self, member: _Member, vm: _Vm | None) -> Instance:
-        state = member_state(
-            member.current_action, member.instance_status, member.health, vm is not None
-        )
+        if member.problem:  # not usable, and no VM asked for: what its fields say, or PENDING
+            state = worst_state(
+                InstanceState.PENDING,
+                *_views(member.current_action, member.instance_status, member.health),
+            )
+        else:
+            state = member_state(
+                member.current_action, member.instance_status, member.health, vm is not None
+            )
         if vm is None:
             return Instance(
                 id=member.name,
@@ -666,7 +728,7 @@ class GcpProvider(CloudGroupProvider):
         return Instance(
             id=member.name,
             address=vm.address,
-            state=state,
+            state=worst_state(state, InstanceState.PENDING) if vm.problem else state,
             slots=self.slots.slots(member.name, vm.labels, vm.accelerators),
             lifecycle=Lifecycle.SPOT if vm.spot else Lifecycle.ON_DEMAND,
             zone=member.zone,
@@ -676,10 +738,28 @@ class GcpProvider(CloudGroupProvider):
             labels=vm.labels,
         )
 
+    def _warn_about_odd_members(
+        self,
+        members: Sequence[_Member],
+        vms: Mapping[tuple[str, str, int | None], _Vm],
+        instances: Sequence[Instance],
+    ) -> None:
+        """Warn once per member while it is listed as not usable for what it lacks."""
+        odd: dict[str, str] = {}
+        for member, instance in zip(members, instances, strict=True):
+            vm = vms.get(member.key)
+            problem = member.problem or (vm.problem if vm is not None else "")
+            if problem:
+                odd[f"gcp: group {self.group} member {member.name}"] = (
+                    f"gcp: group {self.group}: member {member.name} is listed as"
+                    f" {instance.state.value}, not usable: {problem}"
+                )
+        self._odd.update(odd)
+
     @staticmethod
     def _cloud_state(member: _Member) -> str:
         health = ",".join(member.health) or "-"
-        return f"{member.current_action}/{member.instance_status or '-'}/{health}"
+        return f"{member.current_action or '-'}/{member.instance_status or '-'}/{health}"
 
     def _list_managed(self) -> list[_Member]:
         compute = self._compute
@@ -710,26 +790,26 @@ class GcpProvider(CloudGroupProvider):
         return [self._member(m) for m in page.managed_instances], page.next_page_token
 
     def _member(self, managed: Any) -> _Member:
-        """A row of listManagedInstances; see REQUIRED_FIELDS for what must be there."""
+        """A row of listManagedInstances (see the field table at the top of the module);
+        raises :class:`MalformedAnswer` for one that names no member."""
         # The raw protobuf: proto-plus attribute access costs ~10x more, and a
         # 1,000-member group is read on every refresh.
         raw = type(managed).pb(managed)
         found = _ZONE_IN_URL.search(raw.instance)
         zone, name = found.groups() if found else (self.zone or "", raw.name)
-        problem = _missing_field(raw, name, zone)
-        if problem:
+        if not name:
             raise MalformedAnswer(
-                "instanceGroupManagers.listManagedInstances",
-                f"member {name or '?'} without its {problem}",
+                "instanceGroupManagers.listManagedInstances", "a member without its name"
             )
         return _Member(
             name=name,
             zone=zone,
             vm_id=raw.id if raw.HasField("id") else None,
-            current_action=raw.current_action or "NONE",
+            current_action=raw.current_action,
             instance_status=raw.instance_status,
             health=tuple(h.detailed_health_state for h in raw.instance_health),
             errors=tuple((e.code, e.message) for e in raw.last_attempt.errors.errors),
+            problem=_missing_field(raw, zone),
         )
 
     def _describe_vms(
@@ -850,10 +930,10 @@ class GcpProvider(CloudGroupProvider):
         """Why the group could not create members lately, or None.
 
         First the members of the last listing (if read at or after ``since``) whose VM
-        does not exist, by their ``lastAttempt.errors``: no call. Else one page of
-        ``listErrors``
-        (https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/listErrors):
-        the newest error of a creating, recreating, starting or resuming action whose
+        does not exist, by their ``lastAttempt.errors``: no call. Else ``listErrors``
+        (https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/listErrors),
+        every page up to :data:`ERRORS_PAGES`, in whatever order it lists them: the
+        newest error of a creating, recreating, starting or resuming action whose
         ``timestamp`` is at or after ``since``. Capacity and quota codes are preferred
         to others among a listing's errors. Reads only.
         """
@@ -884,32 +964,24 @@ class GcpProvider(CloudGroupProvider):
                 project=self.project, region=self.region, instance_group_manager=self.group
             )
         request.max_results = ERRORS_PAGE_SIZE
-        # The pager answers attributes from its first page; it is never iterated, so no
-        # second page is asked for.
-        items = self.call_api(
-            "instanceGroupManagers.listErrors",
-            lambda: list(self._groups.list_errors(request=request, **_CALL_OPTIONS).items),
-        )
         newest: CapacityShortage | None = None
-        for item in items:
-            raw = type(item).pb(item)
-            at = _timestamp(raw.timestamp)
-            action = (
-                raw.instance_action_details.action
-                if raw.HasField("instance_action_details")
-                else ""
+        token = ""
+        for _ in range(ERRORS_PAGES):
+            request.page_token = token
+            # The pager answers attributes from its first page: one page per call.
+            items, token = self.call_api(
+                "instanceGroupManagers.listErrors",
+                lambda: _page(self._groups.list_errors(request=request, **_CALL_OPTIONS)),
             )
-            # An item without a time cannot be placed after `since`; one without a
-            # code says nothing usable.
-            if at is None or at < since or not raw.error.code:
-                continue
-            if action and action not in LAUNCH_ACTIONS:
-                continue
-            if newest is None or at > (newest.at or 0.0):
-                code = raw.error.code
-                newest = CapacityShortage(
-                    shortage_cause(code), code, one_line(raw.error.message), at
-                )
+            for item in items:
+                found = _launch_error(item, since)
+                if found is not None and (newest is None or (found.at or 0.0) > (newest.at or 0.0)):
+                    newest = found
+            if not token:
+                return newest
+        log.debug(
+            "gcp: group %s: read the first %d listErrors pages only", self.group, ERRORS_PAGES
+        )
         return newest
 
     # ------------------------------------------------------------------ the group
@@ -993,7 +1065,9 @@ class GcpProvider(CloudGroupProvider):
         the VM and creates a new one with the same name, keeping its size.
 
         A member already being recreated or deleted, or not in the group, is left
-        alone.
+        alone; so is one that left the group (or whose VM the group replaced) between
+        the listing and the call, which the API refuses with a 400. Raises a retryable
+        :class:`ProviderError` for a member whose zone the group has not said.
         """
         member = self._members.get(instance_id)
         if member is None:  # not in the last listing (or none yet): ask the group
@@ -1007,6 +1081,11 @@ class GcpProvider(CloudGroupProvider):
         if member.vm_id is None:  # no VM yet: the group is creating it, nothing to recreate
             log.debug("gcp: %s has no VM yet; nothing to replace", instance_id)
             return
+        if not member.zone:
+            raise ProviderError(
+                f"gcp: cannot replace {instance_id} in group {self.group} yet: the group has"
+                " not said which zone its VM is in"
+            )
         path = f"zones/{member.zone}/instances/{member.name}"
         compute = self._compute
         if self.zone:
@@ -1029,10 +1108,39 @@ class GcpProvider(CloudGroupProvider):
                 ),
                 **_CALL_OPTIONS,
             )
-        self.call_api("instanceGroupManagers.recreateInstances", call)
+        refused: list[Exception] = []
+
+        def recreate() -> None:
+            from google.api_core import exceptions as api
+
+            try:
+                call()
+            except api.BadRequest as error:  # e.g. "not a member of the managed instance group"
+                refused.append(error)
+
+        self.call_api("instanceGroupManagers.recreateInstances", recreate)
+        if refused:
+            if self._still_listed(member):
+                raise self.translate_error("instanceGroupManagers.recreateInstances", refused[0])
+            log.debug(
+                "gcp: %s left group %s before its recreate; nothing to replace",
+                instance_id,
+                self.group,
+            )
+            return
         # Remember it until the next listing, so a second ask is no second recreate.
         self._members[instance_id] = _replace_action(member, "RECREATING")
         log.info("gcp: recreating %s in group %s", instance_id, self.group)
+
+    def _still_listed(self, member: _Member) -> bool:
+        """Whether a fresh listing still has ``member`` with the same VM, not leaving."""
+        self._members = {m.name: m for m in self._list_managed()}
+        current = self._members.get(member.name)
+        return (
+            current is not None
+            and current.vm_id == member.vm_id
+            and current.current_action not in ("RECREATING", "DELETING", "ABANDONING")
+        )
 
     def remove_instance(self, instance_id: str) -> None:
         """``deleteInstances`` for the member named ``instance_id``: the group deletes
@@ -1124,7 +1232,7 @@ class GcpProvider(CloudGroupProvider):
         from google.api_core import exceptions as api
         from google.auth import exceptions as auth
 
-        permission = _PERMISSION_BY_CALL[call_name]
+        permission = PERMISSION_BY_CALL[call_name]
         where = f"project {self.project}, {self.location}"
         if isinstance(error, auth.RefreshError):
             return ConfigurationError(
@@ -1177,19 +1285,17 @@ class GcpProvider(CloudGroupProvider):
         return self.endpoint or "https://compute.googleapis.com"
 
 
-def _missing_field(raw: Any, name: str, zone: str) -> str:
+def _missing_field(raw: Any, zone: str) -> str:
     """What a listManagedInstances row lacks that the API always sends ("" if whole)."""
     vm_exists = raw.HasField("id")
-    if not name:
-        return "name"
-    if not raw.HasField("current_action"):
-        return "current action"
-    if vm_exists != bool(raw.instance_status):  # "empty when the instance does not exist"
-        return "id or status"
-    if raw.current_action == "NONE" and not vm_exists:  # NONE: "The instance is running"
-        return "VM"
+    if not raw.current_action:
+        return "its row has no currentAction"
+    if vm_exists and not raw.instance_status:  # together "empty when the instance does not exist"
+        return "its row has a VM id but no instanceStatus"
+    if raw.instance_status and not vm_exists:
+        return "its row has an instanceStatus but no VM id"
     if vm_exists and not zone:  # an existing VM is described in its zone: only the URL says
-        return "instance URL"
+        return "its row has no instance URL, which names its VM's zone"
     return ""
 
 
@@ -1199,20 +1305,32 @@ def _failing(member: _Member) -> bool:
     return bool(member.errors) and member.instance_status in ("", "PROVISIONING")
 
 
+def _launch_error(item: Any, since: float) -> CapacityShortage | None:
+    """The shortage a listErrors item reports, if it is an error of getting a VM running
+    at or after ``since``."""
+    raw = type(item).pb(item)
+    at = _timestamp(raw.timestamp)
+    action = raw.instance_action_details.action if raw.HasField("instance_action_details") else ""
+    # An item without a time cannot be placed after `since`; one without a code says
+    # nothing usable; an error of another action (deleting, ...) is no shortage.
+    if at is None or at < since or not raw.error.code or (action and action not in LAUNCH_ACTIONS):
+        return None
+    return CapacityShortage(
+        shortage_cause(raw.error.code), raw.error.code, one_line(raw.error.message), at
+    )
+
+
+def _page(pager: Any) -> tuple[list[Any], str]:
+    """A pager's first page: its items and the next page's token."""
+    return list(pager.items), pager.next_page_token
+
+
 def _read_vms(page: Any) -> tuple[list[_Vm], str]:
     return [_Vm.of(vm) for vm in page.items], page.next_page_token
 
 
 def _replace_action(member: _Member, action: str) -> _Member:
-    return _Member(
-        member.name,
-        member.zone,
-        member.vm_id,
-        action,
-        member.instance_status,
-        member.health,
-        member.errors,
-    )
+    return replace(member, current_action=action)
 
 
 def _load_library(credentials: Any | None, project_given: bool) -> tuple[Any, Any, str | None]:
@@ -1302,6 +1420,7 @@ __all__ = [
     "HEALTH_STATE_MAP",
     "IAM_PERMISSIONS",
     "INSTANCE_STATUS_MAP",
+    "PERMISSION_BY_CALL",
     "SHORTAGE_CAUSES",
     "GcpProvider",
     "GroupSpec",

@@ -16,7 +16,13 @@ again until it is successful", ManagedInstance.currentAction), without ``id`` an
 ``instanceStatus`` (empty "when the instance does not exist"), with the attempt's
 errors in ``lastAttempt.errors.errors[]``; each failed attempt is also an item of
 ``listErrors`` (InstanceManagedByIgmError: ``error.code``/``message``, ``timestamp``,
-``instanceActionDetails``).
+``instanceActionDetails``), in no order the reference promises (shuffled by default).
+
+Also as documented: spot preemption with termination action STOP or DELETE (the VM
+torn down through ``DEPROVISIONING``, then the member NONE without a VM until the group
+repairs it), IPV6_ONLY interfaces (no ``networkIP``), and listManagedInstances
+refusing ``orderBy``. Not documented, for hostile tests: a member whose rows leave
+fields out (``Member.dropped``).
 
 In process::
 
@@ -167,6 +173,11 @@ class Member:
     last_attempt_errors: list[str] = field(default_factory=list)
     seq: int = 0  # creation order, for "newest first"
     recreate_from: int | None = None  # id of the VM a RECREATING member still has to replace
+    ipv6_only: bool = False  # its VM's interface is IPV6_ONLY: no networkIP
+    deleted_on_stop: bool = False  # preempted with termination action DELETE
+    dropped: list[str] = field(default_factory=list)
+    """Fields left out of this member's rows (listManagedInstances and instances.list), as
+    a broken answer would: a test's hostile member, not a documented state."""
 
     @property
     def has_vm(self) -> bool:
@@ -177,6 +188,7 @@ class Member:
         """A plain description, for the control API."""
         data = asdict(self)
         data.pop("recreate_from")
+        data.pop("deleted_on_stop")
         return data
 
 
@@ -200,6 +212,7 @@ class FakeGroup:
         autoscaler: str | None,
         list_managed_instances_results: str,
         template_region: str | None = None,
+        termination_action: str = "STOP",
     ) -> None:
         self._fake = fake
         self.name = name
@@ -228,6 +241,12 @@ class FakeGroup:
         # None: a global instance template; else the region of a regional one.
         self.template_region = template_region
         self.template_id = fake._new_id()
+        # Scheduling.instanceTerminationAction of a spot VM: STOP, or DELETE as
+        # terraform/gcp sets it ("Compute Engine deletes the Spot VM on preemption").
+        self.termination_action = termination_action
+        # listErrors names no order ("The filter and orderBy query parameters are not
+        # supported"): "shuffled" (the default, seeded), "newest" or "oldest" first.
+        self.errors_order = "shuffled"
 
     # ------------------------------------------------------------------ addresses
 
@@ -275,6 +294,8 @@ class FakeGroup:
         health: Iterable[str] = (),
         last_attempt_errors: Iterable[str] = (),
         grow_target: bool = True,
+        ipv6_only: bool = False,
+        dropped: Iterable[str] = (),
     ) -> Member:
         """Add a member (a running VM unless told otherwise); grows targetSize to match."""
         with self._fake._lock:
@@ -288,6 +309,8 @@ class FakeGroup:
                 health=list(health),
                 last_attempt_errors=list(last_attempt_errors),
                 seq=self._fake._new_seq(),
+                ipv6_only=ipv6_only,
+                dropped=list(dropped),
             )
             if instance_status is not None:
                 self._fake._new_vm(member)
@@ -305,8 +328,10 @@ class FakeGroup:
         health: Iterable[str] | None = None,
         last_attempt_errors: Iterable[str] | None = None,
         no_vm: bool = False,
+        dropped: Iterable[str] | None = None,
     ) -> Member:
-        """Overwrite a member's state; ``no_vm=True`` drops its VM (no id, no status)."""
+        """Overwrite a member's state; ``no_vm=True`` drops its VM (no id, no status);
+        ``dropped`` names fields its rows leave out (see :attr:`Member.dropped`)."""
         with self._fake._lock:
             member = self.member(name)
             if current_action is not None:
@@ -322,6 +347,8 @@ class FakeGroup:
                 member.health = list(health)
             if last_attempt_errors is not None:
                 member.last_attempt_errors = list(last_attempt_errors)
+            if dropped is not None:
+                member.dropped = list(dropped)
             return member
 
     def remove_member(self, name: str, *, shrink_target: bool = True) -> None:
@@ -342,15 +369,21 @@ class FakeGroup:
             return member
 
     def preempt(self, name: str) -> Member:
-        """Spot preemption: STOPPING, then TERMINATED, then the MIG recreates the VM.
+        """Spot preemption: the VM stops, then the MIG recreates it.
 
-        With ``advance()``: STOPPING -> TERMINATED -> RECREATING (old VM, TERMINATED) ->
-        RECREATING (new id, PROVISIONING) -> NONE, RUNNING.
+        With ``advance()`` and termination action STOP: STOPPING -> TERMINATED ->
+        RECREATING (old VM, TERMINATED) -> RECREATING (new id, PROVISIONING) -> NONE,
+        RUNNING. With DELETE (terraform/gcp): STOPPING -> DEPROVISIONING -> the VM is
+        deleted and the member is NONE without id or status until the MIG repairs it
+        ("About repairing VMs in a MIG": it recreates a VM "deleted by an action not
+        initiated by the MIG", e.g. the preemption of a Spot VM) -> RECREATING (no VM)
+        -> RECREATING (new id, PROVISIONING) -> NONE, RUNNING.
         """
         with self._fake._lock:
             member = self.member(name)
             member.instance_status = "STOPPING"
             member.current_action = "NONE"
+            member.deleted_on_stop = self.termination_action == "DELETE"
             return member
 
     def capacity_error(self, zone: str, code: str = "ZONE_RESOURCE_POOL_EXHAUSTED") -> None:
@@ -465,6 +498,17 @@ class FakeGroup:
             m.current_action = "NONE"
             if m.has_vm:
                 m.instance_status = "RUNNING"
+        elif not m.has_vm:  # its VM was deleted behind the group's back: repaired
+            if self.auto_repair:
+                m.current_action = "RECREATING"
+                m.recreate_from = None
+        elif m.instance_status == "STOPPING" and m.deleted_on_stop:
+            # Instance.Status DEPROVISIONING: "The instance is halted and we are
+            # performing tear down tasks like network deprogramming, releasing quota, IP,
+            # tearing down disks etc."
+            m.instance_status = "DEPROVISIONING"
+        elif m.instance_status == "DEPROVISIONING":
+            m.instance_status, m.id, m.deleted_on_stop = None, None, False
         elif m.instance_status in ("STOPPING", "SUSPENDING"):
             m.instance_status = "TERMINATED" if m.instance_status == "STOPPING" else "SUSPENDED"
         elif m.instance_status in ("PROVISIONING", "STAGING", "REPAIRING"):
@@ -562,7 +606,7 @@ class FakeGroup:
             current_action=m.current_action,
             version=compute_v1.ManagedInstanceVersion(instance_template=self._template()),
         )
-        if m.has_vm or m.current_action == "RECREATING":
+        if m.has_vm or m.current_action in ("RECREATING", "NONE"):
             mi.instance = self.instance_url(m)
         if m.has_vm:
             mi.id = m.id
@@ -587,7 +631,7 @@ class FakeGroup:
                     ]
                 )
             )
-        return _json(compute_v1.ManagedInstance, mi)
+        return _dropping(_json(compute_v1.ManagedInstance, mi), m.dropped)
 
     def instance(self, m: Member) -> dict[str, Any]:
         """The member's VM as instances.list returns it."""
@@ -602,20 +646,16 @@ class FakeGroup:
             status=m.instance_status,
             creation_timestamp=m.creation_timestamp,
             self_link=self.instance_url(m),
-            network_interfaces=[
-                compute_v1.NetworkInterface(
-                    name="nic0",
-                    network_i_p=m.network_ip,
-                    network=f"{API}/projects/{project}/global/networks/default",
-                )
-            ],
+            network_interfaces=[_network_interface(m, project)],
             labels=dict(self.labels),
             metadata=compute_v1.Metadata(
                 kind="compute#metadata",
                 items=[compute_v1.Items(key="created-by", value=self.resource)],
             ),
         )
-        scheduling = _scheduling(self.provisioning_model, self.accelerators)
+        scheduling = _scheduling(
+            self.provisioning_model, self.accelerators, self.termination_action
+        )
         if scheduling is not None:
             inst.scheduling = scheduling
         if self.accelerators:
@@ -625,7 +665,7 @@ class FakeGroup:
                     accelerator_count=self.accelerators,
                 )
             ]
-        return _json(compute_v1.Instance, inst)
+        return _dropping(_json(compute_v1.Instance, inst), m.dropped)
 
     @property
     def template_name(self) -> str:
@@ -649,7 +689,9 @@ class FakeGroup:
             machine_type=self.machine_type,  # a global template names the type bare
             labels=dict(self.labels),
         )
-        scheduling = _scheduling(self.provisioning_model, self.accelerators)
+        scheduling = _scheduling(
+            self.provisioning_model, self.accelerators, self.termination_action
+        )
         if scheduling is not None:
             props.scheduling = scheduling
         if self.accelerators:
@@ -730,6 +772,8 @@ class FakeGroup:
                 "capacity_errors": dict(self.capacity_errors),
                 "errors": list(self.errors),
                 "template_region": self.template_region,
+                "termination_action": self.termination_action,
+                "errors_order": self.errors_order,
                 "list_managed_instances_results": self.list_managed_instances_results,
                 "members": [m.to_dict() for m in self.members],
             }
@@ -752,7 +796,9 @@ _ACTION_FIELDS = {
 }
 
 
-def _scheduling(model: str | None, accelerators: int) -> compute_v1.Scheduling | None:
+def _scheduling(
+    model: str | None, accelerators: int, termination_action: str = "STOP"
+) -> compute_v1.Scheduling | None:
     """A VM's or template's Scheduling for ``model`` (see :meth:`FakeGroup.template`)."""
     if model is None:
         return None
@@ -764,8 +810,42 @@ def _scheduling(model: str | None, accelerators: int) -> compute_v1.Scheduling |
     if model != "PREEMPTIBLE":
         scheduling.provisioning_model = model
     if model == "SPOT":
-        scheduling.instance_termination_action = "STOP"
+        scheduling.instance_termination_action = termination_action
     return scheduling
+
+
+def _network_interface(m: Member, project: str) -> compute_v1.NetworkInterface:
+    """The VM's nic0. NetworkInterface.stackType IPV6_ONLY: "The network interface will
+    be assigned IPv6 addresses" only, so no ``networkIP`` (the IPv4 address) but an
+    ``ipv6Address``."""
+    nic = compute_v1.NetworkInterface(
+        name="nic0", network=f"{API}/projects/{project}/global/networks/default"
+    )
+    if m.ipv6_only:
+        nic.stack_type = "IPV6_ONLY"
+        nic.ipv6_access_type = "INTERNAL"
+        nic.ipv6_address = f"fd20:0:0:1::{m.seq:x}"
+    else:
+        nic.network_i_p = m.network_ip
+    return nic
+
+
+def _dropping(resource: dict[str, Any], fields: Iterable[str]) -> dict[str, Any]:
+    """``resource`` without ``fields`` (dotted paths into nested objects and lists)."""
+    for path in fields:
+        _drop(resource, path.split("."))
+    return resource
+
+
+def _drop(value: Any, path: list[str]) -> None:
+    if isinstance(value, list):
+        for item in value:
+            _drop(item, path)
+    elif isinstance(value, dict) and path:
+        if len(path) == 1:
+            value.pop(path[0], None)
+        elif path[0] in value:
+            _drop(value[path[0]], path[1:])
 
 
 def _capacity_message(code: str, project: str, zone: str) -> str:
@@ -878,12 +958,14 @@ class FakeCompute(FakeServer[RecordedRequest]):
         autoscaler: str | None = None,
         list_managed_instances_results: str = "PAGELESS",
         template_region: str | None = None,
+        termination_action: str = "STOP",
     ) -> FakeGroup:
         """A zonal (``zone``) or regional (``region``) group with ``size`` RUNNING members.
 
         ``provisioning_model``: SPOT, STANDARD, PREEMPTIBLE (``preemptible: true`` only)
         or None (no scheduling at all); ``template_region``: the group's instance
-        template is regional (else global)."""
+        template is regional (else global); ``termination_action``: what preempting a
+        spot VM does, STOP or DELETE (see :meth:`FakeGroup.preempt`)."""
         if (zone is None) == (region is None):
             raise ValueError("give exactly one of zone and region")
         with self._lock:
@@ -902,6 +984,7 @@ class FakeCompute(FakeServer[RecordedRequest]):
                 autoscaler=autoscaler,
                 list_managed_instances_results=list_managed_instances_results,
                 template_region=template_region,
+                termination_action=termination_action,
             )
             self.groups[(group.location, name)] = group
             for _ in range(size):
@@ -1207,14 +1290,22 @@ class FakeCompute(FakeServer[RecordedRequest]):
 
     def _list_errors(self, group: FakeGroup, query: dict[str, str]) -> dict[str, Any]:
         """listErrors: "The filter and orderBy query parameters are not supported." The
-        reference names no order; the fake answers the newest first."""
+        reference names no order: the group's ``errors_order`` decides."""
         if query.get("pageToken"):
             return self._next_page(query["pageToken"], query, "items")
         if query.get("filter") or query.get("orderBy"):
             raise invalid("filter", query.get("filter") or query.get("orderBy"), "Not supported.")
-        return self._first_page(list(reversed(group.errors)), query, "items")
+        items = list(group.errors)
+        if group.errors_order == "newest":
+            items.reverse()
+        elif group.errors_order == "shuffled":
+            self._rng.shuffle(items)
+        return self._first_page(items, query, "items")
 
     def _list_managed(self, group: FakeGroup, query: dict[str, str]) -> dict[str, Any]:
+        # "The orderBy query parameter is not supported" (listManagedInstances reference).
+        if query.get("orderBy"):
+            raise invalid("orderBy", query["orderBy"], "Not supported.")
         token = query.get("pageToken")
         paged = group.list_managed_instances_results == "PAGINATED"
         if paged and token:
@@ -1458,7 +1549,8 @@ class _Handler(KeepAliveHandler):
     - ``GET /_fake/state``: every group with its members.
     - ``POST /_fake/groups``: add a group (a group spec of the state file).
     - ``GET|PATCH /_fake/groups/{g}``: read; set ``auto_advance``, ``auto_repair``,
-      ``autoscaler``, ``target_size``, ``list_managed_instances_results``.
+      ``autoscaler``, ``target_size``, ``list_managed_instances_results``,
+      ``termination_action``, ``errors_order``.
     - ``POST /_fake/groups/{g}/members``: add members: ``{"count": n}`` or ``add_member``
       keywords (``name``, ``zone``, ``current_action``, ``instance_status``, ...).
     - ``PATCH /_fake/groups/{g}/members/{m}``: ``set_member`` keywords.
@@ -1624,7 +1716,12 @@ def _control_group(
             for key in ("auto_advance", "auto_repair"):
                 if key in body:
                     setattr(group, key, bool(body[key]))
-            for key in ("autoscaler", "list_managed_instances_results"):
+            for key in (
+                "autoscaler",
+                "list_managed_instances_results",
+                "termination_action",
+                "errors_order",
+            ):
                 if key in body:
                     setattr(group, key, body[key])
             if "target_size" in body:

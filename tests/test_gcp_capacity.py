@@ -22,6 +22,7 @@ pytest.importorskip("google.cloud.compute_v1", reason="the gcp extra is not inst
 
 from google.auth.credentials import AnonymousCredentials
 
+from spotring.providers import gcp
 from spotring.providers.base import (
     ConfigurationError,
     CoreOptions,
@@ -354,17 +355,35 @@ def test_list_errors_gives_the_newest_launch_failure_since_a_time(fake: FakeComp
     assert all(c.method == "GET" for c in calls)
 
 
-def test_list_errors_is_read_one_page_only(fake: FakeCompute) -> None:
+@pytest.mark.parametrize("order", ["oldest", "shuffled", "newest"])
+def test_list_errors_finds_the_newest_on_any_page_in_any_order(
+    fake: FakeCompute, order: str
+) -> None:
+    """listErrors names no order (and refuses orderBy): every page is read."""
     group = fake.add_group("workers", region=REGION, size=1)
-    provider = make_provider(fake, region=REGION)
+    group.errors_order = order
     now = time.time()
-    for i in range(600):
-        group.add_error("ZONE_RESOURCE_POOL_EXHAUSTED", timestamp=rfc3339(now - 600 + i))
+    for i in range(700):  # two pages of 500, the newest last added
+        group.add_error("ZONE_RESOURCE_POOL_EXHAUSTED", timestamp=rfc3339(now - 700 + i))
+    provider = make_provider(fake, region=REGION)
 
     found = provider.capacity_shortage(now - 1000)
 
     assert found is not None and found.at == pytest.approx(now - 1, abs=0.01)
-    assert len(fake.calls("regionInstanceGroupManagers.listErrors")) == 1
+    assert len(fake.calls("regionInstanceGroupManagers.listErrors")) == 2
+
+
+def test_list_errors_reads_a_bounded_number_of_pages(
+    fake: FakeCompute, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gcp, "ERRORS_PAGES", 2)
+    group = fake.add_group("workers", zone=ZONE, size=1)
+    now = time.time()
+    for i in range(1600):
+        group.add_error("QUOTA_EXCEEDED", timestamp=rfc3339(now - 1600 + i))
+
+    assert make_provider(fake).capacity_shortage(now - 2000) is not None
+    assert len(fake.calls(LIST_ERRORS)) == 2
 
 
 # ------------------------------------------------------------------ remove

@@ -348,6 +348,66 @@ def test_preemption_then_recreation(fake: FakeCompute) -> None:
     ]
 
 
+def test_preemption_with_termination_action_delete(fake: FakeCompute, igm: Any) -> None:
+    """As terraform/gcp deploys spot VMs: the VM is torn down (DEPROVISIONING) and
+    deleted, the member shows NONE without a VM, then the group repairs it."""
+    group = fake.add_group("workers", zone=ZONE, size=1, termination_action="DELETE")
+    group.auto_advance = False
+    name = group.names()[0]
+    old = group.member(name).id
+    group.preempt(name)
+    stages = []
+    for _ in range(6):
+        mi = listed(igm, **zonal())[name]
+        raw = type(mi).pb(mi)
+        vm = (raw.id == old) if raw.HasField("id") else None
+        stages.append((mi.current_action, mi.instance_status, vm, bool(mi.instance)))
+        group.advance()
+    assert stages == [
+        ("NONE", "STOPPING", True, True),
+        ("NONE", "DEPROVISIONING", True, True),
+        ("NONE", "", None, True),  # deleted; the URL stays ("can exist even if ...")
+        ("RECREATING", "", None, True),
+        ("RECREATING", "PROVISIONING", False, True),
+        ("NONE", "RUNNING", False, True),
+    ]
+    template = compute_v1.InstanceTemplatesClient(**client_kwargs(fake.url)).get(
+        project=PROJECT, instance_template=group.template_name
+    )
+    assert template.properties.scheduling.instance_termination_action == "DELETE"
+
+
+def test_an_ipv6_only_vm_has_no_network_ip(fake: FakeCompute, instances: Any) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=0)
+    member = group.add_member(ipv6_only=True)
+    [vm] = instances.list(project=PROJECT, zone=ZONE)
+    nic = type(vm).pb(vm).network_interfaces[0]
+    assert (nic.stack_type, nic.network_i_p) == ("IPV6_ONLY", "")
+    assert nic.ipv6_address.startswith("fd20:") and vm.name == member.name
+
+
+def test_dropped_fields_leave_one_members_rows(fake: FakeCompute, igm: Any, instances: Any) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=2)
+    odd, whole = group.names()
+    group.set_member(odd, dropped=["currentAction", "networkInterfaces.networkIP"])
+    rows = listed(igm, **zonal())
+    assert not type(rows[odd]).pb(rows[odd]).HasField("current_action")
+    assert rows[whole].current_action == "NONE"
+    vms = {vm.name: vm for vm in instances.list(project=PROJECT, zone=ZONE)}
+    assert vms[odd].network_interfaces[0].network_i_p == ""
+    assert vms[whole].network_interfaces[0].network_i_p
+
+
+def test_list_managed_instances_refuses_order_by(fake: FakeCompute, igm: Any) -> None:
+    fake.add_group("workers", zone=ZONE, size=1)
+    # "The orderBy query parameter is not supported" (listManagedInstances reference).
+    request = compute_v1.ListManagedInstancesInstanceGroupManagersRequest(
+        **zonal(), order_by="name"
+    )
+    with pytest.raises(exceptions.BadRequest, match="orderBy"):
+        list(igm.list_managed_instances(request=request))
+
+
 def test_capacity_errors_keep_members_creating(fake: FakeCompute, igm: Any) -> None:
     group = fake.add_group("workers", zone=ZONE, size=0)
     group.capacity_error(ZONE)
@@ -386,8 +446,11 @@ def test_a_failed_creation_has_no_vm_and_is_a_list_errors_item(fake: FakeCompute
     assert item.timestamp.endswith("+00:00")
 
 
-def test_list_errors_pages_newest_first_and_refuses_filters(fake: FakeCompute, rigm: Any) -> None:
+def test_list_errors_pages_in_the_order_asked_and_refuses_filters(
+    fake: FakeCompute, rigm: Any
+) -> None:
     group = fake.add_group("workers", region=REGION, size=1)
+    group.errors_order = "newest"
     group.add_error("ZONE_RESOURCE_POOL_EXHAUSTED", timestamp="2026-01-01T00:00:00.000+00:00")
     group.add_error("QUOTA_EXCEEDED", action=None, timestamp="2026-01-01T00:01:00.000+00:00")
     group.add_error("OTHER", timestamp="2026-01-01T00:02:00.000+00:00")
@@ -406,6 +469,14 @@ def test_list_errors_pages_newest_first_and_refuses_filters(fake: FakeCompute, r
     assert [
         r.query.get("maxResults") for r in fake.calls("regionInstanceGroupManagers.listErrors")
     ] == ["2", "2"]
+    group.errors_order = "oldest"
+    oldest_first = [i.error.code for i in rigm.list_errors(request=request)]
+    assert oldest_first == ["ZONE_RESOURCE_POOL_EXHAUSTED", "QUOTA_EXCEEDED", "OTHER"]
+    group.errors_order = "shuffled"  # the default: the reference names no order
+    for n in range(20):
+        group.add_error("OTHER", timestamp=f"2026-01-01T01:{n:02d}:00.000+00:00")
+    stamps = [i.timestamp for i in rigm.list_errors(request=request)]
+    assert len(stamps) == 23 and stamps not in (sorted(stamps), sorted(stamps, reverse=True))
     with pytest.raises(exceptions.BadRequest):
         rigm.list_errors(
             request=compute_v1.ListErrorsRegionInstanceGroupManagersRequest(

@@ -176,6 +176,80 @@ def test_a_recreated_vm_is_described_again(fake: FakeCompute) -> None:
     assert refreshed.state is InstanceState.READY and refreshed.address == member.network_ip
 
 
+def test_a_spot_vm_preempted_with_delete_is_gone_until_the_group_repairs_it(
+    fake: FakeCompute, caplog: pytest.LogCaptureFixture
+) -> None:
+    """terraform/gcp's spot VMs are deleted on preemption: torn down (DEPROVISIONING),
+    then a member NONE without a VM until the group recreates it. Each listing says so."""
+    group = fake.add_group("workers", zone=ZONE, size=2, termination_action="DELETE")
+    group.auto_advance = False
+    victim, kept = group.names()
+    provider = make_provider(fake)
+    provider.list_instances()
+    group.preempt(victim)
+
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="spotring.providers.gcp"):
+        for _ in range(6):
+            listed = {i.id: i for i in provider.list_instances()}
+            assert listed[kept].state is InstanceState.READY
+            seen.append((group.member(victim).instance_status, listed[victim].state))
+            group.advance()
+
+    assert seen == [
+        ("STOPPING", InstanceState.TERMINATING),
+        ("DEPROVISIONING", InstanceState.TERMINATING),
+        (None, InstanceState.GONE),  # NONE, no VM: deleted, not yet repaired
+        (None, InstanceState.TERMINATING),  # RECREATING, no VM yet
+        ("PROVISIONING", InstanceState.TERMINATING),  # RECREATING its new VM
+        ("RUNNING", InstanceState.READY),
+    ]
+    assert not caplog.records  # documented states: nothing odd
+
+
+@pytest.mark.parametrize(
+    ("where", "dropped", "ipv6_only"),
+    [
+        ("zone", ["currentAction"], False),
+        ("zone", ["id"], False),  # an instanceStatus without the VM's id
+        ("zone", ["instanceStatus"], False),  # a VM id without its status
+        ("zone", ["status"], False),  # instances.list: a VM without its status
+        ("zone", ["networkInterfaces.networkIP"], False),
+        ("zone", [], True),  # an IPV6_ONLY interface: no networkIP by design
+        ("region", ["instance"], False),  # a running VM whose zone only its URL names
+    ],
+)
+def test_one_odd_member_costs_only_itself(
+    fake: FakeCompute,
+    caplog: pytest.LogCaptureFixture,
+    where: str,
+    dropped: list[str],
+    ipv6_only: bool,
+) -> None:
+    """A member lacking what the API always sends is listed as not usable, with one
+    warning while it stays so; the others are listed as ever."""
+    place = {"zone": ZONE} if where == "zone" else {"region": REGION}
+    group = fake.add_group("workers", **place, size=2)
+    odd = group.add_member(dropped=dropped, ipv6_only=ipv6_only).name
+    provider = make_provider(fake, **place)
+
+    with caplog.at_level(logging.INFO, logger="spotring.providers.gcp"):
+        for _ in range(3):
+            listed = {i.id: i for i in provider.list_instances()}
+            assert listed[odd].state is InstanceState.PENDING and not listed[odd].address
+            assert [i.state for n, i in listed.items() if n != odd] == [InstanceState.READY] * 2
+            assert all(i.address for n, i in listed.items() if n != odd)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert (
+            len(warnings) == 1 and f"member {odd} is listed as pending, not usable" in warnings[0]
+        )
+
+        group.set_member(odd, dropped=[])
+        group.member(odd).ipv6_only = False
+        assert {i.id: i.state for i in provider.list_instances()}[odd] is InstanceState.READY
+    assert f"group workers member {odd}: resolved" in caplog.text
+
+
 def test_member_state_table() -> None:
     assert member_state("NONE", "RUNNING", ()) is InstanceState.READY
     assert member_state("NONE", "RUNNING", ("UNKNOWN",)) is InstanceState.READY
@@ -185,8 +259,28 @@ def test_member_state_table() -> None:
     assert member_state("NONE", "RUNNING", ("TIMEOUT",)) is InstanceState.DRAINING
     assert member_state("RECREATING", "RUNNING", ()) is InstanceState.TERMINATING
     assert member_state("NONE", "TERMINATED", ()) is InstanceState.TERMINATING
+    assert member_state("NONE", "DEPROVISIONING", ()) is InstanceState.TERMINATING
+    assert member_state("NONE", "PENDING", ()) is InstanceState.PENDING
+    assert member_state("NONE", "", ()) is InstanceState.GONE  # its VM deleted, not repaired
     assert member_state("NONE", "RUNNING", (), vm_found=False) is InstanceState.GONE
     assert member_state("SOMETHING_NEW", "RUNNING", ()) is InstanceState.PENDING
+
+
+def test_every_state_the_library_defines_is_mapped() -> None:
+    """Each value of google-cloud-compute's enums (the REST reference's) has its entry,
+    so none reads as PENDING only because it is new to spotring."""
+    from google.cloud import compute_v1
+
+    from spotring.providers.gcp import CURRENT_ACTION_MAP, HEALTH_STATE_MAP, INSTANCE_STATUS_MAP
+
+    for enum, table in [
+        (compute_v1.ManagedInstance.CurrentAction, CURRENT_ACTION_MAP),
+        (compute_v1.ManagedInstance.InstanceStatus, INSTANCE_STATUS_MAP),
+        (compute_v1.Instance.Status, INSTANCE_STATUS_MAP),
+        (compute_v1.ManagedInstanceInstanceHealth.DetailedHealthState, HEALTH_STATE_MAP),
+    ]:
+        defined = {value.name for value in enum if not value.name.startswith("UNDEFINED_")}
+        assert defined <= table.keys(), f"{enum.__qualname__}: {sorted(defined - table.keys())}"
 
 
 def test_spot_only_leaves_standard_vms_out(fake: FakeCompute) -> None:
@@ -253,6 +347,23 @@ def test_recreate_request_as_the_cloud_receives_it(fake: FakeCompute) -> None:
     calls = fake.calls("regionInstanceGroupManagers.recreateInstances")
     assert [c.body for c in calls] == [{"instances": [f"zones/{REGION}-b/instances/{victim.id}"]}]
     assert group.target_size == 3
+
+
+def test_recreating_a_member_that_left_since_the_listing_is_no_error(fake: FakeCompute) -> None:
+    group = fake.add_group("workers", zone=ZONE, size=3)
+    gone, refused, _ = group.names()
+    provider = make_provider(fake)
+    provider.list_instances()
+    group.remove_member(gone)  # scaled in by someone else meanwhile
+
+    provider.replace_instance(gone)  # the API answers 400: not a member any more
+
+    [call] = fake.calls("instanceGroupManagers.recreateInstances")
+    assert call.status == 400
+    # A 400 for a member still there is the user's to fix, and said so.
+    fake.fail_next(1, 400, match="recreateInstances")
+    with pytest.raises(ConfigurationError, match="recreateInstances failed"):
+        provider.replace_instance(refused)
 
 
 def test_an_autoscaled_group_is_not_resized_but_failed_hosts_are_recreated(
