@@ -57,12 +57,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, Row, format_table, row
+from spotring.worker_image import store_auth
 
 BENCHMARK = "scale"
 ENTRY = 136  # Gloo's TCP pair address: a sockaddr_storage and a sequence number
 POLL_S = 0.010  # HTTPStore::wait
 RETRY_S = 0.5  # HTTPStore::PerformHTTP
 TRIES = 3
+BENCH_KEY = bytes(range(32))
+"""The job key the simulated ranks sign their writes with (spotring's server only)."""
 SIZES = (16, 64, 256, 1024)
 QUICK_SIZES = (16, 64, 256, 1024)
 CAP_S = 60.0
@@ -101,7 +104,7 @@ def serve(kind: str) -> None:
             def register_worker_server(self, *args: Any) -> None: ...
 
         tracker = RingTracker()
-        port = tracker.start(rendezvous_handler(_Driver()), "127.0.0.1")
+        port = tracker.start(rendezvous_handler(_Driver()), "127.0.0.1", job_key=BENCH_KEY)
         init = tracker.init
     else:
         from horovod.runner.http.http_server import RendezvousServer
@@ -163,18 +166,23 @@ class RankFailed(Exception):
 
 
 async def _request(
-    port: int, method: str, path: str, body: bytes, counts: Counts
+    port: int, method: str, path: str, body: bytes, counts: Counts, ring: int | None = None
 ) -> tuple[int, bytes]:
-    """One request on a connection of its own, tried three times 500 ms apart."""
+    """One request on a connection of its own, tried three times 500 ms apart; signed
+    for ``ring`` (as spotring's Horovod build signs its writes), each try afresh."""
     head = (
-        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(body)}\r\n"
     ).encode()
     for attempt in range(TRIES):
         counts.requests += 1
+        signed = b""
+        if ring is not None:
+            signature = store_auth.sign(BENCH_KEY, method, path, ring, body)
+            signed = f"{store_auth.AUTH_HEADER}: {signature.header()}\r\n".encode()
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             try:
-                writer.write(head + body)
+                writer.write(head + signed + b"\r\n" + body)
                 status_line = await reader.readline()
                 length = 0
                 received = len(status_line)
@@ -231,6 +239,11 @@ async def _rank_patched(
 ) -> None:
     import struct
 
+    # The worker learns the ring it forms, which its writes are signed for.
+    status, answer = await _request(port, "GET", "/spotring/ring", b"", counts)
+    if status != 200:
+        raise RankFailed(f"/spotring/ring: {status}")
+    ring = int(answer)
     for scope_t, k, _ in _contexts(size, stock=False):
         scope = scope_t.format(r=rank)
         me = rank if k > 1 else 0
@@ -239,7 +252,7 @@ async def _rank_patched(
             body = struct.pack(">III", k, 30000, len(host)) + host + _addresses(me, k)
             while True:
                 status, answer = await _request(
-                    port, "PUT", f"/{scope}/spotring-mesh-{me}", body, counts
+                    port, "PUT", f"/{scope}/spotring-mesh-{me}", body, counts, ring
                 )
                 if status == 200 and answer[:4] == b"SRM1":
                     if len(answer) != 16 + ENTRY * (k - 1):
@@ -248,7 +261,7 @@ async def _rank_patched(
                 if status != 404:
                     raise RankFailed(f"{scope}: {status}")
             await barriers[scope].wait()
-            await _request(port, "DELETE", f"/{scope}/{me}", b"", counts)
+            await _request(port, "DELETE", f"/{scope}/{me}", b"", counts, ring)
 
 
 async def _rank_stock(

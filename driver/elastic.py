@@ -158,7 +158,7 @@ def run_elastic(
     notices.hold_rank_answers(driver)
     _quiet_exits_after_stop(driver)
     use_safe_worker_clients(driver)
-    port = rendezvous.start(rendezvous_handler(driver), address)
+    port = rendezvous.start(rendezvous_handler(driver), address, job_key=job_key)
     notifier.attach(driver)
     _announce_joins_as_additions(driver)
     _replay_host_changes_for_new_coordinator(driver)

@@ -67,13 +67,10 @@ from horovod.runner.http.http_server import (
 )
 
 from spotring.driver import horovod_internals
+from spotring.worker_image import store_auth
 from spotring.worker_image.durable import FLUSH_KEY
-from spotring.worker_image.peer_abort import (
-    ABANDONED_KEY,
-    ABANDONED_SLOT_PREFIX,
-    RING_KEY,
-    RING_SCOPE,
-)
+from spotring.worker_image.peer_abort import ABANDONED_KEY, ABANDONED_SLOT_PREFIX
+from spotring.worker_image.store_auth import RING_KEY, RING_SCOPE
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +153,12 @@ STUCK_SECONDS = 0.05
 MESH_ANSWER_THREADS = 16
 """Threads that answer parked ranks (the answers of a mesh of N ranks go out 16 at a
 time, not N threads at once); each answer is given :data:`REQUEST_DEADLINE_SECONDS`."""
+
+NONCES_PER_SLOT = 64
+NONCES_MARGIN = 4096
+"""Signed requests taken per ring: :data:`NONCES_PER_SLOT` per planned slot plus
+:data:`NONCES_MARGIN` (a worker makes a few per context; its nonces are remembered for
+the ring, to refuse replays). More are refused with 429."""
 
 PARKED = b"parked"
 """What :meth:`_RendezvousHTTPServer.mesh_answer_or_park` returns for a request it
@@ -377,21 +380,32 @@ class MeshScope:
         self.count = 0
         self.charge = size * (max(size - 1, 1) * entry + 2 * ENTRY_OVERHEAD_BYTES)
         self.local_ranks: list[int] | None = None
+        self.answered: set[int] = set()
+        """Ranks that were answered their peers' addresses."""
         self.finished: set[int] = set()
+        """Answered ranks that finished the scope (their ``DELETE``)."""
         self.dropped = False
-        """A new ring replaced this one: its waiters are answered 404."""
-        self.parked: list[tuple[socket.socket, int, float]] = []
-        """Ranks waiting for the rest, ``(connection, rank, deadline)``: no thread
-        waits with them; they are answered when the mesh is complete, the ring
-        abandoned or replaced, or their deadline passes."""
+        """A new ring replaced this one, or every rank finished it: its waiters are
+        answered 404."""
+        self.parked: dict[int, tuple[socket.socket, float]] = {}
+        """Each rank waiting for the rest, ``rank: (connection, deadline)``, one per
+        rank (a newer request replaces an older one): no thread waits with them; they
+        are answered when the mesh is complete, the ring abandoned or replaced, or
+        their deadline passes."""
 
-    def put(self, rank: int, host: bytes, addresses: bytes | memoryview) -> None:
+    def put(self, rank: int, host: bytes, addresses: bytes | memoryview) -> bool:
+        """Store rank ``rank`` 's host name and addresses; the first are final: False
+        (nothing changed) when it already stored others."""
         import numpy
 
         row = numpy.frombuffer(addresses, dtype=numpy.uint8)
-        self.addresses[rank] = row.reshape(max(self.size - 1, 1), self.entry)
-        if self.hosts[rank] is None:
-            self.count += 1
+        shaped = row.reshape(max(self.size - 1, 1), self.entry)
+        if self.hosts[rank] is not None:
+            return self.hosts[rank] == host and bool(
+                numpy.array_equal(self.addresses[rank], shaped)
+            )
+        self.addresses[rank] = shaped
+        self.count += 1
         self.hosts[rank] = host
         if self.count == self.size and self.local_ranks is None:
             seen: collections.Counter[bytes | None] = collections.Counter()
@@ -400,6 +414,7 @@ class MeshScope:
                 local_ranks.append(seen[name])
                 seen[name] += 1
             self.local_ranks = local_ranks
+        return True
 
     def answer(self, rank: int) -> memoryview:
         """What rank ``rank`` is answered once every rank is in: its local rank and,
@@ -715,6 +730,44 @@ class HardenedRendezvousHandler(RendezvousHandler):
         size = self.server.scope_size.get(_PROCESS_SET_SUFFIX.sub("", scope))
         return None if size is None else gloo_value_limit(size, key)
 
+    # -- signed writes (see spotring.worker_image.store_auth)
+
+    def _signature(self) -> store_auth.Signature | None:
+        """The request's signature; None once the request was refused for having none
+        (or a malformed one), before any of its body is read."""
+        header = self.headers.get(store_auth.AUTH_HEADER)
+        signature = store_auth.parse(header)
+        if signature is None:
+            self._refuse(401, "an unsigned write" if header is None else "a malformed signature")
+        return signature
+
+    def _admit(self, signature: store_auth.Signature, body: bytes) -> bool:
+        """Whether the signed request, with ``body``, is the job's own (its MAC under
+        the job key), for the current ring, and not taken before; refused otherwise."""
+        key = self.server.job_key
+        if not store_auth.verify(key, signature, self.command, self.path, body):
+            self._refuse(403, "a signature that is not the job's")
+            return False
+        refusal = self.server.admit(signature)
+        if refusal is not None:
+            self._refuse(*refusal)
+            return False
+        return True
+
+    def _signed_body(
+        self, limit: int, room: int | None = None
+    ) -> tuple[store_auth.Signature, bytes] | None:
+        """The request's signature and body (see :meth:`_read_body`), once both are
+        checked; None once the request was refused. An unsigned request is refused
+        before its body is read."""
+        signature = self._signature()
+        if signature is None:
+            return None
+        body = self._read_body(limit, room)
+        if body is None or not self._admit(signature, body):
+            return None
+        return signature, body
+
     # -- methods
 
     def do_GET(self) -> None:
@@ -726,6 +779,11 @@ class HardenedRendezvousHandler(RendezvousHandler):
             slot = self._planned_slot(key) if self.driver is not None else None
             if slot is None:
                 self._refuse(404, "not a slot of any ring of this job")
+                return
+            # It tells the driver the worker is ready (and can abandon a forming ring):
+            # a write, signed like the others.
+            signature = self._signature()
+            if signature is None or not self._admit(signature, b""):
                 return
             value: bytes | None = self._rank_and_size(*slot)
         elif scope == PUT_WORKER_ADDRESSES:
@@ -795,11 +853,11 @@ class HardenedRendezvousHandler(RendezvousHandler):
         if slot is None:
             self._refuse(403, "not a slot of the current ring")
             return
-        body = self._read_body(MAX_WORKER_ADDRESSES_BYTES)
-        if body is None:
+        signed = self._signed_body(MAX_WORKER_ADDRESSES_BYTES)
+        if signed is None:
             return
         try:
-            addresses, secret_key = decode_worker_addresses(body)
+            addresses, secret_key = decode_worker_addresses(signed[1])
         except HostileInput as error:
             self._refuse(400, str(error))
             return
@@ -821,11 +879,12 @@ class HardenedRendezvousHandler(RendezvousHandler):
         if limit is None:
             self._refuse(403, "not a key of the current ring's rendezvous")
             return
-        body = self._read_body(min(limit, MAX_BODY_BYTES), self.server.store_room())
-        if body is None:
+        signed = self._signed_body(min(limit, MAX_BODY_BYTES), self.server.store_room())
+        if signed is None:
             return
-        if not self.server.store(scope, key, body):
-            self._refuse(413, "the store is full")
+        refusal = self.server.store(scope, key, signed[1], signed[0].ring)
+        if refusal is not None:
+            self._refuse(*refusal)
             return
         self.send_status_code(200)
 
@@ -841,9 +900,10 @@ class HardenedRendezvousHandler(RendezvousHandler):
             self._refuse(403, "not a rank of the current ring's rendezvous")
             return
         rank = int(match[1])
-        body = self._read_body(min(mesh_body_limit(planned), MAX_BODY_BYTES))
-        if body is None:
+        signed = self._signed_body(min(mesh_body_limit(planned), MAX_BODY_BYTES))
+        if signed is None:
             return
+        signature, body = signed
         try:
             size, wait, host, addresses = mesh_request(body, planned, exact=base == scope)
         except HostileInput as error:
@@ -852,7 +912,7 @@ class HardenedRendezvousHandler(RendezvousHandler):
         if rank >= size:
             self._refuse(400, f"rank {rank} of a mesh of {size}")
             return
-        mesh, refusal = self.server.mesh_put(scope, size, rank, host, addresses)
+        mesh, refusal = self.server.mesh_put(scope, size, rank, host, addresses, signature.ring)
         if mesh is None:
             self._refuse(*refusal)
             return
@@ -900,7 +960,12 @@ class HardenedRendezvousHandler(RendezvousHandler):
         elif not key.isdigit() or self._gloo_limit(scope, key) is None:
             self._refuse(403, "not a rank of the current ring")  # Gloo's Finalize: its rank
         else:
-            self.server.finish(scope, key)
+            signature = self._signature()
+            if signature is None or not self._admit(signature, b""):
+                return
+            if not self.server.finish(scope, key, signature.ring):
+                self._refuse(409, "signed for a ring that is no longer the current one")
+                return
             self.send_status_code(200)
 
     def do_HEAD(self) -> None:  # SimpleHTTPRequestHandler's would describe local files
@@ -1023,8 +1088,16 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
     """The listen backlog (socketserver's default is 5: a ring's ranks arriving at
     once were reset and had to retry)."""
 
-    def __init__(self, addr: Any, handler: Any, verbose: int) -> None:
+    def __init__(self, addr: Any, handler: Any, verbose: int, job_key: bytes) -> None:
         super().__init__(addr, handler, verbose)
+        if not job_key:
+            raise ValueError("the rendezvous server needs the job key to check writes")
+        self.job_key = job_key
+        """What every write must be signed with (see :mod:`.store_auth`)."""
+        self._nonces: set[str] = set()
+        """The nonces of the signed requests taken in the current ring; under
+        ``cache_lock``."""
+        self._nonce_limit = NONCES_MARGIN
         self.planned_slots: frozenset[tuple[str, int]] = frozenset()
         """Every slot of every ring planned: they may ask for their rank (Horovod
         answers one that is no longer planned with ``-1``: it leaves)."""
@@ -1051,8 +1124,6 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         self._warnings = _WarningBudget()
         self.meshes: dict[str, MeshScope] = {}
         """Each scope's one-request full-mesh exchange; under ``cache_lock``."""
-        self.mesh_waiters = 0
-        """Ranks parked in a mesh (see :meth:`mesh_answer_or_park`)."""
         self.mesh_waiters_limit = MESH_WAITERS_MARGIN
         self._detached: set[socket.socket] = set()
         """Connections parked by their request: the thread that read it leaves them
@@ -1104,31 +1175,75 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
             self.shutdown_request(request)
             self._connections.release()
 
-    # -- the store (Horovod's ``cache``), counted
+    # -- the rings
 
     def init(self, host_alloc_plan: Any) -> None:
-        """Horovod's: clear the store and size the new ring's scopes; and set the
-        store's budget for that ring."""
-        super().init(host_alloc_plan)
-        budget = store_budget(self.scope_size)
-        with self.cache_lock:
-            self.store_bytes = sum(map(_charge, _values(self.cache)))
+        raise NotImplementedError("rings begin with begin_ring (RingTracker.init)")
+
+    def begin_ring(
+        self, host_alloc_plan: Any, generation: int, slots: frozenset[tuple[str, int]]
+    ) -> None:
+        """Ring ``generation`` of ``host_alloc_plan`` (its ``slots``) is the current one:
+        in one step, the store is cleared, the new ring's scopes sized (as Horovod's
+        ``init``), its generation published, the old ring's waiters sent away (404)
+        and its nonces forgotten. A request signed for the old ring is refused from
+        here on, and nothing of the old ring reaches the new one's store."""
+        scope_size: dict[str, int] = {}  # as Horovod's _extract_scope_size
+        for slot_info in host_alloc_plan:
+            scope_size["global"] = slot_info.size
+            scope_size["local_" + slot_info.hostname] = slot_info.local_size
+            scope_size["cross_" + str(slot_info.local_rank)] = slot_info.cross_size
+        budget = store_budget(scope_size)
+        with self.finished_list_lock, self.cache_lock:
+            self.cache.clear()
+            self.finished_list.clear()
+            self.scope_size = scope_size
+            self.store_bytes = 0
             self.store_budget = budget
             self.mesh_waiters_limit = 2 * len(host_alloc_plan) + MESH_WAITERS_MARGIN
-            for mesh in self.meshes.values():  # waiters of the old ring answer 404
+            self._nonce_limit = NONCES_PER_SLOT * len(host_alloc_plan) + NONCES_MARGIN
+            self._nonces = set()
+            for mesh in self.meshes.values():
                 mesh.dropped = True
                 self._release_parked(mesh)
             self.meshes = {}
+            self.generation = generation
+            self.abandoned = False
+            self._ranked = {slot: seen for slot, seen in self._ranked.items() if slot in slots}
+            self.planned_slots = self.planned_slots | slots
+            self.current_slots = slots
+            self.cache[RING_SCOPE] = {RING_KEY: str(generation).encode("ascii")}
+
+    def admit(self, signature: store_auth.Signature) -> tuple[int, str] | None:
+        """Take a signed request (its MAC checked) if it is for the current ring and
+        its nonce was not taken in it; else the refusal (status, reason)."""
+        with self.cache_lock:
+            if signature.ring != self.generation:
+                return 409, f"signed for ring {signature.ring}, not the current {self.generation}"
+            if signature.nonce in self._nonces:
+                return 409, "a replayed request"
+            if len(self._nonces) >= self._nonce_limit:
+                return 429, f"more than {self._nonce_limit} signed requests in one ring"
+            self._nonces.add(signature.nonce)
+        return None
 
     # -- the one-request full mesh
 
     def mesh_put(
-        self, scope: str, size: int, rank: int, host: bytes, addresses: bytes | memoryview
+        self,
+        scope: str,
+        size: int,
+        rank: int,
+        host: bytes,
+        addresses: bytes | memoryview,
+        ring: int,
     ) -> tuple[MeshScope | None, tuple[int, str]]:
-        """Store rank ``rank`` 's part of ``scope`` 's mesh; the scope, or None and
-        the refusal (status, reason)."""
+        """Store rank ``rank`` 's part of ``scope`` 's mesh for ring ``ring`` (the
+        first is final); the scope, or None and the refusal (status, reason)."""
         entry = len(addresses) // (size - 1)
         with self.cache_lock:
+            if ring != self.generation:
+                return None, (409, f"signed for ring {ring}, not the current {self.generation}")
             mesh = self.meshes.get(scope)
             if mesh is None:
                 mesh = MeshScope(size, entry)
@@ -1141,7 +1256,8 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
                     400,
                     f"a mesh of {size} x {entry} B in one of {mesh.size} x {mesh.entry} B",
                 )
-            mesh.put(rank, host, addresses)
+            if not mesh.put(rank, host, addresses):
+                return None, (409, f"rank {rank} of {scope} already sent other addresses")
             if mesh.local_ranks is not None and mesh.parked:
                 self._release_parked(mesh)
         return mesh, (200, "")
@@ -1153,26 +1269,36 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         answer; or replaced, or ``wait`` is 0: None, a 404); otherwise
         :data:`PARKED`: ``connection`` waits in the mesh, without a thread, and is
         answered later (see :meth:`_answer_parked`). At most
-        ``mesh_waiters_limit`` wait at once; more are answered as abandoned."""
+        ``mesh_waiters_limit`` wait at once; more are answered as abandoned. A rank
+        waits once: its new request replaces one still waiting (answered 404)."""
+        superseded = None
         with self.cache_lock:
             if mesh.dropped:
                 return None
             if mesh.local_ranks is not None:
+                mesh.answered.add(rank)
                 ready = True
             elif self.abandoned:
                 return _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
             elif wait <= 0:
                 return None
-            elif self.mesh_waiters >= self.mesh_waiters_limit:
+            elif rank not in mesh.parked and self.mesh_waiters >= self.mesh_waiters_limit:
                 return self._too_many_waiters()
             else:
                 ready = False
-                mesh.parked.append((connection, rank, time.monotonic() + wait))
-                self.mesh_waiters += 1
+                superseded = mesh.parked.pop(rank, None)
+                mesh.parked[rank] = (connection, time.monotonic() + wait)
                 self._detached.add(connection)
+        if superseded is not None:
+            self._answerers.submit(mesh, superseded[0], rank, True)
         if ready:
             return mesh.answer(rank)
         return PARKED
+
+    @property
+    def mesh_waiters(self) -> int:
+        """Ranks parked in a mesh now (see :meth:`mesh_answer_or_park`)."""
+        return sum(len(mesh.parked) for mesh in list(self.meshes.values()))
 
     def _too_many_waiters(self) -> bytes:
         self.warn(
@@ -1184,23 +1310,24 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         """Hand ``mesh`` 's parked ranks (those past their deadline only, with
         ``expired_only``) to the server's threads to be answered. Under ``cache_lock``."""
         now = time.monotonic()
-        keep = []
-        for connection, rank, deadline in mesh.parked:
+        for rank, (connection, deadline) in list(mesh.parked.items()):
             if expired_only and deadline > now:
-                keep.append((connection, rank, deadline))
                 continue
-            self.mesh_waiters -= 1
+            del mesh.parked[rank]
             self._answerers.submit(mesh, connection, rank)
-        mesh.parked = keep
 
-    def _answer_parked(self, mesh: MeshScope, connection: socket.socket, rank: int) -> None:
+    def _answer_parked(
+        self, mesh: MeshScope, connection: socket.socket, rank: int, superseded: bool = False
+    ) -> None:
         """Answer a parked rank as :meth:`mesh_answer_or_park` would now (a 404 when
-        the mesh is still incomplete: its wait ran out), and close its connection."""
+        the mesh is still incomplete: its wait ran out; or when a newer request of
+        the same rank took its place), and close its connection."""
         try:
             with self.cache_lock:
-                if mesh.dropped:
+                if mesh.dropped or superseded:
                     value: bytes | memoryview | None = None
                 elif mesh.local_ranks is not None:
+                    mesh.answered.add(rank)
                     value = b""  # built below, outside the lock
                 elif self.abandoned:
                     value = _MESH_ANSWER.pack(MESH_MAGIC, MESH_ABANDONED, 0, 0)
@@ -1249,14 +1376,6 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
             self.cache.setdefault(RING_SCOPE, {})[ABANDONED_KEY] = value
         self.wake_meshes()
 
-    def new_ring(self, generation: int, slots: frozenset[tuple[str, int]]) -> None:
-        """Ring ``generation`` of ``slots`` is the current one now (the store was cleared)."""
-        with self.cache_lock:
-            self.generation = generation
-            self.abandoned = False
-            self._ranked = {slot: seen for slot, seen in self._ranked.items() if slot in slots}
-            self.cache.setdefault(RING_SCOPE, {})[RING_KEY] = str(generation).encode("ascii")
-
     def rank_given(self, slot: tuple[str, int]) -> None:
         """``slot`` was told its rank in the current ring."""
         with self.cache_lock:
@@ -1285,58 +1404,67 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
                 self._release_parked(mesh)
 
     def _mesh_finished(self, scope: str, key: str) -> None:
-        """Rank ``key`` finished ``scope``: once every rank of its mesh has, the mesh
-        is dropped."""
-        with self.cache_lock:
-            mesh = self.meshes.get(scope)
-            if mesh is None or not key.isdigit() or int(key) >= mesh.size:
-                return
-            mesh.finished.add(int(key))
-            if len(mesh.finished) == mesh.size:
-                del self.meshes[scope]
-                self.store_bytes -= mesh.charge
+        """Rank ``key`` finished ``scope``; it counts once it was answered. Once every
+        rank of its mesh has, the mesh is dropped, anything still waiting in it
+        answered first. Under ``cache_lock``."""
+        mesh = self.meshes.get(scope)
+        if mesh is None or not key.isdigit() or int(key) not in mesh.answered:
+            return
+        mesh.finished.add(int(key))
+        if len(mesh.finished) == mesh.size:
+            mesh.dropped = True
+            self._release_parked(mesh)
+            del self.meshes[scope]
+            self.store_bytes -= mesh.charge
 
     def store_room(self) -> int:
         """The bytes the store can still take."""
         with self.cache_lock:
             return self.store_budget - self.store_bytes
 
-    def store(self, scope: str, key: str, value: bytes) -> bool:
-        """Put ``value`` under ``/scope/key`` if the store has room for it."""
+    def store(self, scope: str, key: str, value: bytes, ring: int) -> tuple[int, str] | None:
+        """Put ``value`` under ``/scope/key`` for ring ``ring`` if that ring is the
+        current one, the key holds nothing else (the first value is final) and the
+        store has room for it; else the refusal (status, reason)."""
         with self.cache_lock:
+            if ring != self.generation:
+                return 409, f"signed for ring {ring}, not the current {self.generation}"
             entries = self.cache.get(scope, {})
-            grown = self.store_bytes + _charge(value) - _charge(entries.get(key))
+            stored = entries.get(key)
+            if stored is not None:
+                return None if stored == value else (409, "the key holds another value already")
+            grown = self.store_bytes + _charge(value)
             if grown > self.store_budget:
-                return False
+                return 413, "the store is full"
             self.cache.setdefault(scope, entries)[key] = value
             self.store_bytes = grown
-        return True
+        return None
 
-    def finish(self, scope: str, key: str) -> None:
-        """Rank ``key`` is done with ``scope`` (Gloo's ``Finalize``). Horovod's
-        ``DELETE``: a scope of the plan is cleared once every rank has finished it (and
-        every scope's count starts again); a process set's loses that rank's address.
-        A scope's mesh is dropped once each of its ranks has finished it."""
-        self._mesh_finished(scope, key)
-        if scope in self.scope_size:
-            with self.finished_list_lock:
+    def finish(self, scope: str, key: str, ring: int) -> bool:
+        """Rank ``key`` is done with ``scope`` (Gloo's ``Finalize``) in ring ``ring``;
+        False when that ring is no longer the current one. Horovod's ``DELETE``: a
+        scope of the plan is cleared once every rank has finished it (and every
+        scope's count starts again); a process set's loses that rank's address. A
+        scope's mesh is dropped once each of its ranks has finished it."""
+        with self.finished_list_lock, self.cache_lock:
+            if ring != self.generation:
+                return False
+            self._mesh_finished(scope, key)
+            if scope in self.scope_size:
                 finished = self.finished_list[scope]
                 finished.add(key)
-                if len(finished) < self.scope_size[scope]:
-                    return
-                self.finished_list.clear()
-                with self.cache_lock:
+                if len(finished) >= self.scope_size[scope]:
+                    self.finished_list.clear()
                     entries = self.cache.get(scope, {})
                     self.store_bytes -= sum(map(_charge, entries.values()))
                     entries.clear()
-            return
-        with self.cache_lock:
+                return True
             entries = self.cache.get(scope)
-            if entries is None:
-                return
-            self.store_bytes -= _charge(entries.pop(key, None))
-            if not entries:
-                del self.cache[scope]
+            if entries is not None:
+                self.store_bytes -= _charge(entries.pop(key, None))
+                if not entries:
+                    del self.cache[scope]
+        return True
 
     # -- registrations
 
@@ -1390,15 +1518,16 @@ class RingTracker(RendezvousServer):
         """The current ring's number: 1 for the first ring, +1 per reset."""
         return len(self.world_sizes)
 
-    def start(self, handler_cls: Any = None, address: str = "") -> int:
+    def start(self, handler_cls: Any = None, address: str = "", *, job_key: bytes) -> int:
         """Listen on ``address`` (every interface if empty, as Horovod's); the port.
 
         ``handler_cls`` defaults to a plain hardened store; the elastic driver's comes
-        from :func:`rendezvous_handler`.
+        from :func:`rendezvous_handler`. Every write must be signed with ``job_key``
+        (see :mod:`spotring.worker_image.store_auth`).
         """
         handler_cls = handler_cls or HardenedRendezvousHandler
         verbose = horovod_internals.server_verbose(self)
-        httpd = _RendezvousHTTPServer((address, 0), handler_cls, verbose)
+        httpd = _RendezvousHTTPServer((address, 0), handler_cls, verbose, job_key)
         listen_thread = threading.Thread(
             target=httpd.serve_forever, name="spotring-rendezvous", daemon=True
         )
@@ -1454,12 +1583,8 @@ class RingTracker(RendezvousServer):
                 json.dumps(dict(httpd.take_requests()), sort_keys=True),
             )
         current = frozenset((slot.hostname, slot.local_rank) for slot in host_alloc_plan)
-        httpd.planned_slots = httpd.planned_slots | current
-        httpd.current_slots = current
-        result = super().init(host_alloc_plan)  # clears the store
         self.world_sizes.append(len(host_alloc_plan))
-        httpd.new_ring(self.generation, current)
+        httpd.begin_ring(host_alloc_plan, self.generation, current)  # clears the store
         hosts = sorted({slot.hostname for slot in host_alloc_plan})
         for listener in self._ring_listeners:
             listener(len(host_alloc_plan), hosts)
-        return result

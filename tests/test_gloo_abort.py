@@ -24,6 +24,7 @@ pytest.importorskip("horovod.torch")
 from horovod.runner.common.util.hosts import SlotInfo
 
 from spotring.driver.rendezvous import RingTracker
+from tests.store_signing import JOB_KEY, key_pipe_env
 
 RANK_SCRIPT = Path(__file__).parent / "data" / "gloo_abort_rank.py"
 GLOO_TIMEOUT_SECONDS = 30
@@ -52,7 +53,7 @@ def rank_environment(rank: int, port: int) -> dict[str, str]:
 @pytest.fixture
 def ring_server() -> Iterator[int]:
     tracker = RingTracker()
-    port = tracker.start(address="127.0.0.1")
+    port = tracker.start(address="127.0.0.1", job_key=JOB_KEY)
     tracker.init([SlotInfo(f"h{r}", r, 0, r, 2, 1, 2) for r in range(2)])
     try:
         yield port
@@ -67,16 +68,20 @@ def stopped(process: subprocess.Popen[str]) -> bool:
 
 def run_ring(port: int, *rank0_args: str) -> str:
     """Form the ring, stop rank 1, let rank 0 allreduce: how rank 0's allreduce ended."""
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(RANK_SCRIPT), *(rank0_args if rank == 0 else ())],
-            env=rank_environment(rank, port),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+    ranks = []
+    for rank in range(2):
+        key_env, key_fd = key_pipe_env()  # the job key, as spotring's supervisor hands it
+        ranks.append(
+            subprocess.Popen(
+                [sys.executable, str(RANK_SCRIPT), *(rank0_args if rank == 0 else ())],
+                env={**rank_environment(rank, port), **key_env},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                pass_fds=(key_fd,),
+            )
         )
-        for rank in range(2)
-    ]
+        os.close(key_fd)
     try:
         for rank in ranks:
             assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"

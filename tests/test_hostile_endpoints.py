@@ -55,6 +55,7 @@ from tests.e2e_support import (
     wait_for_events,
     worker_pids,
 )
+from tests.store_signing import JOB_KEY, auth_line, is_write
 
 MARKER = Path(f"/tmp/spotring-hostile-{os.getpid()}")
 """Created by any of the hostile pickles below, if anything ever loads one."""
@@ -139,7 +140,7 @@ class Server:
         if deadline is not None:
             handler.deadline_seconds = deadline
         self.tracker = RingTracker()
-        self.port = self.tracker.start(handler, "127.0.0.1")
+        self.port = self.tracker.start(handler, "127.0.0.1", job_key=JOB_KEY)
         self.tracker.init(plan())
         self.httpd = self.tracker._httpd
 
@@ -165,11 +166,17 @@ class Server:
                 pass
             return receive_all(sock)
 
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        head = f"{method} {path} HTTP/1.0\r\n"
+    def request(
+        self, method: str, path: str, body: bytes | None = None, sign: bool | None = None
+    ) -> tuple[int, bytes]:
+        """``method path`` with ``body``; signed as the job's workers sign it (by
+        default: when it is a write) for the current ring."""
+        head = f"{method} {path} HTTP/1.0\r\n".encode()
         if body is not None:
-            head += f"Content-Length: {len(body)}\r\n"
-        return parse_answer(self.send(head.encode() + b"\r\n" + (body or b"")))
+            head += f"Content-Length: {len(body)}\r\n".encode()
+        if is_write(method, path) if sign is None else sign:
+            head += auth_line(method, path, body or b"", self.tracker.generation)
+        return parse_answer(self.send(head + b"\r\n" + (body or b"")))
 
 
 def receive_all(sock: socket.socket) -> bytes:
@@ -217,27 +224,62 @@ def assert_serving(server: Server) -> None:
 
 
 def test_a_workers_registration_from_horovods_own_code_is_taken_and_not_stored(
-    server: Server,
+    server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Horovod's worker registers its notification service unsigned: refused, nothing
+    registered. spotring's workers send the same registration signed: taken, handed to
+    the driver, and not stored."""
+    import horovod.runner.elastic.worker as worker
     from horovod.runner.elastic.worker import WorkerNotificationManager
 
-    manager = WorkerNotificationManager()
-    manager.init(
-        rendezvous_addr="127.0.0.1",
-        rendezvous_port=server.port,
-        nic="lo",
-        hostname="host-1",
-        local_rank=0,
-    )
-    try:
-        service = manager._service
-        host, slot, addresses, key = server.driver.registered.pop()
-        assert (host, slot, addresses) == ("host-1", 0, service.addresses())
-        assert key == service._wire._key
-    finally:
-        manager._service.shutdown()
+    from spotring.worker_image import horovod_internals, store_client
+
+    def register() -> Any:
+        manager = WorkerNotificationManager()
+        try:
+            manager.init(
+                rendezvous_addr="127.0.0.1",
+                rendezvous_port=server.port,
+                nic="lo",
+                hostname="host-1",
+                local_rank=0,
+            )
+        finally:
+            if manager._service is not None:
+                manager._service.shutdown()
+        return manager._service
+
+    with pytest.raises(RuntimeError, match="Put data input KVStore server failed"):
+        register()  # Horovod's own, unsigned
+    assert server.driver.registered == []
+    monkeypatch.setattr(worker, "put_data_into_kvstore", worker.put_data_into_kvstore)
+    horovod_internals.replace_registration_put(store_client.signed_registration(JOB_KEY))
+    service = register()
+    host, slot, addresses, key = server.driver.registered.pop()
+    assert (host, slot, addresses) == ("host-1", 0, service.addresses())
+    assert key == service._wire._key
     assert "worker_addresses" not in server.httpd.cache
     assert server.request("GET", "/worker_addresses/host-1:0") == (404, b"")
+
+
+def test_unsigned_rank_requests_and_registrations_change_nothing(server: Server) -> None:
+    """Asking a slot's rank tells the driver the slot is ready (and a second ask
+    abandons the ring it formed); a registration redirects the driver's messages for
+    the slot. Neither is taken unsigned, signed with another key, or replayed."""
+    body = base64.b64encode(cloudpickle.dumps(({"lo": [("127.0.0.1", 5)]}, bytes(32))))
+    for path, payload in (("/rank_and_size/host-1:0", None), ("/worker_addresses/host-1:0", body)):
+        method = "GET" if payload is None else "PUT"
+        assert server.request(method, path, payload, sign=False)[0] == 401
+        line = auth_line(method, path, payload or b"", server.tracker.generation, key=bytes(32))
+        raw = f"{method} {path} HTTP/1.0\r\nContent-Length: {len(payload or b'')}\r\n".encode()
+        assert parse_answer(server.send(raw + line + b"\r\n" + (payload or b"")))[0] == 403
+        signed = raw + auth_line(method, path, payload or b"", server.tracker.generation)
+        assert parse_answer(server.send(signed + b"\r\n" + (payload or b"")))[0] == 200
+        assert parse_answer(server.send(signed + b"\r\n" + (payload or b"")))[0] == 409
+    assert server.driver.ready == [("host-1", 0)]
+    assert [r[:2] for r in server.driver.registered] == [("host-1", 0)]
+    server.driver.ready.clear()
+    server.driver.registered.clear()
 
 
 def test_a_rank_is_answered_only_for_a_planned_slot(server: Server) -> None:
@@ -278,14 +320,21 @@ def test_the_ring_generation_is_plain_digits(server: Server) -> None:
 
 
 def test_an_oversize_body_is_refused_before_it_is_sent(server: Server) -> None:
+    ring = server.tracker.generation
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         sock.sendall(
-            f"PUT /global/0 HTTP/1.0\r\nContent-Length: {MAX_BODY_BYTES + 1}\r\n\r\n".encode()
+            f"PUT /global/0 HTTP/1.0\r\nContent-Length: {MAX_BODY_BYTES + 1}\r\n".encode()
+            + auth_line("PUT", "/global/0", b"", ring)
+            + b"\r\n"
         )
         # Nothing of the body was sent: the answer comes anyway.
         assert parse_answer(receive_all(sock))[0] == 413
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
-        sock.sendall(b"PUT /worker_addresses/host-0:0 HTTP/1.0\r\nContent-Length: 999999\r\n\r\n")
+        sock.sendall(
+            b"PUT /worker_addresses/host-0:0 HTTP/1.0\r\nContent-Length: 999999\r\n"
+            + auth_line("PUT", "/worker_addresses/host-0:0", b"", ring)
+            + b"\r\n"
+        )
         assert parse_answer(receive_all(sock))[0] == 413
     assert "0" not in server.httpd.cache.get("global", {})
     assert_serving(server)
@@ -405,7 +454,11 @@ def test_a_slow_client_is_cut_off_and_others_are_served_meanwhile() -> None:
     try:
         with socket.create_connection(("127.0.0.1", slow.port), timeout=10) as sock:
             started = time.monotonic()
-            sock.sendall(b"PUT /global/0 HTTP/1.0\r\nContent-Length: 100\r\n\r\n")
+            sock.sendall(
+                b"PUT /global/0 HTTP/1.0\r\nContent-Length: 100\r\n"
+                + auth_line("PUT", "/global/0", bytes(100), slow.tracker.generation)
+                + b"\r\n"
+            )
             closed = False
             while time.monotonic() - started < 5:
                 assert_serving(slow)

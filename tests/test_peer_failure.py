@@ -19,6 +19,8 @@ from spotring.worker_image.peer_abort import (
     own_tcp_sockets,
     patch_notification_service,
 )
+from spotring.worker_image.store_auth import AUTH_HEADER, sign
+from tests.store_signing import JOB_KEY
 
 KEY = bytes(range(32))
 
@@ -234,7 +236,7 @@ def test_ring_tracker_publishes_each_rings_generation(monkeypatch: pytest.Monkey
     from spotring.worker_image.peer_abort import _read_ring_generation
 
     tracker = RingTracker()
-    port = tracker.start()
+    port = tracker.start(job_key=JOB_KEY)
     monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
     monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", str(port))
     try:
@@ -252,7 +254,7 @@ def test_ring_tracker_listens_only_on_the_address_it_is_given() -> None:
     from spotring.driver.elastic import RingTracker
 
     tracker = RingTracker()
-    port = tracker.start(address="127.0.0.1")
+    port = tracker.start(address="127.0.0.1", job_key=JOB_KEY)
     try:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
         with pytest.raises(OSError):  # another loopback address: nothing listens there
@@ -315,7 +317,7 @@ def test_an_abandoned_ring_answers_missing_member_addresses_with_nothing() -> No
     from spotring.driver.elastic import RingTracker
 
     tracker = RingTracker()
-    port = tracker.start(address="127.0.0.1")
+    port = tracker.start(address="127.0.0.1", job_key=JOB_KEY)
 
     def get(path: str) -> tuple[int, bytes]:
         try:
@@ -325,7 +327,13 @@ def test_an_abandoned_ring_answers_missing_member_addresses_with_nothing() -> No
             return error.code, b""
 
     def put(path: str, body: bytes) -> None:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", body, method="PUT")
+        signature = sign(JOB_KEY, "PUT", path, tracker.generation, body)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}{path}",
+            body,
+            {AUTH_HEADER: signature.header()},
+            method="PUT",
+        )
         urllib.request.urlopen(request, timeout=5).close()
 
     try:
@@ -448,7 +456,7 @@ def test_a_first_init_leaves_a_ring_abandoned_while_it_formed(
     from spotring.worker_image.ring_formation import watch_abandoned_formation
 
     tracker = RingTracker()
-    port = tracker.start(address="127.0.0.1")
+    port = tracker.start(address="127.0.0.1", job_key=JOB_KEY)
     ring = FormingRing(monkeypatch)
     monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", str(port))
     asked: list[int | None] = []
@@ -517,13 +525,17 @@ def test_a_member_asking_for_its_rank_again_abandons_the_ring_it_left(
             pass
 
     tracker = RingTracker()
-    port = tracker.start(rendezvous_handler(Driver()), "127.0.0.1")
+    port = tracker.start(rendezvous_handler(Driver()), "127.0.0.1", job_key=JOB_KEY)
     monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
     monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", str(port))
 
     def ask_rank(host: str) -> None:
-        url = f"http://127.0.0.1:{port}/rank_and_size/{host}:0"
-        urllib.request.urlopen(url, timeout=10).close()
+        path = f"/rank_and_size/{host}:0"
+        signature = sign(JOB_KEY, "GET", path, tracker.generation)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}{path}", headers={AUTH_HEADER: signature.header()}
+        )
+        urllib.request.urlopen(request, timeout=10).close()
 
     def abandoned(host: str | None = None) -> int | None:
         return read_generation_key(ABANDONED_KEY + (f".{host}:0" if host else ""))
