@@ -40,6 +40,7 @@ from spotring.providers.cloud import (
     DEFAULT_MAX_API_ATTEMPTS,
     CloudGroupProvider,
     DescribeOnce,
+    EpisodeWarnings,
     MalformedAnswer,
     batches,
     lookup_state,
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------ IAM and limits
 
-_IAM_ACTION_BY_OPERATION: Mapping[str, str] = {
+IAM_ACTION_BY_OPERATION: Mapping[str, str] = {
     "DescribeAutoScalingGroups": "autoscaling:DescribeAutoScalingGroups",
     "DescribeAutoScalingInstances": "autoscaling:DescribeAutoScalingInstances",
     "SetDesiredCapacity": "autoscaling:SetDesiredCapacity",
@@ -67,8 +68,10 @@ _IAM_ACTION_BY_OPERATION: Mapping[str, str] = {
     "DescribeInstanceTypes": "ec2:DescribeInstanceTypes",
     "DescribeLaunchTemplateVersions": "ec2:DescribeLaunchTemplateVersions",
 }
+"""The IAM action each API operation the provider makes needs (the README's table is
+made from it: :mod:`spotring.providers.permissions`)."""
 
-IAM_ACTIONS: tuple[str, ...] = tuple(_IAM_ACTION_BY_OPERATION.values())
+IAM_ACTIONS: tuple[str, ...] = tuple(IAM_ACTION_BY_OPERATION.values())
 """Every IAM action the provider calls; the policy of the role spotring runs as must
 allow all of them (see :func:`iam_policy`)."""
 
@@ -123,6 +126,9 @@ region name leaves the whole argument as the name."""
 # (Amazon EC2 API Reference, "Error codes"; Auto Scaling User Guide, "Troubleshoot
 # Amazon EC2 Auto Scaling: EC2 instance launch failures").
 
+# SpotMaxPriceTooLow is EC2's refusal of a spot launch for price ("Error codes for the
+# Amazon EC2 API"). SpotPriceGreaterThanProvidedMaxPrice is no EC2 code: it is Azure's
+# (Azure Spot Virtual Machines error codes), so no scaling activity carries it.
 SHORTAGE_CODES: Mapping[str, ShortageCause] = {
     "InsufficientInstanceCapacity": ShortageCause.CAPACITY,
     "InsufficientHostCapacity": ShortageCause.CAPACITY,
@@ -191,10 +197,14 @@ def shortage_from_activity(activity: Mapping[str, Any]) -> CapacityShortage | No
 
 # ------------------------------------------------------- fields the answers must hold
 #
-# A field the API reference marks required (botocore's service model carries the same
-# "required" lists) missing makes the listing a retryable MalformedAnswer; an optional
-# one keeps its documented meaning. References: Amazon EC2 Auto Scaling API Reference
-# (autoscaling/ec2/APIReference), Amazon EC2 API Reference (AWSEC2/latest/APIReference).
+# An answer broken as a whole (a list the API always sends missing, a member or an
+# instance without its id) makes the listing a retryable MalformedAnswer. A member that
+# lacks what the API reference marks required (botocore's service model carries the
+# same "required" lists), or what a usable host needs, costs only itself: it is listed
+# as not usable (PENDING, or worse if its other fields say so), with one warning while
+# it stays so. An optional field keeps its documented meaning. References: Amazon EC2
+# Auto Scaling API Reference (autoscaling/ec2/APIReference), Amazon EC2 API Reference
+# (AWSEC2/latest/APIReference).
 #
 # DescribeAutoScalingGroups
 #   AutoScalingGroups               required (API_DescribeAutoScalingGroups, Response)
@@ -203,16 +213,22 @@ def shortage_from_activity(activity: Mapping[str, Any]) -> CapacityShortage | No
 #   Instances                       "Required: No" (API_AutoScalingGroup); spotring still
 #                                   requires it: an absent list cannot be told from an
 #                                   answer cut short, and an empty group drops every host
-#   Instances[].InstanceId,         required (API_Instance)
-#   LifecycleState, HealthStatus
+#   Instances[].InstanceId          required (API_Instance): the member's identity
+#   Instances[].LifecycleState,     required (API_Instance); without them, not usable
+#   HealthStatus
 # DescribeInstances (API_Instance marks every member "Required: No")
 #   Reservations[].Instances[]      the list itself: what the filtered call returns
-#   InstanceId                      needed to match the member asked for (instance-id filter)
-#   State.Name                      needed: without it a running instance looks like none
-#   PrivateIpAddress                optional: absent while pending (not assigned yet);
-#                                   required once State.Name is running, where an instance
-#                                   in a VPC always has its primary private IPv4 address
-#   Tags[].Key, Tags[].Value        required of a tag that is sent (API_Tag)
+#   InstanceId                      needed to match the member asked for (instance-id
+#                                   filter): an instance without it is malformed
+#   State.Name                      needed: without it, not usable
+#   PrivateIpAddress                optional: absent while pending (not assigned yet), and
+#                                   for good on an instance in an IPv6-only subnet ("IPv6-
+#                                   only instances" have no private IPv4 address: EC2 User
+#                                   Guide, "IPv6-only subnets"): a running instance without
+#                                   it is not usable (spotring and Horovod address hosts by
+#                                   IPv4)
+#   Tags[].Key, Tags[].Value        required of a tag that is sent (API_Tag); a malformed
+#                                   tag (it may be the slots tag): not usable
 # DescribeInstanceTypes
 #   InstanceTypes[].InstanceType    needed to match the type asked for; GpuInfo optional
 
@@ -390,8 +406,10 @@ class AwsProvider(CloudGroupProvider):
         # EC2 details of running members: address, type, zone, lifecycle and tags do
         # not change while an instance runs, so each member is described once.
         self._details: DescribeOnce[str, dict[str, Any]] = DescribeOnce(
-            self._describe_instances, lambda detail: detail["State"]["Name"] == "running"
+            self._describe_instances,
+            lambda detail: not _detail_problem(detail) and detail["State"]["Name"] == "running",
         )
+        self._odd = EpisodeWarnings(log)  # members listed as not usable for what they lack
         # Public so that tests and plugins can hook botocore events on them.
         self.autoscaling, self.ec2 = clients or self._make_clients(
             region, profile, endpoint_url, max_api_attempts, session
@@ -530,27 +548,45 @@ class AwsProvider(CloudGroupProvider):
         and health states, and spotring sees its workers die before either.
         """
         record = self._describe_group()
-        members = record.get("Instances", [])
+        members = record["Instances"]
         details = self._details.get([m["InstanceId"] for m in members])
         self._learn_gpu_counts(
             details[m["InstanceId"]].get("InstanceType", "")
             for m in members
             if m["InstanceId"] in details and self._needs_gpu_count(details[m["InstanceId"]])
         )
-        return [self._to_instance(m, details.get(m["InstanceId"])) for m in members]
+        instances: list[Instance] = []
+        odd: dict[str, str] = {}
+        for member in members:
+            detail = details.get(member["InstanceId"])
+            problem = _member_problem(member, detail)
+            instance = self._to_instance(member, detail, problem)
+            instances.append(instance)
+            if problem:
+                odd[f"aws: group {self.group} member {instance.id}"] = (
+                    f"aws: group {self.group}: member {instance.id} is listed as"
+                    f" {instance.state.value}, not usable: {problem}"
+                )
+        self._odd.update(odd)  # one warning per member while it stays odd
+        return instances
 
-    def _to_instance(self, member: Mapping[str, Any], detail: Mapping[str, Any] | None) -> Instance:
-        lifecycle_state = member.get("LifecycleState", "")
-        health = member.get("HealthStatus", "")
-        ec2_state = detail["State"]["Name"] if detail else None
+    def _to_instance(
+        self, member: Mapping[str, Any], detail: Mapping[str, Any] | None, problem: str
+    ) -> Instance:
+        """The member as listed; ``problem`` (see :func:`_member_problem`) makes it not
+        usable and leaves its address out."""
+        lifecycle_state = member.get("LifecycleState") or ""
+        health = member.get("HealthStatus") or ""
+        ec2_state = None if detail is None else (detail.get("State") or {}).get("Name") or ""
+        state = member_state(lifecycle_state, health, ec2_state)
         detail = detail or {}
-        tags = {t["Key"]: t["Value"] for t in detail.get("Tags", [])}
+        tags = _tags(detail)
         launch_time = detail.get("LaunchTime")
         spot = detail.get("InstanceLifecycle") == "spot"
         return Instance(
             id=member["InstanceId"],
-            address=detail.get("PrivateIpAddress", ""),
-            state=member_state(lifecycle_state, health, ec2_state),
+            address="" if problem else detail.get("PrivateIpAddress", ""),
+            state=worst_state(state, InstanceState.PENDING) if problem else state,
             slots=self.slots.slots(
                 member["InstanceId"], tags, self._gpus_by_type.get(detail.get("InstanceType", ""))
             ),
@@ -559,7 +595,7 @@ class AwsProvider(CloudGroupProvider):
             or member.get("AvailabilityZone", ""),
             instance_type=cast(str, detail.get("InstanceType") or member.get("InstanceType", "")),
             launch_time=launch_time.timestamp() if launch_time is not None else None,
-            cloud_state=f"{lifecycle_state}/{health}/{ec2_state or 'missing'}",
+            cloud_state=f"{lifecycle_state or '-'}/{health or '-'}/{ec2_state or 'missing'}",
             labels=tags,
         )
 
@@ -589,8 +625,7 @@ class AwsProvider(CloudGroupProvider):
         wanted = ("Instances", "MinSize", "MaxSize")
         _require(record, wanted, "DescribeAutoScalingGroups", f"group {self.group}")
         for member in record["Instances"]:
-            wanted = ("InstanceId", "LifecycleState", "HealthStatus")
-            _require(member, wanted, "DescribeAutoScalingGroups", "a member")
+            _require(member, ("InstanceId",), "DescribeAutoScalingGroups", "a member")
         self._group_record = record
         return record
 
@@ -610,7 +645,7 @@ class AwsProvider(CloudGroupProvider):
                 for reservation in page["Reservations"]:
                     _require(reservation, ("Instances",), "DescribeInstances", "a reservation")
                     for detail in reservation["Instances"]:
-                        _check_detail(detail)
+                        _require(detail, ("InstanceId",), "DescribeInstances", "an instance")
                         details[detail["InstanceId"]] = detail
                 token = page.get("NextToken")
                 if not token:
@@ -620,8 +655,7 @@ class AwsProvider(CloudGroupProvider):
     # -------------------------------------------------------------------- slots
 
     def _needs_gpu_count(self, detail: Mapping[str, Any]) -> bool:
-        tags = {t["Key"]: t["Value"] for t in detail.get("Tags", [])}
-        return self.slots.needs_accelerator_count(detail.get("InstanceId", ""), tags)
+        return self.slots.needs_accelerator_count(detail.get("InstanceId", ""), _tags(detail))
 
     def _learn_gpu_counts(self, instance_types: Iterable[str]) -> None:
         """Fill the per-type GPU cache for types not seen before (0 GPUs -> 1 slot)."""
@@ -968,7 +1002,7 @@ class AwsProvider(CloudGroupProvider):
         except botocore.exceptions.BotoCoreError as error:
             raise self._botocore_error(operation, error, client) from None
         except Exception as error:  # botocore could not read the answer (not XML, cut short)
-            action = _IAM_ACTION_BY_OPERATION.get(operation, operation)
+            action = IAM_ACTION_BY_OPERATION.get(operation, operation)
             raise self.translate_error(action, error) from None
         self.api_retries += response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
         return response
@@ -978,7 +1012,7 @@ class AwsProvider(CloudGroupProvider):
         code = details.get("Code", "Unknown")
         message = one_line(details.get("Message", ""))
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        action = _IAM_ACTION_BY_OPERATION.get(operation, operation)
+        action = IAM_ACTION_BY_OPERATION.get(operation, operation)
         if code in _ACCESS_DENIED_CODES:
             # EC2's message carries a long encoded authorization blob: leave it out.
             return ConfigurationError(
@@ -1010,7 +1044,7 @@ class AwsProvider(CloudGroupProvider):
     def _botocore_error(self, operation: str, error: Exception, client: Any) -> ProviderError:
         import botocore.exceptions as bce
 
-        action = _IAM_ACTION_BY_OPERATION.get(operation, operation)
+        action = IAM_ACTION_BY_OPERATION.get(operation, operation)
         if isinstance(error, bce.NoCredentialsError):
             return ConfigurationError(
                 "no AWS credentials: set AWS_PROFILE / AWS_ACCESS_KEY_ID or use an instance role"
@@ -1062,22 +1096,42 @@ def _require(record: Any, keys: Sequence[str], operation: str, what: str) -> Non
     if missing:
         name = record.get("InstanceId") if isinstance(record, Mapping) else None
         raise MalformedAnswer(
-            _IAM_ACTION_BY_OPERATION.get(operation, operation),
+            IAM_ACTION_BY_OPERATION.get(operation, operation),
             f"{what}{f' {name}' if name else ''} without {', '.join(missing)}",
         )
 
 
-def _check_detail(detail: Any) -> None:
-    """An EC2 instance record must say what it is, its state and, running, its address."""
-    _require(detail, ("InstanceId", "State"), "DescribeInstances", "an instance")
-    _require(
-        detail["State"], ("Name",), "DescribeInstances", f"the state of {detail['InstanceId']}"
-    )
-    if detail["State"]["Name"] == "running":
-        _require(detail, ("PrivateIpAddress",), "DescribeInstances", "running instance")
-    for tag in detail.get("Tags") or ():
-        if not isinstance(tag, Mapping) or not tag.get("Key") or tag.get("Value") is None:
-            raise MalformedAnswer("ec2:DescribeInstances", f"a tag of {detail['InstanceId']}")
+def _member_problem(member: Mapping[str, Any], detail: Mapping[str, Any] | None) -> str:
+    """What a member lacks that a usable one has ("": nothing; see the field table)."""
+    missing = [k for k in ("LifecycleState", "HealthStatus") if not member.get(k)]
+    if missing:
+        return f"its group record has no {' or '.join(missing)}"
+    return "" if detail is None else _detail_problem(detail)
+
+
+def _detail_problem(detail: Mapping[str, Any]) -> str:
+    """What an EC2 instance record lacks that a usable host's has ("": nothing)."""
+    state = detail.get("State")
+    if not isinstance(state, Mapping) or not state.get("Name"):
+        return "its DescribeInstances record has no State.Name"
+    if state["Name"] == "running" and not detail.get("PrivateIpAddress"):
+        ipv6 = " (an IPv6-only instance)" if detail.get("Ipv6Address") else ""
+        return f"it runs without a private IPv4 address{ipv6}"
+    tags = detail.get("Tags") or []
+    if not isinstance(tags, list) or not all(_is_tag(t) for t in tags):
+        return "its DescribeInstances record has a tag without its Key or Value"
+    return ""
+
+
+def _tags(detail: Mapping[str, Any]) -> dict[str, str]:
+    """The instance's tags, leaving out any without its Key or Value (which make the
+    member not usable: :func:`_detail_problem`)."""
+    tags = detail.get("Tags") or []
+    return {t["Key"]: t["Value"] for t in tags if _is_tag(t)} if isinstance(tags, list) else {}
+
+
+def _is_tag(tag: Any) -> bool:
+    return isinstance(tag, Mapping) and bool(tag.get("Key")) and tag.get("Value") is not None
 
 
 def _aws_code(error: ProviderError) -> str:
@@ -1124,6 +1178,7 @@ __all__ = [
     "EC2_STATE_MAP",
     "HEALTH_STATUS_MAP",
     "IAM_ACTIONS",
+    "IAM_ACTION_BY_OPERATION",
     "IAM_STEERING_ACTIONS",
     "LIFECYCLE_STATE_MAP",
     "SHORTAGE_CODES",

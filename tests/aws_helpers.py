@@ -105,6 +105,27 @@ def set_ec2_state(member: Any, state: str) -> None:
     member.instance._state.code = codes[state]
 
 
+def make_ipv6_only(member: Any, address: str = "2600:1f18:0:1::10") -> None:
+    """Make moto's EC2 record of ``member`` an IPv6-only instance: DescribeInstances then
+    gives its ``Ipv6Address`` and no ``PrivateIpAddress`` (an instance in an IPv6-only
+    subnet has no IPv4 address: EC2 User Guide, "IPv6-only subnets"). moto cannot
+    launch one, and derives PrivateIpAddress and PrivateDnsName from the first network
+    interface's IPv4 address, so the record's class is swapped for one without them."""
+    instance = member.instance
+    base = type(instance)
+    instance.__class__ = type(
+        "Ipv6OnlyInstance",
+        (base,),
+        {
+            "__module__": base.__module__,  # moto's model metaclass reads its service here
+            "private_ip": None,
+            "private_ip_address": None,
+            "private_dns_name": "",
+            "ipv6_address": address,
+        },
+    )
+
+
 def forget_ec2_instance(instance_id: str, region: str = REGION) -> None:
     """Drop an instance from moto's EC2 records while its group still lists it."""
     from moto.ec2.models import ec2_backends

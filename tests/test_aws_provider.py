@@ -44,6 +44,7 @@ from tests.aws_helpers import (
     create_group,
     forget_ec2_instance,
     inject_errors,
+    make_ipv6_only,
     moto_members,
     set_ec2_state,
 )
@@ -247,6 +248,46 @@ def test_member_missing_from_ec2_is_gone(moto: None) -> None:
     assert listed[ids[1]].state is G
     assert listed[ids[1]].cloud_state == "InService/Healthy/missing"
     assert [listed[i].state for i in (ids[0], ids[2])] == [R, R]
+
+
+@pytest.mark.parametrize("odd", ["ipv6-only", "no LifecycleState", "no HealthStatus",
+                                 "no State.Name", "a tag without its Value"])  # fmt: skip
+def test_one_odd_member_costs_only_itself(
+    moto: None, caplog: pytest.LogCaptureFixture, odd: str
+) -> None:
+    """A member lacking what a usable host has is listed as not usable, with one
+    warning while it stays so; the others are listed as ever."""
+    ids = create_group(size=3)
+    member = moto_members("workers")[ids[0]]
+    if odd == "ipv6-only":
+        make_ipv6_only(member)
+    elif odd == "no LifecycleState":
+        member.lifecycle_state = None
+    elif odd == "no HealthStatus":
+        member.health_status = None
+    elif odd == "no State.Name":
+        member.instance._state.name = None
+    else:  # moto refuses such a tag through its API: put it in its records
+        member.instance.ec2_backend.tags[ids[0]]["spotring:slots"] = None
+    provider = make_provider()
+
+    with caplog.at_level(logging.INFO, logger="spotring.providers.aws"):
+        for _ in range(3):
+            listed = {i.id: i for i in provider.list_instances()}
+            assert listed[ids[0]].state is P and not listed[ids[0]].address
+            assert [listed[i].state for i in ids[1:]] == [R, R]
+            assert all(listed[i].address for i in ids[1:])
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert f"member {ids[0]} is listed as pending, not usable" in warnings[0]
+
+        fresh = moto_members("workers")[ids[0]]  # whole again
+        fresh.instance.__class__ = type(moto_members("workers")[ids[1]].instance)
+        fresh.lifecycle_state, fresh.health_status = "InService", "Healthy"
+        set_ec2_state(fresh, "running")
+        fresh.instance.ec2_backend.tags[ids[0]].pop("spotring:slots", None)
+        assert {i.id: i for i in provider.list_instances()}[ids[0]].state is R
+    assert f"group workers member {ids[0]}: resolved" in caplog.text
 
 
 def test_pending_member_becomes_ready(moto: None) -> None:
