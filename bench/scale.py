@@ -9,10 +9,12 @@ ending with its barrier (all ranks connected: simulated here by waiting for ever
 rank's exchange) and each rank's ``DELETE`` (``HTTPStore::Finalize``):
 
 - spotring: ``RingTracker`` (driver/rendezvous.py) with spotring's Horovod build
-  (worker_image/horovod-rendezvous.patch): per context of size k > 1, each rank sends
-  one ``PUT <scope>/spotring-mesh-<rank>`` (its host name and its k - 1 addresses of
-  136 bytes), answered once every rank has sent its own, then ``DELETE``; a context of
-  one rank sends nothing. The global process set uses the global contexts: three
+  (worker_image/horovod-rendezvous.patch): each rank reads the ring's generation
+  (``GET /spotring/ring``), then per context of size k > 1 sends one
+  ``PUT <scope>/spotring-mesh-<rank>`` (its host name and its k - 1 addresses of 136
+  bytes), answered once every rank has sent its own, then ``DELETE``, each write
+  signed under the job key (worker_image/store_auth.py) as the build signs it; a
+  context of one rank sends nothing. The global process set uses the global contexts: three
   contexts per ring (global, local, cross).
 - anchor: Horovod 0.28.1's own ``RendezvousServer`` with stock Horovod's pattern
   (third_party/gloo/gloo/rendezvous/context.cc ``connectFullMesh`` and

@@ -12,6 +12,12 @@ clients) with a request handler that:
 * decodes a registration with :func:`decode_worker_addresses`: no class or function is
   ever looked up, and only the shape Horovod's worker sends is accepted; it is handed
   to the driver and never stored;
+* takes a write (every ``PUT`` and ``DELETE``, and the rank request, which tells the
+  driver a worker is ready) only when it is signed by a worker of the job for the
+  current ring (:mod:`spotring.worker_image.store_auth`: HMAC-SHA256 under the job key
+  over the method, path, ring, a nonce and the body): an unsigned one is refused before
+  its body is read, a forged, replayed or stale one before anything is stored or
+  parked, and the first signed value of a key (a rank's mesh row) is final;
 * answers ``rank_and_size`` only for slots of a ring this driver planned (Horovod
   answers a slot that left with ``-1``, and its worker leaves), and takes
   registrations only for slots of the current ring, one at a time per slot, each
@@ -22,6 +28,9 @@ clients) with a request handler that:
   (see :func:`store_budget`); keeps the ``spotring`` scope (the ring generation, plain
   ASCII digits) read-only from outside; and refuses a body over its key's bound before
   reading it;
+* keeps one waiting mesh request per scope and rank (a newer one replaces it), counts
+  a rank's ``DELETE`` only once the rank was answered, and answers a scope's waiters
+  before the scope goes;
 * gives a client :data:`REQUEST_DEADLINE_SECONDS` to send its whole request, and
   answers anything malformed with a 4xx and one warning line naming the client, never
   a traceback and never a change to the store.
@@ -32,9 +41,10 @@ Horovod's three answer classes, whatever key the service signs with, gives a
 connection and a whole answer :data:`ANSWER_TIMEOUT_SECONDS` each, and probes at most
 :data:`MAX_CONCURRENT_PROBES` addresses at once.
 
-What it cannot do: tell a worker from anyone else who can reach the port. Horovod's
-clients (the C++ Gloo store, the Python worker) send no credential, so a well-formed
-request for a real slot or a current Gloo key is taken as the worker's own.
+What it cannot do: keep a client that reads the network between a worker and the
+driver from reading what goes over it (the Gloo addresses, a registration's key), or
+hold off one that opens connections until :data:`MAX_CONNECTIONS` (each cut off after
+:data:`REQUEST_DEADLINE_SECONDS`). Reads change nothing and are not signed.
 """
 
 from __future__ import annotations
