@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import socket
@@ -24,7 +23,6 @@ from spotring.providers.aws import (
     IAM_ACTIONS,
     LIFECYCLE_STATE_MAP,
     AwsProvider,
-    iam_policy,
 )
 from spotring.providers.base import (
     ConfigurationError,
@@ -794,16 +792,6 @@ def test_iam_actions_are_exactly_the_calls_made(moto: None) -> None:
 
     assert set(ops) == set(IAM_ACTIONS)
     assert len(IAM_ACTIONS) == len(set(IAM_ACTIONS))
-
-
-def test_docs_policy_matches_iam_actions(repo: Path) -> None:
-    text = (repo / "README.md").read_text()
-    block = re.search(r"```json\n(.*?)```", text, re.DOTALL)
-    assert block, "README.md has no json policy block"
-    policy = json.loads(block.group(1))
-    arn = policy["Statement"][1]["Resource"]
-    assert policy == iam_policy(arn)
-    assert arn.startswith("arn:aws:autoscaling:")
 
 
 def test_only_members_not_yet_running_are_described_again(moto: None) -> None:
