@@ -308,6 +308,13 @@ class Controller:
         self._wake.wait(delay)
         self._wake.clear()
 
+    def fail(self, error: ProviderError) -> None:
+        """Stop for good with ``error``, from any thread (the first error wins): the job
+        stops as on the controller's own fatal errors, workers first, and ``error`` is
+        the run's one line. For what the job needs besides its group (its checkpoint
+        lock)."""
+        self._fail(error)
+
     def _fail(self, error: ProviderError) -> None:
         """Stop for good with ``error`` (the first one wins), from any thread."""
         with self._lock:

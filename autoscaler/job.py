@@ -121,6 +121,8 @@ def _run_locked(
         readmit_after=readmit_after,
         capacity=config.capacity,
     )
+    if durable is not None:  # a lost checkpoint lock stops the job
+        durable.stop_job_with(controller.fail)
     local = config.launcher == "local" or (
         config.launcher == "auto" and provider.runs_workers_locally
     )
@@ -150,7 +152,7 @@ def _run_locked(
         nics=config.elastic.nics or (("lo",) if local else ()),
         worker_env={
             **worker_base_environment(os.environ, config.forwarded_env),
-            **(config.elastic.durable.worker_env() if config.elastic.durable else {}),
+            **(durable.worker_env() if durable is not None else {}),
         },
     )
 
@@ -193,7 +195,7 @@ def _run_locked(
         time.monotonic() - started,
         provider.events,
     )
-    if durable is not None and outcome.exit_code != 0:
+    if durable is not None and outcome.exit_code != 0 and not durable.lost:
         newest = durable.newest()
         if newest is not None:
             reporter.say(

@@ -12,7 +12,16 @@ import threading
 from typing import Any
 
 from spotring.checkpoint.errors import CheckpointError, ObjectNotFoundError, one_line
-from spotring.checkpoint.store import BytesReader, Location, ObjectStore, check_key, check_prefix
+from spotring.checkpoint.store import (
+    BytesReader,
+    Location,
+    ObjectStore,
+    Versioned,
+    check_key,
+    check_prefix,
+    check_size,
+    seconds_between,
+)
 
 AZURITE_ACCOUNT = "devstoreaccount1"
 # Azurite's well-known development key, published in its documentation: not a secret,
@@ -29,6 +38,8 @@ ATTEMPTS = 5
 class AzureBlobStore(ObjectStore):
     """Blobs under a container prefix. Puts above :data:`BLOCK` stage blocks in
     parallel and commit the list last (the blob appears only then)."""
+
+    unused_version = '"0x0"'
 
     def __init__(self, location: Location, *, timeout_s: float = 60.0) -> None:
         self.uri = location.uri
@@ -115,19 +126,50 @@ class AzureBlobStore(ObjectStore):
         except AzureError as error:
             raise self._fail("write", key, error) from error
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
+        from azure.core import MatchConditions
+
+        blob = self._blobs().get_blob_client(self._key(key))
+        pinned: dict[str, Any] = {}
+        if max_size is not None:
+            properties = self._call("read", key, blob.get_blob_properties)
+            check_size(self.uri, key, properties.size, max_size)
+            # Download the version that was sized.
+            pinned = {"etag": properties.etag, "match_condition": MatchConditions.IfNotModified}
+        download = self._call(
+            "read", key, blob.download_blob, max_concurrency=CONCURRENCY, **pinned
+        )
+        data: bytes = self._call("read", key, download.readall)
+        return data
+
+    def get_versioned(self, key: str, *, max_size: int) -> Versioned:
+        blob = self._blobs().get_blob_client(self._key(key))
+        answered: list[Any] = []
+        download = self._call(
+            "read", key, blob.download_blob,
+            raw_response_hook=lambda answer: answered.append(answer.http_response.headers),
+        )  # fmt: skip
+        check_size(self.uri, key, download.size, max_size)
+        data: bytes = self._call("read", key, download.readall)
+        # The blob's Last-Modified and the answer's Date, both the service's clock
+        # (https://learn.microsoft.com/rest/api/storageservices/get-blob#response-headers).
+        date = answered[0].get("Date") if answered else None
+        properties = download.properties
+        return Versioned(data, properties.etag, seconds_between(properties.last_modified, date))
+
+    def _call(self, action: str, key: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """``call`` with the SDK's errors made :class:`CheckpointError` (a missing blob
+        :class:`ObjectNotFoundError`)."""
         from azure.core.exceptions import AzureError, ResourceNotFoundError
 
-        name = self._key(key)
         try:
-            data: bytes = self._blobs().download_blob(name, max_concurrency=CONCURRENCY).readall()
+            return call(*args, **kwargs)
         except ResourceNotFoundError as error:
             if getattr(error, "error_code", None) == "ContainerNotFound":
-                raise self._fail("read", key, error) from error
+                raise self._fail(action, key, error) from error
             raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from error
         except AzureError as error:
-            raise self._fail("read", key, error) from error
-        return data
+            raise self._fail(action, key, error) from error
 
     def list(self, prefix: str = "") -> list[str]:
         from azure.core.exceptions import AzureError
@@ -154,15 +196,31 @@ class AzureBlobStore(ObjectStore):
         except AzureError as error:
             raise self._fail("delete", key, error) from error
 
-    def create_exclusive(self, key: str, data: bytes) -> bool:
-        from azure.core.exceptions import AzureError, ResourceExistsError
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """Blob conditional headers (https://learn.microsoft.com/rest/api/storageservices/
+        specifying-conditional-headers-for-blob-service-operations): ``If-None-Match: *``
+        (``overwrite=False``) fails with 409 BlobAlreadyExists for an existing blob,
+        ``If-Match: ETAG`` with 412 ConditionNotMet for another version or none."""
+        from azure.core import MatchConditions
+        from azure.core.exceptions import (
+            AzureError,
+            ResourceExistsError,
+            ResourceModifiedError,
+            ResourceNotFoundError,
+        )
 
-        name = self._key(key)
+        blob = self._blobs().get_blob_client(self._key(key))
+        condition: dict[str, Any] = (
+            {"overwrite": False}
+            if version is None
+            else {"etag": version, "match_condition": MatchConditions.IfNotModified}
+        )
         try:
-            # overwrite=False sends If-None-Match: *.
-            self._blobs().upload_blob(name, data, overwrite=False)
-        except ResourceExistsError:
-            return False
+            written = blob.upload_blob(data, **condition)
+        except (ResourceExistsError, ResourceModifiedError):
+            return None
+        except ResourceNotFoundError as error:  # the container
+            raise self._fail("write", key, error) from error
         except AzureError as error:
-            raise self._fail("create", key, error) from error
-        return True
+            raise self._fail("write", key, error) from error
+        return str(written["etag"])

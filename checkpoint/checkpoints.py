@@ -15,8 +15,10 @@ from spotring.checkpoint.errors import (
     CheckpointError,
     ObjectCorruptError,
     ObjectNotFoundError,
+    ObjectTooLargeError,
     one_line,
 )
+from spotring.checkpoint.lock import Fence, check_fence
 from spotring.checkpoint.manifest import CheckpointInfo
 from spotring.checkpoint.store import ObjectStore
 
@@ -60,20 +62,31 @@ class Checkpoints:
 
     A write puts the payload first and the manifest last: a checkpoint counts only once
     its manifest is there, so a writer that dies mid-upload leaves nothing a reader takes.
-    A reader checks the payload's size and SHA-256 against the manifest, so a damaged
-    newest checkpoint costs its progress, never the job.
+    A reader checks the payload's size (before downloading it) and SHA-256 against the
+    manifest, so a damaged newest checkpoint costs its progress, never the job.
 
     :param store: where they are (see :func:`~spotring.checkpoint.open_store`).
     :param job_id: written into each manifest.
     :param keep: complete checkpoints kept after each write (the newest ones).
+    :param fence: the job lock's generation this writer writes under: checked against
+        ``lock.json`` before each put and each prune (:class:`CheckpointLockLost` once
+        another driver holds it), and written into each manifest. None: unfenced (a
+        reader, or a writer that holds no lock).
     """
 
-    def __init__(self, store: ObjectStore, *, job_id: str, keep: int = 3) -> None:
+    def __init__(
+        self, store: ObjectStore, *, job_id: str, keep: int = 3, fence: Fence | None = None
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.store = store
         self.job_id = job_id
         self.keep = keep
+        self.fence = fence
+
+    def _check_fence(self) -> None:
+        if self.fence is not None:
+            check_fence(self.store, self.job_id, self.fence)
 
     # ------------------------------------------------------------------ writing
 
@@ -84,7 +97,8 @@ class Checkpoints:
 
         Returns what was written once its manifest is durable. Raises
         :class:`CheckpointError` if the payload or the manifest could not be stored (the
-        previous checkpoints are untouched); a failed prune is only logged.
+        previous checkpoints are untouched), :class:`CheckpointLockLost` if the fence no
+        longer holds (nothing more is written); a failed prune is only logged.
         """
         if (
             isinstance(step, bool)
@@ -102,11 +116,13 @@ class Checkpoints:
             sha256="0" * 64,  # known once the data is written
             job_id=self.job_id,
             meta=dict(meta or {}),
+            lock_generation=self.fence.generation if self.fence is not None else None,
         )
         try:
             manifest.encode(info)
         except (TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint meta is not JSON: {one_line(error)}") from error
+        self._check_fence()
         # The payload must not change until this returns: it is hashed while it is put.
         hashing = _Hashing(view)
         try:
@@ -114,7 +130,9 @@ class Checkpoints:
         finally:
             sha256 = hashing.result()
         info = dataclasses.replace(info, sha256=sha256)
+        self._check_fence()  # the manifest is what makes a checkpoint count
         self.store.put(info.manifest_key, manifest.encode(info))
+        self._check_fence()
         try:
             self._prune(info.name)
         except CheckpointError as error:
@@ -123,7 +141,9 @@ class Checkpoints:
 
     def _prune(self, written: str) -> None:
         """Keep the newest ``keep`` complete checkpoints (always the one just written);
-        delete older ones and data without a manifest older than the newest complete."""
+        delete older ones that are this job's (by their manifest: never another job's,
+        nor one written under a newer lock generation than this writer's), and data
+        without a manifest older than the newest complete."""
         names = self._scan()
         complete = [name for name, parts in names.items() if manifest.MANIFEST in parts]
         kept = set(complete[: self.keep])
@@ -134,11 +154,24 @@ class Checkpoints:
             if name in kept:
                 continue
             if manifest.MANIFEST in parts:
+                if not self._own(name):
+                    continue
                 # Manifest first: the checkpoint stops counting before its data goes.
                 self.store.delete(f"{name}/{manifest.MANIFEST}")
                 self.store.delete(f"{name}/{manifest.DATA}")
             elif name < newest:  # a newer partial may be a write in progress
                 self.store.delete(f"{name}/{manifest.DATA}")
+
+    def _own(self, name: str) -> bool:
+        """Whether this writer may delete checkpoint ``name``: its manifest is this
+        job's, of this writer's lock generation or an older one (an unreadable one is
+        nobody's checkpoint: it goes too)."""
+        info = self._info(name)
+        if info is None:
+            return True
+        ours = self.fence.generation if self.fence is not None else None
+        newer = ours is not None and (info.lock_generation or 0) > ours
+        return info.job_id == self.job_id and not newer
 
     # ------------------------------------------------------------------ reading
 
@@ -155,16 +188,24 @@ class Checkpoints:
         """The complete checkpoints, newest first (by name), reading each manifest only
         when the caller gets that far."""
         for name, parts in self._scan().items():
-            if manifest.MANIFEST not in parts:
-                continue
-            try:
-                raw = self.store.get(f"{name}/{manifest.MANIFEST}")
-            except ObjectNotFoundError:
-                continue  # pruned since the listing
-            try:
-                yield manifest.decode(name, raw)
-            except ValueError as error:
-                log.debug("ignoring checkpoint %s: bad manifest: %s", name, error)
+            if manifest.MANIFEST in parts:
+                info = self._info(name)
+                if info is not None:
+                    yield info
+
+    def _info(self, name: str) -> CheckpointInfo | None:
+        """Checkpoint ``name``'s manifest; None when it is gone (pruned since the
+        listing) or not a manifest (too large to download, unreadable)."""
+        try:
+            raw = self.store.get(
+                f"{name}/{manifest.MANIFEST}", max_size=manifest.MAX_MANIFEST_BYTES
+            )
+            return manifest.decode(name, raw)
+        except ObjectNotFoundError:
+            return None
+        except (ObjectTooLargeError, ValueError) as error:
+            log.debug("ignoring checkpoint %s: bad manifest: %s", name, error)
+            return None
 
     def list(self) -> list[CheckpointInfo]:
         """Every complete checkpoint (its manifest parses), newest first: by step, then
@@ -184,15 +225,17 @@ class Checkpoints:
 
     def load_latest_decoded(self, decode: Callable[[bytes], T]) -> tuple[CheckpointInfo, T] | None:
         """As :meth:`load_latest`, with the data passed through ``decode``: a checkpoint
-        whose data matches its manifest but that ``decode`` refuses (ValueError) is
+        whose data matches its manifest but that ``decode`` refuses (raises anything) is
         skipped with the same one warning, and the one before it tried."""
         for info in self._manifests():
             problem = self._check(info)
             if isinstance(problem, bytes):
                 try:
                     return info, decode(problem)
-                except ValueError as error:
-                    problem = f"its data is not a checkpoint: {one_line(error)}"
+                except Exception as error:  # whatever the bytes made it raise: damaged
+                    problem = (
+                        f"its data is not a checkpoint: {type(error).__name__}: {one_line(error)}"
+                    )
             log.warning(
                 "checkpoint %s/%s (step %d) is unusable (%s); trying the one before it",
                 self.store.uri,
@@ -208,9 +251,11 @@ class Checkpoints:
         problem = ""
         for _ in range(2):
             try:
-                data = self.store.get(info.data_key)
+                data = self.store.get(info.data_key, max_size=info.size)
             except ObjectNotFoundError:
                 return "its data is missing"
+            except ObjectTooLargeError:
+                return f"its data is larger than the {info.size} bytes the manifest says"
             except ObjectCorruptError as error:
                 problem = str(error)
                 continue

@@ -16,6 +16,15 @@ class CheckpointLockError(CheckpointError):
     """The checkpoint prefix is held by another job, or by a live driver of this job."""
 
 
+class CheckpointLockLost(CheckpointLockError):
+    """The lock this process holds, or writes checkpoints under, is another driver's now
+    (or released): it must stop writing there."""
+
+
+class ObjectTooLargeError(CheckpointError):
+    """The object is larger than its reader accepts (checked before downloading it)."""
+
+
 class ObjectNotFoundError(CheckpointError):
     """The key asked for does not exist in the store."""
 

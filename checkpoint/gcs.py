@@ -16,7 +16,16 @@ from spotring.checkpoint.errors import (
     ObjectNotFoundError,
     one_line,
 )
-from spotring.checkpoint.store import BytesReader, Location, ObjectStore, check_key, check_prefix
+from spotring.checkpoint.store import (
+    BytesReader,
+    Location,
+    ObjectStore,
+    Versioned,
+    check_key,
+    check_prefix,
+    check_size,
+    seconds_between,
+)
 
 CHUNK = 32 * 2**20
 """Resumable upload chunk (a multiple of 256 KiB): each is one request, retried alone."""
@@ -25,6 +34,8 @@ CHUNK = 32 * 2**20
 class GcsStore(ObjectStore):
     """Objects under ``gs://BUCKET/PREFIX``. Puts above 8 MiB are resumable uploads in
     :data:`CHUNK` pieces (the object appears only when the last one lands)."""
+
+    unused_version = "1"  # generations are microsecond timestamps
 
     def __init__(self, location: Location, *, timeout_s: float = 60.0) -> None:
         self.uri = location.uri
@@ -36,6 +47,7 @@ class GcsStore(ObjectStore):
         self._bucket: Any = None
         self._retry: Any = None
         self._lock = threading.Lock()
+        self._answers = threading.local()  # .date: the Date of this thread's last answer
 
     def _gcs(self) -> Any:
         """The bucket handle, its client made on first use."""
@@ -50,6 +62,9 @@ class GcsStore(ObjectStore):
                 except Exception as error:
                     raise self._fail("open", "", error) from error
                 self._bucket = self._client.bucket(self.bucket_name)
+                # The storage library hands back no answer's headers; the Date, the
+                # store's clock for a lock's age, is taken where requests delivers them.
+                self._client._http.hooks["response"].append(self._note_answer)
                 # Each attempt is bounded by the timeout; all attempts by this deadline.
                 bound = getattr(DEFAULT_RETRY, "with_timeout", None) or DEFAULT_RETRY.with_deadline
                 self._retry = bound(3 * self.timeout_s)  # with_timeout: api-core >= 2.16
@@ -111,15 +126,43 @@ class GcsStore(ObjectStore):
         except self._errors() as error:
             raise self._fail("write", key, error) from error
 
-    def get(self, key: str) -> bytes:
+    def _note_answer(self, answer: Any, *_: Any, **__: Any) -> None:
+        self._answers.date = answer.headers.get("Date")
+
+    def _metadata(self, key: str) -> Any:
+        """The object's metadata (size, generation, updated); ObjectNotFoundError."""
+        try:
+            blob = self._gcs().get_blob(self._key(key), timeout=self._timeout, retry=self._retry)
+        except self._errors() as error:
+            raise self._fail("read", key, error) from error
+        if blob is None:
+            raise ObjectNotFoundError(f"{self.uri}/{key} does not exist")
+        return blob
+
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
+        name = self._key(key)
+        if max_size is None:
+            return self._download(key, self._gcs().blob(name))
+        blob = self._metadata(key)
+        check_size(self.uri, key, blob.size, max_size)
+        return self._download(key, blob)  # of the generation sized (the blob names it)
+
+    def get_versioned(self, key: str, *, max_size: int) -> Versioned:
+        self._answers.date = None
+        blob = self._metadata(key)
+        # The object resource's `updated` and the answer's Date: both GCS's clock
+        # (https://cloud.google.com/storage/docs/json_api/v1/objects#resource).
+        date = self._answers.date
+        check_size(self.uri, key, blob.size, max_size)
+        data = self._download(key, blob)
+        return Versioned(data, str(blob.generation), seconds_between(blob.updated, date))
+
+    def _download(self, key: str, blob: Any) -> bytes:
         from google.api_core.exceptions import NotFound
         from google.cloud.storage.exceptions import DataCorruption
 
-        name = self._key(key)
         try:
-            data: bytes = (
-                self._gcs().blob(name).download_as_bytes(timeout=self._timeout, retry=self._retry)
-            )
+            data: bytes = blob.download_as_bytes(timeout=self._timeout, retry=self._retry)
         except NotFound as error:
             raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from error
         except DataCorruption as error:
@@ -153,20 +196,23 @@ class GcsStore(ObjectStore):
         except self._errors() as error:
             raise self._fail("delete", key, error) from error
 
-    def create_exclusive(self, key: str, data: bytes) -> bool:
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """GCS request preconditions (https://cloud.google.com/storage/docs/
+        request-preconditions): ``ifGenerationMatch=0`` writes only if no live object
+        has the name, ``ifGenerationMatch=G`` only over generation G; 412 otherwise."""
         from google.api_core.exceptions import PreconditionFailed
 
-        name = self._key(key)
+        blob = self._gcs().blob(self._key(key))
         try:
-            self._gcs().blob(name).upload_from_string(
+            blob.upload_from_string(
                 data,
                 content_type="application/json",
-                if_generation_match=0,  # only if no live object has this name
+                if_generation_match=0 if version is None else int(version),
                 timeout=self._timeout,
                 retry=self._retry,
             )
         except PreconditionFailed:
-            return False
+            return None
         except self._errors() as error:
-            raise self._fail("create", key, error) from error
-        return True
+            raise self._fail("write", key, error) from error
+        return str(blob.generation)

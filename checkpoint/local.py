@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-import errno
+import fcntl
+import hashlib
 import os
 import secrets
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from spotring.checkpoint.errors import CheckpointError, ObjectNotFoundError
-from spotring.checkpoint.store import ObjectStore, check_key, check_prefix
+from spotring.checkpoint.store import (
+    ObjectStore,
+    Versioned,
+    check_key,
+    check_prefix,
+    check_size,
+)
 
 _CHUNK = 8 * 2**20
+GUARD_TIMEOUT_SECONDS = 10.0
+"""How long a conditional write waits for another one of the same key."""
 
 
 def _is_temporary(name: str) -> bool:
@@ -21,7 +32,14 @@ def _is_temporary(name: str) -> bool:
 class LocalStore(ObjectStore):
     """Objects are files under ``root`` (created on the first write). A put writes a
     temporary file beside the target, fsyncs it and renames it into place, so a crash
-    leaves the old file or the new one, never half of one."""
+    leaves the old file or the new one, never half of one.
+
+    A conditional write (:meth:`put_if`) compares and renames while it holds ``flock``
+    on a hidden guard file beside the key (Linux's NFS client turns it into a lock the
+    server keeps): the kernel drops it with a process that dies, so none is ever left
+    stale. A version is the SHA-256 of the bytes."""
+
+    unused_version = "0" * 64  # no SHA-256 of anything written
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -73,14 +91,48 @@ class LocalStore(ObjectStore):
             raise self._fail("write", key, error) from error
         self._sync_directory(path.parent)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
+        return self._read(key, max_size)[0]
+
+    def _read(self, key: str, max_size: int | None) -> tuple[bytes, float]:
+        """The file's bytes and its mtime, from one open file."""
         path = self._path(key)
         try:
-            return path.read_bytes()
+            with open(path, "rb") as file:
+                status = os.fstat(file.fileno())
+                check_size(self.uri, key, status.st_size, max_size)
+                data = file.read() if max_size is None else file.read(max_size + 1)
         except FileNotFoundError as error:
             raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from error
         except OSError as error:
             raise self._fail("read", key, error) from error
+        check_size(self.uri, key, len(data), max_size)  # it grew since the fstat
+        return data, status.st_mtime
+
+    def get_versioned(self, key: str, *, max_size: int) -> Versioned:
+        data, modified = self._read(key, max_size)
+        age = self._now(self._path(key).parent, key) - modified
+        return Versioned(data, hashlib.sha256(data).hexdigest(), max(0.0, age))
+
+    def _now(self, folder: Path, key: str) -> float:
+        """The file system's clock: the mtime of a file created now in ``folder`` (on a
+        network mount, the server's; the key's mtime came from there too)."""
+        try:
+            with self._temporary_file(folder) as (_, status):
+                return status.st_mtime
+        except OSError as error:
+            raise self._fail("read the clock of", key, error) from error
+
+    @contextlib.contextmanager
+    def _temporary_file(self, folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
+        path = folder / f".clock.{secrets.token_hex(6)}.tmp"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            yield path, os.fstat(fd)
+        finally:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
 
     def list(self, prefix: str = "") -> list[str]:
         check_prefix(prefix)
@@ -118,36 +170,45 @@ class LocalStore(ObjectStore):
                 break
             parent = parent.parent
 
-    def create_exclusive(self, key: str, data: bytes) -> bool:
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
         path = self._path(key)
         try:
             temporary = self._write_temporary(path, data)
             try:
-                # link() fails if the target exists and publishes a complete file, where
-                # O_EXCL would let a reader see it empty.
-                os.link(temporary, path)
-            except FileExistsError:
-                return False
-            except OSError as error:
-                if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise
-                return self._create_without_links(path, data)
+                with self._guard(path, key):
+                    try:
+                        current: str | None = hashlib.sha256(path.read_bytes()).hexdigest()
+                    except FileNotFoundError:
+                        current = None
+                    if current != version:
+                        return None
+                    os.replace(temporary, path)
             finally:
                 with contextlib.suppress(OSError):
                     temporary.unlink()
         except OSError as error:
-            raise self._fail("create", key, error) from error
+            raise self._fail("write", key, error) from error
         self._sync_directory(path.parent)
-        return True
+        return hashlib.sha256(data).hexdigest()
 
-    def _create_without_links(self, path: Path, data: bytes) -> bool:
-        """For file systems without hard links: O_EXCL, then write."""
+    @contextlib.contextmanager
+    def _guard(self, path: Path, key: str) -> Iterator[None]:
+        """Hold the key's guard lock (waiting at most :data:`GUARD_TIMEOUT_SECONDS`)."""
+        guard = path.with_name(f".{path.name}.guard.tmp")  # never listed
+        fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        return True
+            deadline = time.monotonic() + GUARD_TIMEOUT_SECONDS
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise CheckpointError(
+                            f"cannot write {self.uri}/{key}: another writer held {guard.name}"
+                            f" for {GUARD_TIMEOUT_SECONDS:g} s"
+                        ) from None
+                    time.sleep(0.005)
+            yield
+        finally:
+            os.close(fd)  # releases the lock

@@ -12,7 +12,7 @@ import math
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 FORMAT = 1
 """The manifest format this code writes; it reads this one and older."""
@@ -21,6 +21,8 @@ PREFIX = "ckpt-"
 DATA = "data"
 MANIFEST = "manifest.json"
 MAX_STEP = 10**12 - 1
+MAX_MANIFEST_BYTES = 2**20
+"""A larger manifest is not downloaded: no writer makes one."""
 
 _NAME = re.compile(r"ckpt-(\d{12})-(\d{13})-([0-9a-f]{6})")
 
@@ -41,6 +43,21 @@ class CheckpointInfo:
     job_id: str
     meta: dict[str, Any] = field(default_factory=dict)
     """What the writer passed along (JSON values)."""
+    lock_generation: int | None = None
+    """The generation of the job's lock its writer wrote under (None: unfenced, or
+    written before spotring fenced writers)."""
+
+    @property
+    def commits(self) -> int:
+        """The job's commit count it holds (``meta["commits"]``), else its step."""
+        commits = self.meta.get("commits")
+        return commits if _is_count(commits) else self.step
+
+    @property
+    def committed_at(self) -> float:
+        """When it was committed (``meta["committed_at"]``), else when it was written."""
+        moment = self.meta.get("committed_at")
+        return float(moment) if _is_time(moment) else self.created_at
 
     @property
     def data_key(self) -> str:
@@ -73,13 +90,29 @@ def encode(info: CheckpointInfo) -> bytes:
         "data": DATA,
         "meta": info.meta,
     }
+    if info.lock_generation is not None:
+        document["lock_generation"] = info.lock_generation
     return json.dumps(document, sort_keys=True, allow_nan=False).encode()
 
 
+def _is_count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
+
+
+def _is_time(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def decode(name: str, raw: bytes) -> CheckpointInfo:
-    """The manifest of checkpoint ``name``; ValueError if it is not one (unreadable, of a
-    newer format, of another checkpoint, or with fields of the wrong type)."""
-    document = json.loads(raw)
+    """The manifest of checkpoint ``name``; ValueError if it is not one (unreadable, too
+    large or deep, of a newer format, of another checkpoint, or with fields of the wrong
+    type)."""
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ValueError(f"{len(raw)} bytes of manifest")
+    try:
+        document = json.loads(raw)
+    except RecursionError as error:  # json.loads is recursive
+        raise ValueError("nested too deeply") from error
     if not isinstance(document, dict):
         raise ValueError("not a JSON object")
     version = document.get("format")
@@ -89,9 +122,9 @@ def decode(name: str, raw: bytes) -> CheckpointInfo:
         raise ValueError(f"manifest names {document.get('name')!r}")
     step, created_at, size = document.get("step"), document.get("created_at"), document.get("size")
     sha256, job_id, meta = document.get("sha256"), document.get("job_id"), document.get("meta")
-    if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP):
+    if not _is_count(step):
         raise ValueError(f"bad step {step!r}")
-    if not (isinstance(created_at, (int, float)) and math.isfinite(created_at)):
+    if not _is_time(created_at):
         raise ValueError(f"bad created_at {created_at!r}")
     if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0):
         raise ValueError(f"bad size {size!r}")
@@ -99,4 +132,7 @@ def decode(name: str, raw: bytes) -> CheckpointInfo:
         raise ValueError("bad sha256")
     if not isinstance(job_id, str) or not isinstance(meta, dict):
         raise ValueError("bad job_id or meta")
-    return CheckpointInfo(name, step, float(created_at), size, sha256, job_id, meta)
+    generation = document.get("lock_generation")
+    if generation is not None and not _is_count(generation):
+        raise ValueError(f"bad lock_generation {generation!r}")
+    return CheckpointInfo(name, step, float(created_at), size, sha256, job_id, meta, generation)

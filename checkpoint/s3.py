@@ -7,6 +7,7 @@ endpoint is AWS's unless ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` names a
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
 import time
@@ -18,13 +19,23 @@ from spotring.checkpoint.errors import (
     ObjectNotFoundError,
     one_line,
 )
-from spotring.checkpoint.store import BytesReader, Location, ObjectStore, check_key, check_prefix
+from spotring.checkpoint.store import (
+    BytesReader,
+    Location,
+    ObjectStore,
+    Versioned,
+    check_key,
+    check_prefix,
+    check_size,
+    seconds_between,
+)
 
 PART = 16 * 2**20
 """Multipart part size: large enough for few requests, small enough to retry cheaply."""
 MAX_PARTS = 10_000  # S3's limit per upload
 CONCURRENCY = 8
 ATTEMPTS = 5
+_NOT_FOUND = ("404", "NoSuchKey", "NotFound")
 
 
 _loader: list[Any] = []
@@ -43,6 +54,8 @@ def _shared_loader(session: Any) -> Any:
 class S3Store(ObjectStore):
     """Objects under ``s3://BUCKET/PREFIX``. Large puts are boto3 managed multipart
     uploads (an upload that fails leaves no object); large gets are ranged, in parallel."""
+
+    unused_version = '"' + "0" * 32 + '"'  # an MD5-like ETag of nothing
 
     def __init__(self, location: Location, *, timeout_s: float = 60.0) -> None:
         self.uri = location.uri
@@ -124,11 +137,13 @@ class S3Store(ObjectStore):
         except (Boto3Error, BotoCoreError, ClientError) as error:
             raise self._fail("write", key, error) from error
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
         from boto3.exceptions import Boto3Error
         from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 
         name = self._key(key)
+        if max_size is not None:
+            check_size(self.uri, key, self._head(key)["ContentLength"], max_size)
         for attempt in range(1, ATTEMPTS + 1):
             out = io.BytesIO()
             try:
@@ -136,7 +151,7 @@ class S3Store(ObjectStore):
                 return out.getvalue()
             except ClientError as error:
                 code = error.response.get("Error", {}).get("Code")
-                if code in ("404", "NoSuchKey", "NotFound"):
+                if code in _NOT_FOUND:
                     raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from error
                 raise self._fail("read", key, error) from error
             except FlexibleChecksumError as error:
@@ -148,6 +163,40 @@ class S3Store(ObjectStore):
             except (Boto3Error, BotoCoreError) as error:
                 raise self._fail("read", key, error) from error
         raise AssertionError("unreachable")
+
+    def _head(self, key: str) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return self._s3().head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in _NOT_FOUND:
+                raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from error
+            raise self._fail("read", key, error) from error
+        except BotoCoreError as error:
+            raise self._fail("read", key, error) from error
+
+    def get_versioned(self, key: str, *, max_size: int) -> Versioned:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            answer = self._s3().get_object(Bucket=self.bucket, Key=self._key(key))
+            body = answer["Body"]
+            with contextlib.closing(body):
+                # The length is known from the headers, before the body is read.
+                check_size(self.uri, key, answer["ContentLength"], max_size)
+                data: bytes = body.read()
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in _NOT_FOUND:
+                raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from error
+            raise self._fail("read", key, error) from error
+        except BotoCoreError as error:
+            raise self._fail("read", key, error) from error
+        # GetObject answers with the object's ETag and Last-Modified, and the Date of
+        # the answer (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html,
+        # RESTCommonResponseHeaders.html): S3's clock on both sides.
+        date = answer["ResponseMetadata"].get("HTTPHeaders", {}).get("date")
+        return Versioned(data, answer["ETag"], seconds_between(answer["LastModified"], date))
 
     def list(self, prefix: str = "") -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -170,28 +219,36 @@ class S3Store(ObjectStore):
         try:
             self._s3().delete_object(Bucket=self.bucket, Key=name)
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey"):
+            if error.response.get("Error", {}).get("Code") not in _NOT_FOUND:
                 raise self._fail("delete", key, error) from error
         except BotoCoreError as error:
             raise self._fail("delete", key, error) from error
 
-    def create_exclusive(self, key: str, data: bytes) -> bool:
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """S3's conditional writes (https://docs.aws.amazon.com/AmazonS3/latest/userguide/
+        conditional-writes.html): ``If-None-Match: *`` creates only a missing key,
+        ``If-Match: ETAG`` replaces only that version; 412 PreconditionFailed when the
+        condition fails (and 404 NoSuchKey for If-Match on a missing key), 409
+        ConditionalRequestConflict while another conditional write of the key is in
+        flight (S3 asks for a retry). An S3-compatible store may ignore the headers:
+        :class:`~spotring.checkpoint.lock.JobLock` checks at start that it does not."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        name = self._key(key)
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
         for attempt in range(3):
             try:
-                self._s3().put_object(Bucket=self.bucket, Key=name, Body=data, IfNoneMatch="*")
-                return True
+                answer = self._s3().put_object(
+                    Bucket=self.bucket, Key=self._key(key), Body=data, **condition
+                )
+                return str(answer["ETag"])
             except ClientError as error:
                 code = error.response.get("Error", {}).get("Code")
-                if code == "PreconditionFailed":
-                    return False
-                # Another conditional write of this key is in flight: S3 asks for a retry.
+                if code in ("PreconditionFailed", *_NOT_FOUND):
+                    return None
                 if code == "ConditionalRequestConflict" and attempt < 2:
                     time.sleep(0.2 * (attempt + 1))
                     continue
-                raise self._fail("create", key, error) from error
+                raise self._fail("write", key, error) from error
             except BotoCoreError as error:
-                raise self._fail("create", key, error) from error
-        return False
+                raise self._fail("write", key, error) from error
+        return None

@@ -4,11 +4,13 @@ backends share (key checks, a reader over bytes without copying them)."""
 from __future__ import annotations
 
 import abc
+import email.utils
 import io
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
-from spotring.checkpoint.errors import CheckpointError
+from spotring.checkpoint.errors import CheckpointError, ObjectTooLargeError
 
 # Printable, no backslash: the same key must mean the same object in every backend.
 _KEY_PART = re.compile(r"[^\x00-\x1f\x7f\\]+")
@@ -52,6 +54,44 @@ class Location:
     """``azure``: a loopback emulator (Azurite), with its well-known development key."""
 
 
+@dataclass(frozen=True)
+class Versioned:
+    """An object as one read saw it: its bytes, which write of it they are, and how long
+    ago that write was, by the store's own clock."""
+
+    data: bytes
+    version: str
+    """Opaque, different for every write of the key (S3 and Azure: the ETag; GCS: the
+    generation; a directory: the SHA-256 of the bytes). :meth:`ObjectStore.put_if`
+    compares it."""
+    age_s: float
+    """Seconds from the object's last write to this read, both times as the store tells
+    them (its Last-Modified and its Date; a directory: a file's mtime against one it
+    creates now), so clocks of other hosts never enter it; within a second or so."""
+
+
+def seconds_between(earlier: datetime, later: datetime | str | None) -> float:
+    """``later - earlier`` in seconds (0 when ``later`` is unknown or earlier): a store's
+    Last-Modified against the Date of one of its answers (RFC 9110 HTTP-date text)."""
+    if isinstance(later, str):
+        try:
+            later = email.utils.parsedate_to_datetime(later)
+        except (TypeError, ValueError):
+            later = None
+    if later is None:
+        return 0.0
+    return max(0.0, (later - earlier).total_seconds())
+
+
+def check_size(uri: str, key: str, size: int, max_size: int | None) -> None:
+    """:class:`ObjectTooLargeError` when an object of ``size`` bytes exceeds ``max_size``
+    (checked before its bytes are read)."""
+    if max_size is not None and size > max_size:
+        raise ObjectTooLargeError(
+            f"{uri}/{key} has {size} bytes, more than the {max_size} expected"
+        )
+
+
 class ObjectStore(abc.ABC):
     """A flat key -> bytes store under one URI prefix (a directory, a bucket prefix, a
     container prefix). Keys are '/'-separated and relative to that prefix.
@@ -64,6 +104,9 @@ class ObjectStore(abc.ABC):
 
     uri: str
     """Where the store is, for messages; never contains credentials."""
+    unused_version: str
+    """A version no write ever has: :meth:`put_if` with it must fail (a check that the
+    store honours the condition)."""
 
     @abc.abstractmethod
     def put(self, key: str, data: bytes | memoryview) -> None:
@@ -71,8 +114,15 @@ class ObjectStore(abc.ABC):
         the SDK's multipart / resumable / block upload."""
 
     @abc.abstractmethod
-    def get(self, key: str) -> bytes:
-        """The object at ``key``; :class:`ObjectNotFoundError` if there is none."""
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
+        """The object at ``key``; :class:`ObjectNotFoundError` if there is none, and
+        :class:`ObjectTooLargeError`, before downloading it, if it has more than
+        ``max_size`` bytes."""
+
+    @abc.abstractmethod
+    def get_versioned(self, key: str, *, max_size: int) -> Versioned:
+        """The object at ``key`` with its version and age (one consistent read of a small
+        object); errors as :meth:`get`."""
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> list[str]:
@@ -83,9 +133,11 @@ class ObjectStore(abc.ABC):
         """Delete ``key``; a missing key is fine."""
 
     @abc.abstractmethod
-    def create_exclusive(self, key: str, data: bytes) -> bool:
-        """Create ``key`` with ``data`` only if it does not exist, atomically: True if
-        this call created it, False if it existed (whoever wins a race, one call does)."""
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """Write ``data`` (a small object) to ``key`` only if the key's current version is
+        ``version`` (None: only if the key does not exist), atomically: of several such
+        calls against one version, one wins. The new version, or None when the condition
+        did not hold (the object changed, appeared or disappeared since ``version``)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"

@@ -57,6 +57,10 @@ so a rate over the default kinds never draws them) break what the client sends i
 Every request is logged (:attr:`FaultProxy.log`: method, path, fault, AWS action, detail),
 so tests can assert that the faults they asked for hit the calls they meant.
 
+``drop_request_headers`` makes the upstream an endpoint that ignores those headers: they
+never reach it (an S3-compatible store without conditional writes: ``If-None-Match``;
+moto does not check request signatures, so the signed header may go).
+
 Limitations: answers that carry absolute links to the upstream (Azure's ``nextLink``,
 long-running operation URLs) lead the client past the proxy; a fault that answers in the
 upstream's place never reaches it, so a mutating call it hits is not carried out.
@@ -200,6 +204,7 @@ class FaultProxy(LoopbackHTTPServer):
     :param retry_after: the Retry-After (seconds) of Azure's throttling answer.
     :param upstream_timeout: seconds to wait for the upstream.
     :param port: where to listen (0: a free port).
+    :param drop_request_headers: request headers never forwarded (any case).
     """
 
     thread_name = "fault-proxy"
@@ -215,6 +220,7 @@ class FaultProxy(LoopbackHTTPServer):
         retry_after: float = 1,
         upstream_timeout: float = 60.0,
         port: int = 0,
+        drop_request_headers: Sequence[str] = (),
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname:
@@ -227,6 +233,8 @@ class FaultProxy(LoopbackHTTPServer):
         self.huge_bytes = huge_bytes
         self.retry_after = retry_after
         self.upstream_timeout = upstream_timeout
+        self.dropped_headers = _HOP_BY_HOP | {name.lower() for name in drop_request_headers}
+        """Request headers the upstream never gets."""
         self._upstream_address = (parts.hostname, parts.port or 80)
         self._port = port
         self._lock = threading.Lock()
@@ -690,7 +698,7 @@ class _Handler(KeepAliveHandler):
         proxy: FaultProxy = self.server.owner
         headers = {}
         for name, value in self.headers.items():
-            if name.lower() not in _HOP_BY_HOP:
+            if name.lower() not in proxy.dropped_headers:
                 headers[name] = value  # http.client keeps the client's Host as given
         if body is not None:
             headers["Content-Length"] = str(len(body))
@@ -715,7 +723,13 @@ class _Handler(KeepAliveHandler):
             if response.will_close:
                 self._upstream.close()
                 self._upstream = None
-            kept = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
+            kept = [
+                (k, v)
+                for k, v in response.getheaders()
+                if k.lower() not in _HOP_BY_HOP
+                # A HEAD's answer has no body: its length is the object's.
+                or (self.command == "HEAD" and k.lower() == "content-length")
+            ]
             return response.status, response.reason, kept, data
         raise AssertionError("unreachable")
 
@@ -730,7 +744,7 @@ class _Handler(KeepAliveHandler):
                 self.command, self.path, skip_host=True, skip_accept_encoding=True
             )
             for name, value in self.headers.items():
-                if name.lower() not in _HOP_BY_HOP:
+                if name.lower() not in proxy.dropped_headers:
                     connection.putheader(name, value)
             connection.putheader("Content-Length", str(len(body)))
             connection.endheaders()
@@ -754,9 +768,12 @@ class _Handler(KeepAliveHandler):
     def _answer(
         self, status: int, reason: str, headers: Sequence[tuple[str, str]], data: bytes
     ) -> None:
+        if self.command == "HEAD":
+            length = next((v for k, v in headers if k.lower() == "content-length"), "0")
+            self._send_head(status, reason, headers, int(length))
+            return
         self._send_head(status, reason, headers, len(data))
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        self.wfile.write(data)
 
     def _close(self, reset: bool = False) -> None:
         """End the connection now, with a FIN (or a RST), whatever was sent."""

@@ -15,6 +15,8 @@ environment its SDK needs to find the emulator (the tests set it with monkeypatc
   ``azurite-blob``); the URI is its loopback endpoint.
 
 An emulator that is not installed skips its backend's tests, saying how to install it.
+``backend`` runs a test on each of them in turn (its SDK's environment set), ``store``
+opens a fresh prefix there (import ``backend_fixture`` and ``store_fixture``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from spotring.checkpoint import ObjectStore, open_store
 
 BACKENDS = ("local", "s3", "gcs", "azure")
 """Every backend, in the order the parametrized tests run them."""
@@ -228,3 +232,18 @@ def azure_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]
         )
         service.create_container(BUCKET)
         yield Backend("azure", f"{account}/{BUCKET}", {}, url)
+
+
+@pytest.fixture(name="backend", params=BACKENDS)
+def backend_fixture(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    """Each backend in turn, with the environment its SDK needs set."""
+    found: Backend = request.getfixturevalue(f"{request.param}_backend")
+    for name, value in found.env.items():
+        monkeypatch.setenv(name, value)
+    return found
+
+
+@pytest.fixture(name="store")
+def store_fixture(backend: Backend) -> ObjectStore:
+    """A fresh prefix of ``backend``."""
+    return open_store(backend.uri(), timeout_s=20)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import socket
 import time
@@ -20,46 +19,35 @@ from typing import Any
 import pytest
 
 from spotring.checkpoint import (
-    LOCK_KEY,
     CheckpointError,
     CheckpointInfo,
-    CheckpointLockError,
     Checkpoints,
-    JobLock,
     ObjectNotFoundError,
     ObjectStore,
+    ObjectTooLargeError,
+    Versioned,
     open_store,
 )
 from spotring.checkpoint import uri as uri_module
 from tests.fault_proxy import Fault, FaultProxy
 from tests.storage_emulators import (  # noqa: F401 (fixtures)
-    BACKENDS,
     BUCKET,
     Backend,
     azure_backend,
+    backend_fixture,
     gcs_backend,
     local_backend,
     s3_backend,
+    store_fixture,
 )
 
 MiB = 2**20
+MANIFEST_LIMIT = 2**20
+"""spotring.checkpoint.manifest.MAX_MANIFEST_BYTES, as the tests know it."""
 
 
 def payload(size: int, seed: int = 0) -> bytes:
     return random.Random(seed).randbytes(size)
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Backend:
-    found: Backend = request.getfixturevalue(f"{request.param}_backend")
-    for name, value in found.env.items():
-        monkeypatch.setenv(name, value)
-    return found
-
-
-@pytest.fixture
-def store(backend: Backend) -> ObjectStore:
-    return open_store(backend.uri(), timeout_s=20)
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -112,14 +100,37 @@ def test_an_empty_object(store: ObjectStore) -> None:
     assert store.list() == ["empty"]
 
 
-def test_create_exclusive(store: ObjectStore) -> None:
-    assert store.create_exclusive("claim", b"first") is True
-    assert store.create_exclusive("claim", b"second") is False
-    assert store.get("claim") == b"first"
-    store.delete("claim")
-    assert store.create_exclusive("claim", b"third") is True
-    assert store.get("claim") == b"third"
+def test_put_if_writes_only_over_the_version_read(store: ObjectStore) -> None:
+    first = store.put_if("claim", b"first", None)
+    assert first is not None
+    assert store.put_if("claim", b"second", None) is None  # it exists
+    assert store.put_if("claim", b"second", store.unused_version) is None
+    seen = store.get_versioned("claim", max_size=100)
+    assert (seen.data, seen.version) == (b"first", first)
+    second = store.put_if("claim", b"second", first)
+    assert second is not None and second != first
+    assert store.put_if("claim", b"third", first) is None  # a late writer of the old one
+    assert store.get("claim") == b"second"
+    assert store.put_if("missing", b"x", second) is None  # no such object: no version
     assert store.list() == ["claim"]
+
+
+def test_a_versioned_read_says_the_age_by_the_stores_clock(store: ObjectStore) -> None:
+    store.put_if("lock", b"x", None)
+    assert 0 <= store.get_versioned("lock", max_size=10).age_s < 5
+    with pytest.raises(ObjectNotFoundError):
+        store.get_versioned("missing", max_size=10)
+
+
+def test_a_larger_object_than_expected_is_not_read(store: ObjectStore) -> None:
+    store.put("big", payload(3 * MiB))
+    for read in (
+        lambda: store.get("big", max_size=MiB),
+        lambda: store.get_versioned("big", max_size=MiB),
+    ):
+        with pytest.raises(ObjectTooLargeError, match="more than the 1048576 expected"):
+            read()
+    assert store.get("big", max_size=3 * MiB) == payload(3 * MiB)
 
 
 @pytest.mark.parametrize("key", ["", "/a", "a/", "a//b", "a/../b", ".hidden", "a\\b", "a/./b"])
@@ -223,6 +234,24 @@ def test_unreadable_manifests_are_ignored(store: ObjectStore) -> None:
     assert found is not None and found[0] == good
 
 
+def test_manifests_that_are_not_spotrings_are_ignored(store: ObjectStore) -> None:
+    """Too large (never downloaded), nested deeper than the JSON parser goes, or with a
+    meta whose commit count is not one: a reader skips or falls back, it never raises."""
+    checkpoints = Checkpoints(store, job_id="job-1", keep=5)
+    good = checkpoints.write(1, b"good", {"commits": "many", "committed_at": [1]})
+    assert (good.commits, good.committed_at) == (1, good.created_at)
+    big = checkpoints.write(2, b"big manifest")
+    store.put(big.manifest_key, b" " * (MANIFEST_LIMIT + 1))
+    deep = checkpoints.write(3, b"deep manifest")
+    document = json.loads(store.get(deep.manifest_key))
+    raw = json.dumps({**document, "meta": {"x": None}}).encode()
+    store.put(deep.manifest_key, raw.replace(b"null", b"[" * 100_000 + b"]" * 100_000))
+    assert checkpoints.list() == [good]
+    assert checkpoints.latest_info() == good
+    found = checkpoints.load_latest()
+    assert found is not None and found[0] == good
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
 def test_a_damaged_newest_checkpoint_falls_back(
     store: ObjectStore, damage: str, caplog: pytest.LogCaptureFixture
@@ -264,6 +293,7 @@ class RecordingStore(ObjectStore):
 
     def __init__(self, inner: ObjectStore, fail_suffix: str | None = None) -> None:
         self.inner, self.uri, self.fail_suffix = inner, inner.uri, fail_suffix
+        self.unused_version = inner.unused_version
         self.calls: list[tuple[str, str]] = []
 
     def put(self, key: str, data: bytes | memoryview) -> None:
@@ -272,8 +302,11 @@ class RecordingStore(ObjectStore):
             raise CheckpointError(f"injected failure writing {key}")
         self.inner.put(key, data)
 
-    def get(self, key: str) -> bytes:
-        return self.inner.get(key)
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
+        return self.inner.get(key, max_size=max_size)
+
+    def get_versioned(self, key: str, *, max_size: int) -> Versioned:
+        return self.inner.get_versioned(key, max_size=max_size)
 
     def list(self, prefix: str = "") -> list[str]:
         return self.inner.list(prefix)
@@ -282,8 +315,8 @@ class RecordingStore(ObjectStore):
         self.calls.append(("delete", key))
         self.inner.delete(key)
 
-    def create_exclusive(self, key: str, data: bytes) -> bool:
-        return self.inner.create_exclusive(key, data)
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        return self.inner.put_if(key, data, version)
 
 
 def test_the_manifest_is_written_last_and_deleted_first(store: ObjectStore) -> None:
@@ -313,110 +346,6 @@ def test_a_failed_write_leaves_the_previous_checkpoint(store: ObjectStore, faili
     assert found is not None and found[0] == previous
 
 
-# ------------------------------------------------------------------ the job lock
-
-
-def lock_document(store: ObjectStore) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(store.get(LOCK_KEY))
-    return document
-
-
-def plant_lock(store: ObjectStore, job_id: str, owner: str, age: float) -> None:
-    moment = time.time() - age
-    document = {"job_id": job_id, "owner": owner, "heartbeat_at": moment, "acquired_at": moment}
-    store.put(LOCK_KEY, json.dumps(document).encode())
-
-
-def test_lock_acquire_heartbeat_release(store: ObjectStore) -> None:
-    lock = JobLock(store, job_id="job-1", owner="host-a:100")
-    lock.acquire()
-    first = lock_document(store)
-    assert (first["job_id"], first["owner"]) == ("job-1", "host-a:100")
-    time.sleep(0.02)
-    lock.heartbeat()
-    assert lock_document(store)["heartbeat_at"] > first["heartbeat_at"]
-    assert lock_document(store)["acquired_at"] == first["acquired_at"]
-    lock.release()
-    assert store.list() == []
-    lock.release()  # twice is fine
-
-
-def test_another_job_is_refused_even_with_a_stale_lock(store: ObjectStore) -> None:
-    plant_lock(store, "job-other", "host-b:7", age=3600)
-    lock = JobLock(store, job_id="job-1", owner="host-a:100", lease_s=60)
-    with pytest.raises(CheckpointLockError) as caught:
-        lock.acquire()
-    message = str(caught.value)
-    assert "\n" not in message
-    for part in ("job-other", "host-b:7", "--checkpoint", LOCK_KEY, store.uri):
-        assert part in message
-    assert lock_document(store)["job_id"] == "job-other"  # untouched
-
-
-def test_the_same_job_takes_over_a_stale_lock(
-    store: ObjectStore, caplog: pytest.LogCaptureFixture
-) -> None:
-    plant_lock(store, "job-1", "host-b:7", age=120)
-    caplog.set_level(logging.WARNING)
-    JobLock(store, job_id="job-1", owner="host-a:100", lease_s=60).acquire()
-    assert lock_document(store)["owner"] == "host-a:100"
-    assert any("host-b:7" in line for line in warnings_of(caplog))
-
-
-def test_the_same_job_with_a_live_driver_is_refused(store: ObjectStore) -> None:
-    plant_lock(store, "job-1", "host-b:7", age=1)
-    with pytest.raises(CheckpointLockError, match="already running") as caught:
-        JobLock(store, job_id="job-1", owner="host-a:100", lease_s=60).acquire()
-    assert "host-b:7" in str(caught.value)
-    assert lock_document(store)["owner"] == "host-b:7"
-
-
-def test_a_crashed_driver_on_this_host_is_taken_over_at_once(store: ObjectStore) -> None:
-    host = socket.gethostname()
-    dead = _dead_pid()
-    plant_lock(store, "job-1", f"{host}:{dead}", age=1)
-    JobLock(store, job_id="job-1", owner=f"{host}:{os.getpid()}", lease_s=60).acquire()
-    assert lock_document(store)["owner"] == f"{host}:{os.getpid()}"
-    # A live process of this host is not taken over.
-    plant_lock(store, "job-1", f"{host}:{os.getppid()}", age=1)
-    with pytest.raises(CheckpointLockError, match="already running"):
-        JobLock(store, job_id="job-1", owner=f"{host}:{os.getpid()}", lease_s=60).acquire()
-
-
-def _dead_pid() -> int:
-    import subprocess
-    import sys
-
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
-def test_heartbeat_after_a_takeover_raises_and_release_keeps_the_new_lock(
-    store: ObjectStore,
-) -> None:
-    old = JobLock(store, job_id="job-1", owner="host-a:100", lease_s=0.05)
-    old.acquire()
-    time.sleep(0.1)
-    new = JobLock(store, job_id="job-1", owner="host-b:200", lease_s=0.05)
-    new.acquire()
-    with pytest.raises(CheckpointLockError, match="host-b:200"):
-        old.heartbeat()
-    old.release()
-    assert lock_document(store)["owner"] == "host-b:200"
-    new.heartbeat()
-    new.release()
-    assert store.list() == []
-
-
-def test_the_lock_as_a_context_manager(store: ObjectStore) -> None:
-    with JobLock(store, job_id="job-1", owner="host-a:100"):
-        assert lock_document(store)["owner"] == "host-a:100"
-        with pytest.raises(CheckpointLockError):
-            JobLock(store, job_id="job-2", owner="host-c:1").acquire()
-    assert store.list() == []
-
-
 # ------------------------------------------------------------------ URIs (no network)
 
 
@@ -436,6 +365,14 @@ def test_the_lock_as_a_context_manager(store: ObjectStore) -> None:
             "http://127.0.0.1:10000/devstoreaccount1/ckpts/run",
             "azure",
             "http://127.0.0.1:10000/devstoreaccount1/ckpts/run",
+        ),
+        *(
+            (f"https://acct1.{suffix}/ckpts/run", "azure", f"https://acct1.{suffix}/ckpts/run")
+            for suffix in (
+                "blob.core.chinacloudapi.cn",
+                "blob.core.usgovcloudapi.net",
+                "z07.blob.storage.azure.net",
+            )
         ),
     ],
 )
@@ -466,6 +403,11 @@ def test_local_uri_forms(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None
         ("az://acct1", "container"),
         ("az://acct1/C/x", "container"),
         ("https://example.com/c/x", "not an Azure Blob endpoint"),
+        # Would get the storage token (DefaultAzureCredential's) sent to another host.
+        ("https://acct1.blob.core.windows.net.evil.example/c/x", "not an Azure Blob endpoint"),
+        ("https://acct1.blob.evil.example/c/x", "not an Azure Blob endpoint"),
+        ("https://acct1.blob.core.windows.net.evil.example:443/c/x", "not an Azure"),
+        ("https://evil.example/acct1.blob.core.windows.net/c", "not an Azure Blob endpoint"),
         ("http://acct1.blob.core.windows.net/c/x", "plain http"),
         ("http://127.0.0.1:10000/otheraccount/c", "devstoreaccount1"),
         ("http://127.0.0.2:10000/devstoreaccount1/c", "plain http"),
@@ -680,3 +622,24 @@ def test_a_download_damaged_once_is_read_again(
     assert checkpoints.load_latest() == (info, data)
     assert len(s3_proxy.proxy.hits("garbage")) == 1
     assert warnings_of(caplog) == []
+
+
+def test_an_object_larger_than_expected_is_never_downloaded(
+    s3_proxy: ProxiedS3, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its size is asked first (HEAD): a manifest over the limit, or data larger than its
+    manifest says, is skipped without a GET of its bytes."""
+    store, checkpoints = fresh(s3_proxy.backend)
+    previous = checkpoints.write(1, b"previous")
+    swollen = checkpoints.write(2, b"data")
+    store.put(swollen.data_key, payload(3 * MiB))
+    big = checkpoints.write(3, b"big manifest")
+    store.put(big.manifest_key, b" " * (MANIFEST_LIMIT + 1))
+    s3_proxy.proxy.clear_log()
+    caplog.set_level(logging.WARNING)
+    assert checkpoints.load_latest() == (previous, b"previous")
+    fetched = [(e.method, e.path.split("?")[0]) for e in s3_proxy.proxy.log]
+    assert [m for m, path in fetched if path.endswith(swollen.data_key)] == ["HEAD"], fetched
+    assert [m for m, path in fetched if path.endswith(big.manifest_key)] == ["HEAD"], fetched
+    warned = warnings_of(caplog)
+    assert len(warned) == 1 and swollen.name in warned[0] and "larger" in warned[0], warned

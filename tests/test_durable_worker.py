@@ -21,7 +21,8 @@ hvd = pytest.importorskip("horovod.torch")
 from horovod.common.exceptions import HostsUpdatedInterrupt  # noqa: E402
 from horovod.torch.elastic import TorchState as HorovodTorchState  # noqa: E402
 
-from spotring.checkpoint import Checkpoints, open_store  # noqa: E402
+from spotring.checkpoint import Checkpoints, Fence, JobLock, open_store  # noqa: E402
+from spotring.checkpoint.lock import LOCK_KEY, LockState  # noqa: E402
 from spotring.torch import TorchState  # noqa: E402
 from spotring.worker_image.durable import (  # noqa: E402
     DurableCommits,
@@ -60,10 +61,16 @@ class _Hooks:
     """The durable hooks around one state object, with a clock the test moves."""
 
     def __init__(
-        self, directory: Path, every: float = 10.0, flush: Callable[[], bool] = lambda: False
+        self,
+        directory: Path,
+        every: float = 10.0,
+        flush: Callable[[], bool] = lambda: False,
+        fence: Fence | None = None,
     ) -> None:
         self.now = 1000.0
-        self.checkpoints = Checkpoints(open_store(str(directory)), job_id="job", keep=3)
+        self.checkpoints = Checkpoints(
+            open_store(str(directory)), job_id="job", keep=3, fence=fence
+        )
         self.durable = DurableCommits(
             DurableConfig(uri=str(directory), every=every, job_id="job"),
             self.checkpoints,
@@ -225,3 +232,40 @@ def test_while_the_driver_asks_every_commit_is_durable_before_training_goes_on(
     hooks.commit(state)  # not due for an hour, and no longer asked
     time.sleep(0.2)
     assert hooks.checkpoints.list()[0].meta["commits"] == 3
+
+
+def test_a_ring_whose_lock_another_driver_took_stops_writing_with_one_warning(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 0 writes under the generation its driver was started with; once the lock is
+    another driver's, it says so once and copies no state any more."""
+    store = open_store(str(tmp_path))
+    lock = JobLock(store, job_id="job")
+    lock.acquire()
+    hooks = _Hooks(tmp_path, fence=lock.fence)
+    state = _make_state(TorchState, seed=1)
+    hooks.sync(state)
+    _train(state, 1)
+    hooks.commit(state)
+    (written,) = hooks.wait_for(1)
+    assert written.lock_generation == lock.fence.generation
+    # Another driver of the job takes the lock (this one was taken for dead).
+    store.put(
+        LOCK_KEY, LockState("job", "another-driver", lock.fence.generation + 1, True).encode()
+    )
+    for _ in range(3):
+        _train(state, 1)
+        hooks.now += 100
+        hooks.commit(state)
+    said, deadline = "", time.monotonic() + 10
+    while "another driver" not in said and time.monotonic() < deadline:
+        time.sleep(0.05)
+        said += capfd.readouterr().err
+    _train(state, 1)
+    hooks.now += 100
+    hooks.commit(state)  # after the warning: not even copied
+    said += capfd.readouterr().err
+    assert said.count("NOT written") == 1, said
+    assert "nor any after it: another driver of the job holds its checkpoints now" in said
+    assert hooks.checkpoints.list() == [written]
+    assert hooks.durable._writer is not None and hooks.durable._writer.superseded

@@ -132,6 +132,14 @@ def test_passes_requests_and_answers_through_unchanged(proxy: FaultProxy) -> Non
     ]
 
 
+def test_dropped_request_headers_never_reach_the_upstream(upstream: ThreadingHTTPServer) -> None:
+    url = f"http://127.0.0.1:{upstream.server_address[1]}"
+    with FaultProxy(url, drop_request_headers=("If-None-Match",)) as proxy:
+        _, data = request(proxy, "/echo", "POST", b"x", {"if-none-match": "*", "X-Test": "kept"})
+    headers = json.loads(data)["headers"]
+    assert "if-none-match" not in headers and headers["x-test"] == "kept"
+
+
 def test_keeps_connections_alive_both_ways(proxy: FaultProxy) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=5)
     for _ in range(3):

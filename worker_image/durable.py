@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from spotring.checkpoint.errors import CheckpointLockLost
 from spotring.checkpoint.payload import PayloadBuffers, is_payload
 from spotring.checkpoint.payload import decode as decode_payload
 
@@ -53,6 +54,10 @@ URI_ENV = "SPOTRING_CHECKPOINT_URI"
 EVERY_ENV = "SPOTRING_CHECKPOINT_EVERY"
 KEEP_ENV = "SPOTRING_CHECKPOINT_KEEP"
 JOB_ID_ENV = "SPOTRING_JOB_ID"
+FENCE_ENV = "SPOTRING_CHECKPOINT_FENCE"
+"""The job lock's generation and holder the driver started this worker under
+(:class:`spotring.checkpoint.lock.Fence`): rank 0 writes only while the lock still says
+so. Not secret: ``lock.json`` says the same to anyone who can read the prefix."""
 
 FLUSH_KEY = "flush"
 """Under the ``spotring`` scope of the rendezvous server: present while the driver asks
@@ -76,6 +81,8 @@ class DurableConfig:
     every: float = DEFAULT_EVERY_SECONDS
     keep: int = 3
     job_id: str = ""
+    fence: str = ""
+    """:data:`FENCE_ENV` ('' for a driver that holds no lock: unfenced)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> DurableConfig | None:
@@ -88,6 +95,7 @@ class DurableConfig:
             every=float(env.get(EVERY_ENV, DEFAULT_EVERY_SECONDS)),
             keep=int(env.get(KEEP_ENV, 3)),
             job_id=env.get(JOB_ID_ENV, ""),
+            fence=env.get(FENCE_ENV, ""),
         )
 
 
@@ -197,7 +205,13 @@ def deserialize(payload: bytes) -> dict[str, Any]:
     else:
         # weights_only: a checkpoint is data; nothing in it may run code when loaded.
         loaded = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    if not isinstance(loaded, dict) or "handlers" not in loaded or "attributes" not in loaded:
+    if not (
+        isinstance(loaded, dict)
+        and isinstance(loaded.get("handlers"), dict)
+        and all(isinstance(v, Mapping) for v in loaded["handlers"].values())
+        and isinstance(loaded.get("attributes"), dict)
+        and all(isinstance(k, str) for k in loaded["attributes"])
+    ):
         raise ValueError("not a spotring checkpoint")
     return loaded
 
@@ -236,7 +250,9 @@ class BackgroundWriter:
     """Writes snapshots on one thread; a newer snapshot replaces one still waiting.
 
     Never dies silently: a failed write is printed (with the error) and the next
-    snapshot is tried as usual; the previous complete checkpoint stays the newest.
+    snapshot is tried as usual; the previous complete checkpoint stays the newest. A
+    write refused because another driver holds the job's lock now is said once, and
+    nothing more is written (:attr:`superseded`).
     """
 
     def __init__(self, write: Callable[[int, memoryview, dict[str, Any]], Any]) -> None:
@@ -244,6 +260,8 @@ class BackgroundWriter:
         self._pending: _Pending | None = None
         self._cond = threading.Condition()
         self._closed = False
+        self.superseded = False
+        """Another driver holds the lock: snapshots are dropped unwritten."""
         self._thread = threading.Thread(target=self._run, name="spotring-durable", daemon=True)
         self._thread.start()
 
@@ -252,6 +270,10 @@ class BackgroundWriter:
         was written or failed."""
         pending = _Pending(commits, time.time(), snapshot, threading.Event())
         with self._cond:
+            if self.superseded:
+                snapshot.release()
+                pending.done.set()
+                return pending.done
             if self._pending is not None:
                 self._pending.snapshot.release()
                 self._pending.done.set()  # superseded: never written
@@ -277,6 +299,17 @@ class BackgroundWriter:
                 _say(
                     f"checkpoint of commit {pending.commits} written "
                     f"({len(payload) / 2**20:.1f} MiB in {took:.2f} s)"
+                )
+            except CheckpointLockLost as error:  # said once; nothing more is written
+                with self._cond:
+                    self.superseded = True
+                    waiting, self._pending = self._pending, None
+                if waiting is not None:
+                    waiting.snapshot.release()
+                    waiting.done.set()
+                _say(
+                    f"checkpoint of commit {pending.commits} NOT written, nor any after it:"
+                    f" another driver of the job holds its checkpoints now ({error})"
                 )
             except Exception as error:  # said, and the next one is tried
                 _say(f"checkpoint of commit {pending.commits} NOT written: {error}")
@@ -372,6 +405,8 @@ class DurableCommits:
                 return
         except ValueError:  # Horovod not initialised: not in a ring
             return
+        if self._writer is not None and self._writer.superseded:
+            return  # another driver's ring writes the job's checkpoints now
         self._watch_started()
         flush = self._flush_watch.is_set() or (ring_changing and self._flush_requested_safely())
         now = self._clock()
@@ -472,8 +507,8 @@ class DurableCommits:
             # read: this worker fails, and the ring tries again without it.
             _say(f"cannot resume from {self.config.uri}: {error}")
             raise
-        self.commits = int(info.meta.get("commits", info.step))
-        committed_at = float(info.meta.get("committed_at", info.created_at))
+        self.commits = info.commits
+        committed_at = info.committed_at
         self._last_copy = self._clock()  # what was just loaded needs no copy
         _say(
             f"resumed from the checkpoint of commit {self.commits} "
@@ -500,14 +535,19 @@ def _marked(wrapper: Callable[..., Any], wrapped: Callable[..., Any]) -> Callabl
 def install_when_imported(env: Mapping[str, str] = os.environ) -> DurableCommits | None:
     """In a worker: durable checkpoints as the environment says, installed once
     ``horovod.common.elastic`` is imported. None when the job writes none."""
-    from spotring.checkpoint import Checkpoints, open_store
+    from spotring.checkpoint import Checkpoints, Fence, open_store
     from spotring.worker_image.after_import import call_after_import
     from spotring.worker_image.peer_abort import read_generation_key
 
     config = DurableConfig.from_env(env)
     if config is None:
         return None
-    checkpoints = Checkpoints(open_store(config.uri), job_id=config.job_id, keep=config.keep)
+    checkpoints = Checkpoints(
+        open_store(config.uri),
+        job_id=config.job_id,
+        keep=config.keep,
+        fence=Fence.decode(config.fence) if config.fence else None,
+    )
 
     def rank() -> int:
         from horovod.torch.mpi_ops import rank as horovod_rank
