@@ -24,7 +24,16 @@ _S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _GCS_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
 _AZURE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
 _AZURE_CONTAINER = re.compile(r"(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
-_AZURE_HOST = re.compile(r"([a-z0-9]{3,24})\.blob\.[a-z0-9.-]+")
+# The blob endpoints of Azure's clouds, and nothing else (a DefaultAzureCredential
+# token goes to the host): the standard endpoint and the Azure DNS zone one
+# (https://learn.microsoft.com/azure/storage/blobs/storage-blob-query-endpoint-srp),
+# Azure China and Azure Government
+# (https://learn.microsoft.com/azure/china/resources-developer-guide#check-endpoints-in-azure,
+# https://learn.microsoft.com/azure/azure-government/compare-azure-government-global-azure).
+_AZURE_HOST = re.compile(
+    r"([a-z0-9]{3,24})\.(blob\.core\.windows\.net|z[0-9]{2}\.blob\.storage\.azure\.net"
+    r"|blob\.core\.chinacloudapi\.cn|blob\.core\.usgovcloudapi\.net)"
+)
 
 FORMS = (
     "a directory, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX,"
@@ -70,7 +79,11 @@ def _azure(uri: str, parts: SplitResult) -> Location:
     else:
         found = _AZURE_HOST.fullmatch(host)
         if not found:
-            raise _fail(uri, f"not an Azure Blob endpoint; expected one of {FORMS}")
+            raise _fail(
+                uri,
+                "not an Azure Blob endpoint (ACCOUNT.blob.core.windows.net, or the blob"
+                " endpoint of Azure China, Azure Government or an Azure DNS zone)",
+            )
         account, account_url, emulator = found.group(1), f"https://{parts.netloc.lower()}", False
     if not _AZURE_ACCOUNT.fullmatch(account):
         raise _fail(uri, f"bad storage account {account!r} (3-24 lowercase letters and digits)")
