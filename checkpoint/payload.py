@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import reprlib
 import struct
 import threading
 import warnings
@@ -35,6 +36,13 @@ VERSION = 1
 _PREFIX = struct.Struct("<8sIIQQ")
 _START = 64
 _ALIGN = 64
+
+MAX_DEPTH = 64
+"""How deep a state tree may nest (a model's ``state_dict`` takes a handful of levels)."""
+MAX_NODES = 2**22
+"""Values a state tree may hold, tensors' bytes aside."""
+MAX_TENSORS = 2**20
+"""Entries a tensor table may have."""
 
 _DTYPES = (
     "float32", "float64", "float16", "bfloat16", "complex64", "complex128",
@@ -104,39 +112,66 @@ def _items(value: dict[Any, Any], tensors: list[Any]) -> list[Any]:
     return [[_encode(k, tensors), _encode(v, tensors)] for k, v in value.items()]
 
 
-def _decode(value: Any, tensors: list[Any]) -> Any:
-    if isinstance(value, list):
-        return [_decode(v, tensors) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if len(value) == 1 or (len(value) == 2 and "$meta" in value):
-        ((tag, inner), *_) = value.items()
-        if tag == "$t":
-            if not isinstance(inner, int) or not 0 <= inner < len(tensors):
-                raise ValueError(f"no tensor {inner!r}")
-            return tensors[inner]
-        if tag == "$f":
-            if inner not in ("inf", "-inf", "nan"):
-                raise ValueError(f"bad float {inner!r}")
-            return float(inner)
-        if tag == "$tuple":
-            return tuple(_decode(v, tensors) for v in _list(inner))
-        if tag == "$set":
-            return {_decode(v, tensors) for v in _list(inner)}
-        if tag == "$bytes":
-            return base64.b64decode(inner, validate=True)
-        if tag == "$dict":
-            return {_decode(k, tensors): _decode(v, tensors) for k, v in _pairs(inner)}
-        if tag == "$odict":
-            result = OrderedDict(
-                (_decode(k, tensors), _decode(v, tensors)) for k, v in _pairs(inner)
-            )
-            if "$meta" in value:
-                result._metadata = _decode(value["$meta"], tensors)  # type: ignore[attr-defined]  # as Module.state_dict sets it
-            return result
-    if any(isinstance(k, str) and k.startswith("$") for k in value):
-        raise ValueError(f"unknown tag in {sorted(value)[:3]}")
-    return {k: _decode(v, tensors) for k, v in value.items()}
+class _Tree:
+    """Decodes a header's state tree, refusing one nested deeper than :data:`MAX_DEPTH`
+    or of more than :data:`MAX_NODES` values (ValueError): the tree costs memory in
+    proportion to the header, never more."""
+
+    def __init__(self, tensors: list[Any]) -> None:
+        self._tensors = tensors
+        self._nodes = 0
+
+    def decode(self, value: Any, depth: int = 0) -> Any:
+        self._nodes += 1
+        if depth > MAX_DEPTH or self._nodes > MAX_NODES:
+            raise ValueError(f"state tree deeper than {MAX_DEPTH} or larger than {MAX_NODES}")
+        inner = depth + 1
+        if isinstance(value, list):
+            return [self.decode(v, inner) for v in value]
+        if not isinstance(value, dict):
+            return value
+        if len(value) == 1 or (len(value) == 2 and "$meta" in value):
+            tag, tagged = next(iter(value.items()))
+            if tag == "$t":
+                if not isinstance(tagged, int) or not 0 <= tagged < len(self._tensors):
+                    raise ValueError(f"no tensor {tagged!r}")
+                return self._tensors[tagged]
+            if tag == "$f":
+                if tagged not in ("inf", "-inf", "nan"):
+                    raise ValueError(f"bad float {tagged!r}")
+                return float(tagged)
+            if tag == "$tuple":
+                return tuple(self.decode(v, inner) for v in _list(tagged))
+            if tag == "$set":
+                return {_hashable(self.decode(v, inner)) for v in _list(tagged)}
+            if tag == "$bytes":
+                if not isinstance(tagged, str):
+                    raise ValueError("bytes that are not base64 text")
+                return base64.b64decode(tagged, validate=True)
+            if tag == "$dict":
+                return {
+                    _hashable(self.decode(k, inner)): self.decode(v, inner)
+                    for k, v in _pairs(tagged)
+                }
+            if tag == "$odict":
+                result = OrderedDict(
+                    (_hashable(self.decode(k, inner)), self.decode(v, inner))
+                    for k, v in _pairs(tagged)
+                )
+                if "$meta" in value:
+                    result._metadata = self.decode(value["$meta"], inner)  # type: ignore[attr-defined]  # as Module.state_dict sets it
+                return result
+        if any(isinstance(k, str) and k.startswith("$") for k in value):
+            raise ValueError(f"unknown tag in {sorted(value)[:3]}")
+        return {k: self.decode(v, inner) for k, v in value.items()}
+
+
+def _hashable(key: Any) -> Any:
+    try:
+        hash(key)
+    except TypeError:
+        raise ValueError(f"a {type(key).__name__} as a set member or dict key") from None
+    return key
 
 
 def _list(value: Any) -> list[Any]:
@@ -221,9 +256,9 @@ def encode(state: Any) -> memoryview:
 
 def decode(data: bytes | memoryview) -> Any:
     """The tree a payload holds, every tensor a CPU tensor of its own (copied out of
-    ``data``); ValueError if ``data`` is not a whole, consistent payload."""
-    import torch
-
+    ``data``); ValueError if ``data`` is not a whole, consistent payload: its tensors'
+    regions ascending and apart, so the tensors returned hold no more bytes than
+    ``data``, and its tree within :data:`MAX_DEPTH` and :data:`MAX_NODES`."""
     view = memoryview(data).cast("B")
     if len(view) < _START:
         raise ValueError(f"a payload of {len(view)} bytes is truncated")
@@ -236,28 +271,42 @@ def decode(data: bytes | memoryview) -> Any:
         raise ValueError(f"{len(view)} bytes of payload, its header says {header_at + header_size}")
     try:
         document = json.loads(bytes(view[header_at:]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"unreadable payload header: {error}") from error
-    if not isinstance(document, dict) or not isinstance(document.get("tensors"), list):
-        raise ValueError("payload header has no tensor table")
+        if not isinstance(document, dict) or not isinstance(document.get("tensors"), list):
+            raise ValueError("payload header has no tensor table")
+        tensors = _tensors(view, document["tensors"], header_at)
+        return _Tree(tensors).decode(document.get("state"))
+    except (TypeError, RuntimeError, OverflowError) as error:  # RecursionError among them
+        raise ValueError(f"bad payload header: {type(error).__name__}: {error}") from error
+
+
+def _tensors(view: memoryview, table: list[Any], header_at: int) -> list[Any]:
+    """The tensors of a payload's table, copied out of ``view``; ValueError unless every
+    entry is well formed and its region lies after the previous one's, before the
+    header."""
+    import torch
+
+    if len(table) > MAX_TENSORS:
+        raise ValueError(f"{len(table)} tensor entries, more than {MAX_TENSORS}")
     buffer = None
     tensors = []
-    for entry in document["tensors"]:
+    free_from = _START  # where the previous entry's region ends
+    for entry in table:
         dtype, shape, offset, nbytes = (
             entry.get(k) if isinstance(entry, dict) else None
             for k in ("dtype", "shape", "offset", "nbytes")
         )
         if dtype not in _DTYPES or not isinstance(shape, list):
-            raise ValueError(f"bad tensor entry {entry!r}"[:200])
-        if not all(isinstance(n, int) and n >= 0 for n in shape):
-            raise ValueError(f"bad tensor shape {shape!r}"[:200])
+            raise ValueError(f"bad tensor entry {reprlib.repr(entry)}")
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            raise ValueError(f"bad tensor shape {reprlib.repr(shape)}")
         torch_dtype = getattr(torch, dtype)
         size = math.prod(shape) * torch.empty((), dtype=torch_dtype).element_size()
         if not (
             isinstance(offset, int) and isinstance(nbytes, int) and nbytes == size
-            and offset >= _START and offset % _ALIGN == 0 and offset + nbytes <= header_at
+            and offset >= free_from and offset % _ALIGN == 0 and offset + nbytes <= header_at
         ):  # fmt: skip
-            raise ValueError(f"tensor entry out of bounds: {entry!r}"[:200])
+            raise ValueError(f"tensor entry out of order or bounds: {reprlib.repr(entry)}")
+        free_from = offset + nbytes
         if nbytes == 0:
             tensors.append(torch.empty(shape, dtype=torch_dtype))
             continue
@@ -268,7 +317,7 @@ def decode(data: bytes | memoryview) -> Any:
                 buffer = torch.frombuffer(view, dtype=torch.uint8)
         raw = buffer[offset : offset + nbytes]
         tensors.append(raw.view(torch_dtype).view(shape).clone())
-    return _decode(document.get("state"), tensors)
+    return tensors
 
 
 class PayloadBuffers:

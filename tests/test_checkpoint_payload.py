@@ -5,6 +5,7 @@ versions still load."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -124,6 +125,59 @@ def test_a_truncated_or_damaged_payload_is_refused() -> None:
     assert lying != data
     with pytest.raises(ValueError):
         fmt.decode(lying)
+
+
+def _forged(entries: list[dict[str, Any]], state: Any, data: bytes = b"\0" * 4096) -> bytes:
+    """A payload of ``data`` (the tensor bytes, from offset 64) with this header."""
+    header = json.dumps({"tensors": entries, "state": state}).encode()
+    end = 64 + len(data)
+    return fmt._PREFIX.pack(fmt.MAGIC, fmt.VERSION, 0, end, len(header)).ljust(64, b"\0") + (
+        data + header
+    )
+
+
+def _entry(offset: int, count: int = 256) -> dict[str, Any]:
+    return {"dtype": "float32", "shape": [count], "offset": offset, "nbytes": 4 * count}
+
+
+def test_a_forged_header_is_refused_not_amplified() -> None:
+    """Regions that overlap (each entry a copy of the same bytes: 400 entries make a
+    1 MiB payload 400 MiB), regions out of order, too many entries or values, a tree
+    nested too deep, unhashable keys: all ValueError, before any large allocation."""
+    good = _forged([_entry(64), _entry(64 + 1024)], [{"$t": 0}, {"$t": 1}])
+    assert [t.numel() for t in fmt.decode(good)] == [256, 256]
+    forged = {
+        "overlapping": _forged([_entry(64)] * 400, [{"$t": i} for i in range(400)]),
+        "descending": _forged([_entry(64 + 1024), _entry(64)], []),
+        "deep": _forged([], _nested(fmt.MAX_DEPTH + 1)),
+        "deeper than json parses": _forged([], None).replace(
+            b'"state": null', b'"state": ' + b"[" * 100_000 + b"]" * 100_000
+        ),
+        "unhashable set member": _forged([], {"$set": [[1]]}),
+        "unhashable key": _forged([], {"$dict": [[[1], 2]]}),
+        "bytes not text": _forged([], {"$bytes": 5}),
+    }
+    for name, data in forged.items():
+        with pytest.raises(ValueError):
+            fmt.decode(data)
+            pytest.fail(name)
+
+
+def _nested(depth: int) -> Any:
+    tree: Any = 0
+    for _ in range(depth):
+        tree = [tree]
+    return tree
+
+
+def test_tables_and_trees_beyond_the_caps_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fmt, "MAX_TENSORS", 3)
+    monkeypatch.setattr(fmt, "MAX_NODES", 100)
+    fmt.decode(_forged([_entry(64, 0)] * 3, list(range(90))))
+    with pytest.raises(ValueError, match="tensor entries"):
+        fmt.decode(_forged([_entry(64, 0)] * 4, []))
+    with pytest.raises(ValueError, match="larger than 100"):
+        fmt.decode(_forged([], list(range(100))))
 
 
 def test_buffers_are_reused_once_given_back_and_never_while_in_use() -> None:
@@ -262,6 +316,32 @@ def test_a_damaged_newest_payload_falls_back_with_one_warning(
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     reason = "is not a checkpoint" if damage == "truncated" else "SHA-256"
     assert len(warned) == 1 and reason in warned[0], warned
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"PK\x03\x04" + bytes(300),
+        b"\x80\x02garbage",
+        b"",
+        _forged([], {"$set": [[1]]}),
+        bytes(fmt.encode({"handlers": ["model"], "attributes": {}})),
+    ],
+    ids=["broken zip", "pickle", "empty", "unhashable", "not a state"],
+)
+def test_a_newest_checkpoint_its_decoding_fails_on_is_skipped(
+    data: bytes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever the bytes make the decoder raise (RuntimeError, UnpicklingError,
+    EOFError, ...), the checkpoint is damaged: the one before it is loaded."""
+    checkpoints = Checkpoints(open_store(str(tmp_path)), job_id="job")
+    good = checkpoints.write(1, fmt.encode({"handlers": {}, "attributes": {"step": 1}}))
+    bad = checkpoints.write(2, data)
+    caplog.set_level(logging.WARNING)
+    found = checkpoints.load_latest_decoded(deserialize)
+    assert found is not None and found[0] == good
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and bad.name in warned[0], warned
 
 
 def test_a_state_the_format_cannot_hold_is_written_with_torch_save(
