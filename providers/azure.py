@@ -17,16 +17,19 @@ deallocated, and a VM whose provisioning failed is not retried by the set: the l
 reports both with :attr:`Instance.failure` (the evicted one unless ``--keep-evicted``),
 and the controller decides, through ``spotring_replace_host`` (``--no-replace``), to
 replace them, which deletes them so the set launches new ones. Long-running operations
-are started and never waited on: the next refresh sees them.
+are started and never waited on: the next refresh sees them (a scale-out's operation is
+read for its error when the controller asks for a shortage). A VM that lacks something
+the listing should show is listed as not usable and warned about once.
 
 A job may span several scale sets (``--group`` given more than once, ``NAME`` in
 ``--resource-group`` or ``RESOURCE_GROUP/NAME``): one provider per set, in the order
 given, sharing one pair of clients. Each says what it launches
 (:meth:`AzureProvider.group_lifecycle`: the set's priority and Spot Priority Mix), what
 stopped it growing (:meth:`AzureProvider.capacity_shortage`: VMs whose provisioning
-failed for capacity or quota, read from the listing, and scale-outs ARM refused for
-quota), and hands a VM back for good (:meth:`AzureProvider.remove_instance`: the VM
-deleted and the capacity spotring keeps lowered by one).
+failed for capacity, price or quota, read from the listing, scale-outs ARM refused, and
+the error of a scale-out's operation), and hands a VM back for good
+(:meth:`AzureProvider.remove_instance`: the VM deleted and the capacity spotring keeps
+lowered by one).
 
 The Azure SDKs are imported on first use.
 """
@@ -91,11 +94,17 @@ _ACTION_BY_CALL: Mapping[str, str] = {
     "virtualMachines.delete": "Microsoft.Compute/virtualMachines/delete",
     "networkInterfaces.list": "Microsoft.Network/networkInterfaces/read",
     "resourceSkus.list": "Microsoft.Compute/skus/read",
+    # The status of a scale-out's long-running operation (its URL, from the update's
+    # Azure-AsyncOperation header, is a subscription-level resource).
+    "operations.get": "Microsoft.Compute/locations/operations/read",
 }
 
 IAM_ACTIONS: tuple[str, ...] = tuple(dict.fromkeys(_ACTION_BY_CALL.values()))
 """Every action the provider performs; a custom role with exactly these is enough
 (terraform/azure gives it to the driver's managed identity)."""
+
+DEFAULT_ENDPOINT = "https://management.azure.com"
+"""Azure Resource Manager of the public cloud (``--endpoint`` names another)."""
 
 CONNECTION_TIMEOUT = 5.0
 READ_TIMEOUT = 20.0
@@ -130,16 +139,37 @@ ARM answers a scale-out beyond the subscription's vCPU quota (regional, family o
 ``LowPriorityCores`` for spot) with 409 ``OperationNotAllowed`` "Operation could not be
 completed as it results in exceeding approved ... quota" ("Resolve errors for resource
 quotas", learn.microsoft.com/azure/azure-resource-manager/troubleshooting/
-error-resource-quota); ``QuotaExceeded`` is the code of other resource quotas."""
+error-resource-quota); ``QuotaExceeded`` is the code of other resource quotas.
+
+Compute uses ``OperationNotAllowed`` for state conflicts too ("Operation '{0}' is not
+allowed on VM '{1}' since the VM is marked for deletion", "... since another operation
+is in progress": "Azure Virtual Machine Error Messages", MicrosoftDocs/azure-docs): those
+name no quota, are no refusal, and are retried like any other 409."""
+
+PRICE_ERRORS = frozenset({"SpotPriceGreaterThanProvidedMaxPrice"})
+"""Codes of a spot VM that could not be created for its max price (``PRICE``): "Unable
+to perform operation '{0}' since the provided max price '{1} USD' is lower than the
+current spot price '{2} USD'" ("Error messages for Azure Spot Virtual Machines and scale
+sets", learn.microsoft.com/azure/virtual-machines/error-codes-spot). It comes back from
+creating the set's VMs: in a failed VM's ``ProvisioningState/failed/<code>``, in the
+scale-out's operation, or as the answer to the request itself."""
 
 
 def shortage_cause(code: str, message: str = "") -> ShortageCause:
     """The :class:`ShortageCause` of an ARM error code and its message."""
     if code in CAPACITY_ERRORS:
         return ShortageCause.CAPACITY
+    if code in PRICE_ERRORS:
+        return ShortageCause.PRICE
     if code == "QuotaExceeded" or (code in QUOTA_ERRORS and "quota" in message.lower()):
         return ShortageCause.QUOTA
     return ShortageCause.OTHER
+
+
+def is_refusal(code: str, message: str = "") -> bool:
+    """Whether an ARM error refuses more VMs for capacity, price or quota: asking again
+    at once does not help, and the group is short (not a state conflict or a fault)."""
+    return shortage_cause(code, message) is not ShortageCause.OTHER
 
 
 # ------------------------------------------------------- fields the answers must hold
@@ -163,14 +193,28 @@ def shortage_cause(code: str, message: str = "") -> ShortageCause:
 #                                   regularPriorityPercentageAboveBase, both optional;
 #                                   spotring assumes no value for an absent one
 # virtualMachineScaleSetVMs.list / virtualMachines.list ($expand=instanceView)
-#   value                           the page itself (ARM's list shape: {"value": [...]})
-#   name, id                        read-only, set by the server for every resource
+#   value                           the page itself (ARM's list shape: {"value": [...]});
+#                                   a page without it fails the listing
+#   name, id                        read-only, set by the server for every resource: a
+#                                   VM without them cannot be told apart, and makes the
+#                                   answer malformed as a whole
+#   instanceId                      Uniform: the last segment of the id, if absent
 #   properties.provisioningState    "The provisioning state, which only appears in the
-#                                   response": every VM listed has one
+#                                   response": a VM without one is not usable
 #   properties.instanceView         optional: a VM being created has none yet (PENDING);
-#                                   required of a provisioned one (Succeeded, Updating),
-#                                   whose PowerState/* status tells running from stopped
-#   instanceView.statuses[].code    "The status code": a status without one is malformed
+#                                   a provisioned one (Succeeded, Updating) has one,
+#                                   whose PowerState/* status tells running from stopped,
+#                                   but "in some rare situations, the power state may not
+#                                   [be] available" ("States and billing status of Azure
+#                                   Virtual Machines", learn.microsoft.com/azure/
+#                                   virtual-machines/states-billing): not usable (PENDING)
+#   instanceView.statuses[].code    "The status code": a status without one is skipped
+#   properties.virtualMachineScaleSet.id
+#                                   Flexible: the set the VM belongs to ("Specifies
+#                                   information about the virtual machine scale set that
+#                                   the virtual machine should be assigned to"). The list
+#                                   is filtered to the set by the server; a VM naming
+#                                   another set, or none, is still no member
 #   vmHealth, zones, tags, priority optional: no health probe, no zone, no tags, the set's
 #   a status's message, time        optional (InstanceViewStatus: "The detailed status
 #                                   message", "The time of the status"): a failed VM's
@@ -179,8 +223,14 @@ def shortage_cause(code: str, message: str = "") -> ShortageCause:
 #                                   without a time, spotring takes the listing's
 # networkInterfaces (the set's, or the resource group's for Flexible sets)
 #   a NIC per VM                    optional while the VM is being created; a running
-#                                   VM's NIC with ipConfigurations[].privateIPAddress is
-#                                   required (every VM in a VNet has a private address)
+#                                   VM has a NIC with ipConfigurations[].privateIPAddress
+#                                   (every VM in a VNet has a private address): without
+#                                   one it is not usable
+#
+# One odd member costs only itself: a VM without something the table says it has is
+# listed as not usable (PENDING), with one warning while it stays so. Only an answer
+# broken as a whole (not JSON, no value list, a page missing, a VM without its name or
+# id) fails the listing.
 
 # ------------------------------------------------------------------- state maps
 
@@ -201,6 +251,7 @@ POWER_STATE_MAP: Mapping[str, InstanceState] = {
     "starting": InstanceState.PENDING,
     "running": InstanceState.READY,
     "stopping": InstanceState.TERMINATING,
+    # Stopped for good once provisioning settled; see TRANSIENT_STOP_PROVISIONING.
     "stopped": InstanceState.TERMINATING,
     "deallocating": InstanceState.TERMINATING,
     # What a spot eviction with policy Deallocate leaves: the VM holds its place in
@@ -210,6 +261,13 @@ POWER_STATE_MAP: Mapping[str, InstanceState] = {
 }
 """The instance view's ``PowerState/<state>`` -> InstanceState."""
 
+TRANSIENT_STOP_PROVISIONING = frozenset({"Creating", "Updating"})
+"""Provisioning states in which ``PowerState/stopped`` passes by itself (PENDING): "The
+Stopped state may also be observed briefly during VM creation or while starting a VM from
+Deallocated state" ("States and billing status of Azure Virtual Machines"). Kubernetes'
+Azure cloud provider, too, takes a VM for shut down only once its provisioning Succeeded
+(cloud-provider-azure, pkg/provider/azure_instances.go, InstanceShutdownByProviderID)."""
+
 HEALTH_STATE_MAP: Mapping[str, InstanceState] = {
     "healthy": InstanceState.READY,
     "unknown": InstanceState.READY,
@@ -218,16 +276,31 @@ HEALTH_STATE_MAP: Mapping[str, InstanceState] = {
 """The instance view's ``vmHealth`` ``HealthState/<state>`` -> the best state possible."""
 
 
+def creation_failed(provisioning: str, power: str) -> bool:
+    """Whether provisioning failed before the VM ever ran: ``Failed`` with any power
+    state but ``running`` (or none). A VM whose provisioning failed while it ran keeps
+    running. Cluster-autoscaler's Azure provider reads it the same way (kubernetes/
+    autoscaler#5767: "only report InstanceCreating errors when the power state indicates
+    the instance has not yet started running")."""
+    return provisioning == "Failed" and power != "running"
+
+
 def member_state(provisioning: str, power: str, health: str = "") -> InstanceState:
     """Combine the provisioning state, power state and health: the least usable wins.
 
     Without a power state (no instance view yet, the VM is being created) a member is
-    at best PENDING. Unknown strings count as PENDING.
+    at best PENDING; so is one whose creation failed (:func:`creation_failed`: whatever
+    its power state says, it never ran), and one ``stopped`` while Creating or Updating
+    (:data:`TRANSIENT_STOP_PROVISIONING`). Unknown strings count as PENDING.
     """
     provisioned = lookup_state(PROVISIONING_STATE_MAP, provisioning)
-    if not power:
+    if not power or creation_failed(provisioning, power):
         return worst_state(InstanceState.PENDING, provisioned)
-    states = [provisioned, lookup_state(POWER_STATE_MAP, power)]
+    if power == "stopped" and provisioning in TRANSIENT_STOP_PROVISIONING:
+        powered = InstanceState.PENDING
+    else:
+        powered = lookup_state(POWER_STATE_MAP, power)
+    states = [provisioned, powered]
     if health:
         states.append(lookup_state(HEALTH_STATE_MAP, health))
     return worst_state(*states)
@@ -243,7 +316,8 @@ class _Member:
     name: str
     resource_id: str
     instance_id: str
-    """Uniform: the set's instance id ("0", "1", ...); Flexible: empty."""
+    """Uniform: the set's instance id ("0", "1", ...; the id's last segment where the
+    listing left it out). Flexible: not used."""
     provisioning: str
     power: str
     health: str
@@ -257,6 +331,9 @@ class _Member:
     failure_message: str = ""
     failed_at: float | None = None
     """The failed status's ``time``, if it has one."""
+    lacks: tuple[str, ...] = ()
+    """What the listing left out that the VM has (see the table above): while it
+    lacks anything, it is not usable."""
 
     @property
     def leaving(self) -> bool:
@@ -269,10 +346,10 @@ class _Member:
     @property
     def never_started(self) -> bool:
         """Provisioning failed before the VM ever ran (e.g. no capacity for its size)."""
-        return self.provisioning == "Failed" and not self.power
+        return creation_failed(self.provisioning, self.power)
 
 
-def _status(statuses: Iterable[Any], prefix: str) -> tuple[str, str]:
+def _status(statuses: Iterable[Mapping[str, Any]], prefix: str) -> tuple[str, str]:
     """The code after ``prefix`` of the first status with it, and its message."""
     found = _find_status(statuses, prefix)
     if found is None:
@@ -280,12 +357,13 @@ def _status(statuses: Iterable[Any], prefix: str) -> tuple[str, str]:
     return str(found["code"])[len(prefix) :], str(found.get("message") or "")
 
 
-def _find_status(statuses: Iterable[Any], prefix: str) -> Mapping[str, Any] | None:
-    for status in statuses or ():
-        code = str(status.get("code") or "") if isinstance(status, dict) else ""
-        if code.startswith(prefix):
-            return status
-    return None
+def _find_status(statuses: Iterable[Mapping[str, Any]], prefix: str) -> Mapping[str, Any] | None:
+    return next((s for s in statuses if str(s["code"]).startswith(prefix)), None)
+
+
+def _object(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
 
 
 def _member_of(
@@ -293,52 +371,62 @@ def _member_of(
     set_spot: bool,
     set_size: str,
     set_tags: Mapping[str, str],
+    set_id: str = "",
     call_name: str = "virtualMachineScaleSetVMs.list",
-) -> _Member:
-    """A VM of the set as ARM's JSON lists it (Uniform or Flexible shape).
+) -> _Member | None:
+    """A VM of the set as ARM's JSON lists it (Uniform or Flexible shape), with what it
+    lacks (see the table above); None for a Flexible VM (``set_id`` given) that is no
+    member: its ``virtualMachineScaleSet.id`` names another set, or none. ARM ids are
+    compared without case.
 
-    Raises :class:`MalformedAnswer` for a VM without its name, id or provisioning state,
-    a status without a code, or one that was provisioned without a power state: ARM
-    always sends these, and without them a running VM would look like a pending one.
+    Raises :class:`MalformedAnswer` for a VM without its name or id.
     """
-    props = vm.get("properties") or {}
-    view = props.get("instanceView") or {}
-    statuses = view.get("statuses") or ()
-    provisioned = props.get("provisioningState") in ("Succeeded", "Updating")
-    if (
-        not vm.get("name")
-        or not vm.get("id")
-        or not props.get("provisioningState")
-        or not all(isinstance(s, dict) and s.get("code") for s in statuses)
-        or (provisioned and not _status(statuses, "PowerState/")[0])
-    ):
-        raise MalformedAnswer(
-            call_name, f"VM {vm.get('name') or '?'} without its id, state or instance view"
-        )
-    health = ((view.get("vmHealth") or {}).get("status") or {}).get("code") or ""
+    name, resource_id = str(vm.get("name") or ""), str(vm.get("id") or "")
+    if not name or not resource_id:
+        raise MalformedAnswer(call_name, f"a VM without its name or id ({name or resource_id})")
+    props = _object(vm.get("properties"))
+    if set_id:
+        named = str(_object(props.get("virtualMachineScaleSet")).get("id") or "")
+        if named.lower() != set_id.lower():
+            return None
+    view = _object(props.get("instanceView"))
+    given = view.get("statuses")
+    listed: list[Any] = given if isinstance(given, list) else []
+    statuses = [s for s in listed if isinstance(s, dict) and s.get("code")]
+    lacks: list[str] = []
+    provisioning = str(props.get("provisioningState") or "")
+    power = _status(statuses, "PowerState/")[0]
+    if not provisioning:
+        lacks.append("its provisioning state")
+    elif provisioning in ("Succeeded", "Updating") and not power:
+        lacks.append("its power state")
+    if len(statuses) < len(listed):
+        lacks.append("a status's code")
+    health = _object(_object(view.get("vmHealth")).get("status")).get("code") or ""
     size = (
-        (vm.get("sku") or {}).get("name")
-        or (props.get("hardwareProfile") or {}).get("vmSize")
+        _object(vm.get("sku")).get("name")
+        or _object(props.get("hardwareProfile")).get("vmSize")
         or set_size
     )
     priority = props.get("priority")
     failed = _find_status(statuses, "ProvisioningState/failed/") or {}
     failure, failure_message = _status(statuses, "ProvisioningState/failed/")
     return _Member(
-        name=str(vm.get("name") or ""),
-        resource_id=str(vm.get("id") or ""),
-        instance_id=str(vm.get("instanceId") or ""),
-        provisioning=str(props.get("provisioningState") or ""),
-        power=_status(statuses, "PowerState/")[0],
+        name=name,
+        resource_id=resource_id,
+        instance_id=str(vm.get("instanceId") or "") or resource_id.rsplit("/", 1)[-1],
+        provisioning=provisioning,
+        power=power,
         health=str(health).removeprefix("HealthState/"),
         size=str(size),
         spot=priority == "Spot" if priority else set_spot,
         zone=str((vm.get("zones") or [""])[0]),
-        tags={**set_tags, **(vm.get("tags") or {})},
+        tags={**set_tags, **_object(vm.get("tags"))},
         created=_timestamp(props.get("timeCreated")),
         failure=failure,
         failure_message=failure_message,
         failed_at=_timestamp(failed.get("time")),
+        lacks=tuple(lacks),
     )
 
 
@@ -511,7 +599,14 @@ class AzureProvider(CloudGroupProvider):
         self._addresses: dict[str, str] = {}  # lower-case VM resource id -> private IP
         self._gpus_by_size: dict[str, int] | None = None
         self._wanted: int | None = None
+        # Members whose eviction notice grew the set by one, and how many such growths
+        # outlived their VM (the set kept the capacity: see keep_size).
+        self._noticed: set[str] = set()
+        self._growth_left = 0
         self._capacity_warnings = EpisodeWarnings(log)
+        self._odd_members = EpisodeWarnings(log)
+        self._left_out: dict[str, str] = {}
+        self._warned_spot_restore = False
         self._group_name = group_name or group
         self._lifecycle_reason = ""
         # Capacity signals: when each failed VM was first listed (its status may carry
@@ -520,6 +615,7 @@ class AzureProvider(CloudGroupProvider):
         self._failures_seen: dict[str, float] = {}
         self._newest_failure: CapacityShortage | None = None
         self._refusal: CapacityShortage | None = None
+        self._scale_out: str | None = None  # the status URL of a scale-out not yet read
         self._removed: set[str] = set()
         self._closed = False
         if clients is None:
@@ -637,20 +733,64 @@ class AzureProvider(CloudGroupProvider):
         the resource SKU list once, when a member's slots come from its GPU count.
         """
         self._get_set()
+        self._warn_about_spot_restore()
         members = self._list_vms()
-        self._members = {m.name: m for m in members}
         self._learn_addresses(members)
+        members = [self._check_address(m) for m in members]
+        self._members = {m.name: m for m in members}
+        self._settle_noticed()
         self._learn_gpu_counts(members)
         self._warn_about_capacity(members)
+        self._warn_about_odd_members(members)
         self._note_failures(members)
         return [self._to_instance(m) for m in members]
 
+    def _address(self, member: _Member) -> str:
+        return self._addresses.get(member.resource_id.lower(), "")
+
+    def _check_address(self, member: _Member) -> _Member:
+        """``member``, lacking its private address if it runs without a known one."""
+        if member.power != "running" or self._address(member):
+            return member
+        return replace(member, lacks=(*member.lacks, "its private address"))
+
+    def _warn_about_odd_members(self, members: Sequence[_Member]) -> None:
+        """Warn once about each member that lacks something, and about VMs the listing
+        left out, while they do."""
+        lacking = {
+            f"azure: VM {m.name} of scale set {self.group}": (
+                f"azure: VM {m.name} of scale set {self.group} is listed without"
+                f" {' and '.join(m.lacks)}; not usable until it is"
+            )
+            for m in members
+            if m.lacks
+        }
+        self._odd_members.update({**lacking, **self._left_out})
+
+    def _warn_about_spot_restore(self) -> None:
+        """Warn once if the set restores evicted spot VMs by itself."""
+        assert self._set is not None
+        restore = getattr(self._set.properties, "spot_restore_policy", None)
+        if restore is None or not restore.enabled or self._warned_spot_restore:
+            return
+        self._warned_spot_restore = True
+        # SpotRestorePolicy.enabled: "evicted VMSS SPOT instances will be tried to be
+        # restored opportunistically based on capacity availability" (the REST spec).
+        log.warning(
+            "azure: scale set %s restores evicted spot VMs itself (spotRestorePolicy);"
+            " spotring replaces them too (a noticed VM's at once, an evicted one's unless"
+            " --no-replace or --keep-evicted) and takes back what it added once the VM"
+            " is gone, so the set may run more VMs than asked for a while",
+            self.group,
+        )
+
     def _to_instance(self, member: _Member) -> Instance:
         gpus = (self._gpus_by_size or {}).get(member.size)
+        state = member_state(member.provisioning, member.power, member.health)
         return Instance(
             id=member.name,
-            address=self._addresses.get(member.resource_id.lower(), ""),
-            state=member_state(member.provisioning, member.power, member.health),
+            address=self._address(member),
+            state=worst_state(state, InstanceState.PENDING) if member.lacks else state,
             slots=self.slots.slots(member.name, member.tags, gpus),
             lifecycle=Lifecycle.SPOT if member.spot else Lifecycle.ON_DEMAND,
             zone=member.zone,
@@ -712,14 +852,24 @@ class AzureProvider(CloudGroupProvider):
                 f"{quote(self.group, safe='')}/virtualMachines",
                 {"$expand": "instanceView"},
             )
+        set_id = self._set.id if self.flexible and self._set is not None else ""
         call_name = "virtualMachines.list" if self.flexible else "virtualMachineScaleSetVMs.list"
-        return [_member_of(vm, set_spot, set_size, set_tags, call_name) for vm in vms]
+        listed = [_member_of(vm, set_spot, set_size, set_tags, set_id, call_name) for vm in vms]
+        members = [m for m in listed if m is not None]
+        foreign = len(listed) - len(members)  # the server's filter let them through
+        self._left_out = {}
+        if foreign:
+            self._left_out[f"azure: VMs of other sets listed for {self.group}"] = (
+                f"azure: the VM list for scale set {self.group} held {foreign} VM(s) of"
+                " other scale sets, or of none; left out"
+            )
+        return members
 
     def _learn_addresses(self, members: Sequence[_Member]) -> None:
         """Private IPs from the network interfaces, for members without one yet."""
         listed = {m.resource_id.lower() for m in members}
         self._addresses = {k: v for k, v in self._addresses.items() if k in listed}
-        if all(m.resource_id.lower() in self._addresses or not m.power for m in members):
+        if all(self._address(m) or not m.power for m in members):
             return
         if self.flexible:
             call_name = "networkInterfaces.list"
@@ -746,15 +896,6 @@ class AzureProvider(CloudGroupProvider):
                 if address:
                     self._addresses[vm.id.lower()] = address
                     break
-        # Every running VM has a NIC with a private address: a NIC list without it is
-        # broken or cut short, and the VM would look running but unreachable.
-        lost = [
-            m.name
-            for m in members
-            if m.power == "running" and m.resource_id.lower() not in self._addresses
-        ]
-        if lost:
-            raise MalformedAnswer(call_name, f"no private address for running VM {lost[0]}")
 
     def _learn_gpu_counts(self, members: Sequence[_Member]) -> None:
         """The GPU count of every VM size in the set's location, asked once."""
@@ -804,19 +945,56 @@ class AzureProvider(CloudGroupProvider):
     def capacity_shortage(self, since: float) -> CapacityShortage | None:
         """The newest failure to add VMs to the set at or after ``since``: a VM whose
         provisioning failed (``ProvisioningState/failed/<code>`` in its instance view;
-        SkuNotAvailable, AllocationFailed, ... are CAPACITY, quota codes QUOTA), or a
-        scale-out ARM refused (409 ``OperationNotAllowed`` for quota).
+        SkuNotAvailable, AllocationFailed, ... are CAPACITY,
+        SpotPriceGreaterThanProvidedMaxPrice PRICE, quota codes QUOTA), a scale-out ARM
+        refused (409 ``OperationNotAllowed`` for quota), or a scale-out whose operation
+        failed.
 
-        No API call: the VMs are the ones the last listing read, the refusal the one
-        the last capacity change got. A failure stays known after spotring deletes the
+        The VMs are the ones the last listing read, the refusal the one the last
+        capacity change got; the one call made is to the last scale-out's operation
+        status, until it is done. A failure stays known after spotring deletes the
         failed VM.
         """
+        self._read_scale_out()
         found: list[tuple[float, CapacityShortage]] = [
             (shortage.at, shortage)
             for shortage in (self._newest_failure, self._refusal)
             if shortage is not None and shortage.at is not None and shortage.at >= since
         ]
         return max(found, key=lambda pair: pair[0])[1] if found else None
+
+    def _read_scale_out(self) -> None:
+        """Read the last scale-out's operation status; its error, if it failed, is a
+        refusal. ARM's status document ("Track asynchronous Azure operations",
+        learn.microsoft.com/azure/azure-resource-manager/management/async-operations):
+        ``status`` InProgress, then Succeeded, Failed or Canceled, and for Failed an
+        ``error`` with ``code`` and ``message`` (ZonalAllocationFailed and the like,
+        which no VM may show: the set may not keep the VMs it could not create)."""
+        from azure.core.exceptions import HttpResponseError
+        from azure.core.rest import HttpRequest
+        from azure.mgmt.core.exceptions import ARMErrorFormat
+
+        url = self._scale_out
+        if url is None:
+            return
+
+        def read() -> Mapping[str, Any]:
+            response = self._compute.send_request(HttpRequest("GET", url))
+            if response.status_code == 404:
+                return {"status": "Canceled"}  # expired: nothing more to learn
+            if response.status_code != 200:
+                raise HttpResponseError(response=response, error_format=ARMErrorFormat)
+            return _object(response.json())
+
+        answer = self.call_api("operations.get", read)
+        status = answer.get("status")
+        if status not in ("Succeeded", "Failed", "Canceled"):
+            return  # InProgress, or an answer without its status: ask again later
+        self._scale_out = None
+        error = _object(answer.get("error"))
+        if status == "Failed" and error.get("code"):
+            at = _timestamp(answer.get("endTime"))
+            self._note_refusal(str(error["code"]), one_line(error.get("message") or "", 600), at)
 
     def _note_failures(self, members: Sequence[_Member]) -> None:
         """Remember the newest VM whose provisioning failed before it ever ran."""
@@ -834,10 +1012,14 @@ class AzureProvider(CloudGroupProvider):
                     at=at,
                 )
 
-    def _note_refusal(self, code: str, message: str) -> None:
-        """A capacity change ARM refused (called from :meth:`translate_error`)."""
+    def _note_refusal(self, code: str, message: str, at: float | None = None) -> None:
+        """A capacity change ARM refused (:meth:`translate_error`), or whose operation
+        failed (at ``at``, by default now)."""
         self._refusal = CapacityShortage(
-            cause=shortage_cause(code, message), code=code, message=message, at=time.time()
+            cause=shortage_cause(code, message),
+            code=code,
+            message=message,
+            at=time.time() if at is None else at,
         )
 
     # ----------------------------------------------------------------- steering
@@ -849,8 +1031,8 @@ class AzureProvider(CloudGroupProvider):
         if self._set is None:
             self._get_set()
         self._wanted = size
-        if self._capacity != size:
-            self._update_capacity(size)
+        if self._capacity != self._kept:
+            self._update_capacity(self._kept)
 
     def replace_instance(self, instance_id: str) -> None:
         """Delete the VM named ``instance_id`` and keep the set's capacity (restored on
@@ -896,12 +1078,16 @@ class AzureProvider(CloudGroupProvider):
 
     def _delete(self, member: _Member) -> None:
         from azure.core.exceptions import ResourceNotFoundError
+        from azure.mgmt.core.tools import parse_resource_id
 
         def delete() -> None:
             try:
                 if self.flexible:
+                    # By the id the listing gave: the VM it found in the set, wherever
+                    # its resource group is spelled.
+                    vm = parse_resource_id(member.resource_id)
                     self._compute.virtual_machines.begin_delete(
-                        self.resource_group, member.name, polling=False
+                        vm["resource_group"], vm["name"], polling=False
                     )
                 else:
                     self._compute.virtual_machine_scale_sets.begin_delete_instances(
@@ -924,7 +1110,7 @@ class AzureProvider(CloudGroupProvider):
         """Warn once per zone and error while the set cannot provision VMs there."""
         conditions: dict[str, str] = {}
         for member in members:
-            if member.never_started and member.failure in CAPACITY_ERRORS:
+            if member.never_started and is_refusal(member.failure, member.failure_message):
                 where = f"zone {member.zone}" if member.zone else self._set_location()
                 conditions.setdefault(
                     f"azure: {where} {member.failure}",
@@ -941,43 +1127,94 @@ class AzureProvider(CloudGroupProvider):
     def _set_location(self) -> str:
         return str(self._set.location) if self._set is not None else "its location"
 
+    @property
+    def _kept(self) -> int:
+        """The capacity spotring keeps: the size asked for, plus one per noticed VM
+        still in the set (its replacement started early)."""
+        return (self._wanted or 0) + len(self._noticed)
+
     def keep_size(self) -> None:
-        """Put back capacity Azure took away for deleted and evicted VMs, up to the size
-        spotring asked for (set_target_size, or what a replacement or notice kept)."""
+        """Hold the set at the capacity spotring keeps (:attr:`_kept`: the size asked of
+        set_target_size, or kept by a replacement, plus noticed VMs still listed).
+
+        Puts back capacity Azure took away for deleted and evicted VMs. Takes back the
+        one a notice added once the noticed VM is gone, where Azure did not (a set that
+        restores evicted spot VMs itself keeps its capacity); never lowers it otherwise.
+        """
         if self._wanted is None or not self.can_resize or self._set is None:
             return
-        if self._capacity >= self._wanted:
+        capacity, kept = self._capacity, self._kept
+        if capacity <= kept:
+            self._growth_left = 0  # Azure took it back with the VM
+        target = max(kept, capacity - self._growth_left)
+        if target == capacity:
             return
         if any(m.leaving for m in self._members.values()):
             return  # a delete still runs: the set refuses a capacity change meanwhile
-        log.info(
-            "azure: scale set %s capacity %d is below %d (deleted or evicted VMs); restoring",
-            self.group,
-            self._capacity,
-            self._wanted,
-        )
-        self._update_capacity(self._wanted)
+        if target > capacity:
+            log.info("azure: scale set %s capacity %d is below %d (deleted or evicted VMs);"
+                     " restoring", self.group, capacity, target)  # fmt: skip
+        else:
+            log.info("azure: scale set %s kept the capacity added for noticed VMs now gone;"
+                     " taking it back to %d", self.group, target)  # fmt: skip
+        self._growth_left = 0
+        self._update_capacity(target)
+
+    def _settle_noticed(self) -> None:
+        """Forget noticed VMs that left the set or are being deleted (Azure lowers the
+        capacity as it deletes a VM): their growth is due back unless Azure took it."""
+        gone = {
+            name
+            for name in self._noticed
+            if name not in self._members or self._members[name].leaving
+        }
+        self._noticed -= gone
+        self._growth_left += len(gone)
 
     def _update_capacity(self, size: int) -> None:
+        """Set the capacity; a scale-out's operation is read when a shortage is asked."""
+        status_urls: list[str] = []
+
+        def note_status_url(pipeline_response: Any) -> None:
+            headers = pipeline_response.http_response.headers
+            status_urls.append(headers.get("Azure-AsyncOperation") or "")
+
         self.call_api(
             "virtualMachineScaleSets.update",
             lambda: self._compute.virtual_machine_scale_sets.begin_update(
-                self.resource_group, self.group, {"sku": {"capacity": size}}, polling=False
+                self.resource_group,
+                self.group,
+                {"sku": {"capacity": size}},
+                polling=False,
+                raw_response_hook=note_status_url,
             ),
         )
+        if size > self._capacity and status_urls and self._same_origin(status_urls[-1]):
+            self._scale_out = status_urls[-1]
         if self._set is not None and self._set.sku is not None:
             self._set.sku.capacity = size
         log.info("azure: scale set %s capacity -> %d", self.group, size)
 
+    def _same_origin(self, url: str) -> bool:
+        """Whether ``url`` is on the Resource Manager spotring talks to: only there may
+        the credentials' token go."""
+        base = urlsplit(self.endpoint or DEFAULT_ENDPOINT)
+        given = urlsplit(url)
+        return (given.scheme, given.netloc.lower()) == (base.scheme, base.netloc.lower())
+
     def host_noticed(self, instance: Instance, notice: InterruptionNotice) -> None:
-        """At a spot eviction notice, grow the set by one now: its replacement starts
-        while the VM still trains. The eviction (policy Delete), or spotring's delete of
-        the deallocated VM, takes the capacity back down to what spotring wants."""
+        """At a spot eviction notice, grow the set by one now, once per VM: its
+        replacement starts while the VM still trains. The eviction (policy Delete), or
+        spotring's delete of the deallocated VM, takes the capacity back down; where it
+        does not, :meth:`keep_size` does once the VM is gone."""
         if notice.kind != "preempt" or not self.can_resize or self._set is None:
+            return
+        if instance.id in self._noticed or instance.id not in self._members:
             return
         if self._wanted is None:
             self._wanted = self._capacity
-        self._update_capacity(self._capacity + 1)
+        self._noticed.add(instance.id)
+        self._update_capacity(max(self._capacity + 1, self._kept))
 
     def scale_down_size(self) -> int:
         """0: a scale set has no minimum capacity of its own."""
@@ -1087,15 +1324,15 @@ class AzureProvider(CloudGroupProvider):
             or error.status_code is None
         ):
             if isinstance(error, (core.ServiceRequestError, core.ServiceResponseError, OSError)):
-                shown = self.endpoint or "https://management.azure.com"
+                shown = self.endpoint or DEFAULT_ENDPOINT
                 return ProviderError(
                     f"cannot reach Azure at {shown} for {call_name}: {type(error).__name__}"
                 )
             return ProviderError(
                 f"{call_name} failed: {type(error).__name__}: {one_line(error, 120)}"
             )
-        code = error.error.code if error.error is not None else ""
-        message = one_line(error.error.message if error.error is not None else error.message)
+        code, raw = _arm_error(error)
+        message = one_line(raw)
         if _retry_after(error) is not None:
             return ProviderError(f"{call_name} failed after retries: {error.status_code} {code}")
         if code in ("AuthorizationFailed", "LinkedAuthorizationFailed") or error.status_code == 403:
@@ -1112,12 +1349,11 @@ class AzureProvider(CloudGroupProvider):
                 f"resource group '{self.resource_group}' not found"
                 f" in subscription {self.subscription}"
             )
-        if error.status_code == 409 and (code in QUOTA_ERRORS or code in CAPACITY_ERRORS):
-            # A quota (or capacity) refusal: the job trains on what it has, spotring
-            # asks again, and capacity_shortage reports it.
+        if is_refusal(code, raw):
+            # A capacity, price or quota refusal: the job trains on what it has,
+            # spotring asks again later, and capacity_shortage reports it.
             if call_name == "virtualMachineScaleSets.update":
                 # Whole: the quota's limit, usage and what more it needs come last.
-                raw = error.error.message if error.error is not None else error.message
                 self._note_refusal(code, one_line(raw, 600))
             return ProviderError(f"scale set '{self.group}' cannot grow: {message}")
         if code in ("SubscriptionNotFound", "InvalidSubscriptionId"):
@@ -1186,6 +1422,13 @@ def _is_credential_error(error: Exception) -> bool:
     return isinstance(error, ClientAuthenticationError) and getattr(error, "response", None) is None
 
 
+def _arm_error(error: Any) -> tuple[str, str]:
+    """The ARM error code and (whole) message of an azure-core HttpResponseError."""
+    if error.error is not None:
+        return str(error.error.code or ""), str(error.error.message or "")
+    return "", str(error.message or "")
+
+
 def _retry_after(error: Exception) -> float | None:
     """Seconds to wait before retrying ``error`` (0: the backoff decides), or None."""
     from azure.core import exceptions as core
@@ -1198,10 +1441,9 @@ def _retry_after(error: Exception) -> float | None:
         if error.status_code is None:  # the answer broke off (a stream cut short)
             return 0.0
         status = error.status_code
-        code = error.error.code if error.error is not None else ""
-        # 409: another operation on the set is still running; but not a quota or
-        # capacity refusal, which asking again at once does not change.
-        if status == 409 and (code in QUOTA_ERRORS or code in CAPACITY_ERRORS):
+        # 409: another operation on the set is still running, or a VM is marked for
+        # deletion; but not a refusal, which asking again at once does not change.
+        if is_refusal(*_arm_error(error)):
             return None
         if status not in (408, 409, 429) and status < 500:
             return None

@@ -26,10 +26,17 @@ Flexible: ordinary ``virtualMachines`` filtered by ``virtualMachineScaleSet/id``
 NICs (per scale set and per resource group), the resource SKU list, long-running
 operations, ARM error bodies, RBAC denials, throttling and fault injection; and the
 capacity signals: a VM whose provisioning failed (``provisioningState`` Failed, no power
-state, an instance view status ``ProvisioningState/failed/<code>`` with ARM's message
-and, unless the test leaves it out, its ``time``), a scale-out refused with 409
-``OperationNotAllowed`` beyond a vCPU quota (``fake.set_quota``), and Spot Priority Mix
-(``priorityMixPolicy`` on a Flexible set, each VM with its own ``priority``).
+state or the one ``capacity_error(power_state=...)`` gives, an instance view status
+``ProvisioningState/failed/<code>`` with ARM's message and, unless the test leaves it out,
+its ``time``; the scale-out's operation ends Failed with the code), a scale-out refused
+with 409 ``OperationNotAllowed`` beyond a vCPU quota (``fake.set_quota``), a spot max price
+below the spot price (``SpotPriceGreaterThanProvidedMaxPrice``), and Spot Priority Mix
+(``priorityMixPolicy`` on a Flexible set, each VM with its own ``priority``). Documented
+states: a VM being created passes through ``PowerState/stopped``
+(``fake.stopped_while_creating``), as does one started from deallocated (``start``); 409
+``OperationNotAllowed`` state conflicts (``state_conflict``); ``spotRestorePolicy``
+(``spot_restore``); the Flexible VM list's ``$expand=instanceView`` refused without a
+``$filter``, and a server that ignores the filter (``fake.vm_filter_ignored``).
 
 What the installed SDKs do against it (azure-mgmt-compute 39.0.0, azure-mgmt-network 33.1.0,
 azure-core 1.41.0; all checked by tests/test_azure_fake.py):
@@ -77,7 +84,9 @@ update's operation ends Failed and the new VMs stay, Failed, counted in the capa
 409 on the PATCH); a Delete-policy eviction removing the VM at once; NIC names of Flexible
 members (``{vm}-nic0``); the page size (``fake.page_size``, 100); which VMs Spot Priority
 Mix makes Regular (the base first, then the percentage, rounded down), and an absent
-percentage counting as 0; quotas counted per location across the fake's sets.
+percentage counting as 0; quotas counted per location across the fake's sets; the wording of
+the 400 for ``$expand`` without ``$filter``; when a set answers a state conflict; a restored
+spot VM appearing at once under a new name.
 """
 
 from __future__ import annotations
@@ -150,6 +159,14 @@ CAPACITY_ERRORS = {
         "operation",
         "Allocation failed. VM(s) with the following constraints cannot be allocated, because "
         "the condition is too restrictive. Please remove some constraints and try again.",
+    ),
+    # "Error messages for Azure Spot Virtual Machines and scale sets"
+    # (learn.microsoft.com/azure/virtual-machines/error-codes-spot).
+    "SpotPriceGreaterThanProvidedMaxPrice": (
+        "operation",
+        "Unable to perform operation 'Create VM' since the provided max price '{max_price} USD' "
+        "is lower than the current spot price '{spot_price} USD' for Azure Spot Virtual Machine "
+        "size '{size}'.",
     ),
     "OperationNotAllowed": (
         "request",
@@ -260,6 +277,7 @@ class Member:
     # When provisioning failed: the failed status's ``time`` (InstanceViewStatus.time,
     # optional in the REST reference; None leaves it out).
     failed_at: datetime | None = None
+    starting: bool = False  # being started from deallocated (see FakeScaleSet.start)
     priority: str | None = None  # Flexible sets with Spot Priority Mix: Spot or Regular
     zone: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
@@ -274,9 +292,10 @@ class Member:
 
     @property
     def has_instance_view(self) -> bool:
-        """A VM being created has no instance view yet (it has no statuses to report;
-        ``fake.creating_instance_view`` gives it one with only ProvisioningState/creating)."""
-        return self.provisioning_state != "Creating"
+        """A VM being created has no instance view until it has a power state (it has no
+        statuses to report; ``fake.creating_instance_view`` gives it one with only
+        ProvisioningState/creating)."""
+        return self.provisioning_state != "Creating" or self.power_state is not None
 
     @property
     def has_nic(self) -> bool:
@@ -352,6 +371,7 @@ class FakeScaleSet:
         location: str,
         nic_config: str,
         priority_mix: tuple[int | None, int | None] | None = None,
+        spot_restore: bool = False,
     ) -> None:
         if mode not in ("Uniform", "Flexible"):
             raise ValueError(f"mode must be Uniform or Flexible, not {mode!r}")
@@ -379,6 +399,10 @@ class FakeScaleSet:
         # Spot Priority Mix: (baseRegularPriorityCount, regularPriorityPercentageAboveBase),
         # either None to leave it out of the answer (both are optional).
         self.priority_mix = priority_mix
+        # spotRestorePolicy.enabled: "evicted VMSS SPOT instances will be tried to be
+        # restored opportunistically based on capacity availability" (SpotRestorePolicy in
+        # the Compute REST spec); see evict.
+        self.spot_restore = spot_restore
         self.capacity = 0
         self.members: list[Member] = []
         self.auto_advance = True
@@ -386,6 +410,8 @@ class FakeScaleSet:
         self.time_created = _now()
         self.capacity_error_code: str | None = None
         self.capacity_error_when = "operation"
+        self.failed_power_state: str | None = None  # a failed creation's power state
+        self._conflicts = 0  # capacity updates still to refuse (state_conflict)
         self._next_instance_id = 0
 
     # ------------------------------------------------------------------ addresses
@@ -529,17 +555,45 @@ class FakeScaleSet:
         """Spot eviction, as Azure does it for the set's eviction policy.
 
         ``Deallocate``: the VM stays, ``PowerState/deallocated`` (capacity unchanged).
-        ``Delete``: the VM (and its NIC) is gone at once and the capacity drops by one.
+        ``Delete``: the VM (and its NIC) is gone at once and the capacity drops by one;
+        with ``spot_restore`` the capacity stays and a VM is created in its place (guessed:
+        at once, with a new name).
         """
         with self._fake._lock:
             member = self.member(key)
             if self.eviction_policy == "Deallocate":
                 member.provisioning_state = "Succeeded"
                 member.power_state = "deallocated"
+            elif self.spot_restore:
+                self.members.remove(member)
+                self.add_member(
+                    provisioning_state="Creating", power_state=None, grow_capacity=False
+                )
             else:
                 self.members.remove(member)
                 self.capacity = max(0, self.capacity - 1)
             return member
+
+    def start(self, key: str) -> Member:
+        """Its owner starts a deallocated VM: ``Updating``, with the brief
+        ``PowerState/stopped`` "while starting a VM from Deallocated state" ("States and
+        billing status of Azure Virtual Machines", learn.microsoft.com/azure/
+        virtual-machines/states-billing); running on the next advance."""
+        with self._fake._lock:
+            member = self.member(key)
+            member.provisioning_state = "Updating"
+            member.power_state = "stopped"
+            member.starting = True
+            return member
+
+    def state_conflict(self, times: int = 1) -> None:
+        """The next ``times`` capacity updates answer 409 ``OperationNotAllowed`` for a
+        state conflict, as Compute words it: "Operation '{0}' is not allowed on VM '{1}'
+        since the VM is marked for deletion. You can only retry the Delete operation (or
+        wait for an ongoing one to complete)." ("Azure Virtual Machine Error Messages",
+        MicrosoftDocs/azure-docs). Guessed: when the set answers it for a VM of its own."""
+        with self._fake._lock:
+            self._conflicts = times
 
     def remove_member(self, key: str, *, shrink_capacity: bool = True) -> None:
         """The member vanishes at once; the capacity drops by one."""
@@ -548,7 +602,13 @@ class FakeScaleSet:
             if shrink_capacity:
                 self.capacity = max(0, self.capacity - 1)
 
-    def capacity_error(self, code: str = "SkuNotAvailable", *, when: str | None = None) -> None:
+    def capacity_error(
+        self,
+        code: str = "SkuNotAvailable",
+        *,
+        when: str | None = None,
+        power_state: str | None = None,
+    ) -> None:
         """While set, growing the set fails with ARM error ``code``.
 
         ``when="operation"`` (default for allocation errors such as SkuNotAvailable,
@@ -556,6 +616,11 @@ class FakeScaleSet:
         ``Failed`` (``ProvisioningState/failed/{code}``) on the next advance, and the update's
         operation ends ``Failed`` with ``code``. ``when="request"`` (default for the quota error
         ``OperationNotAllowed``): the PATCH itself answers 409 and nothing changes.
+
+        ``power_state``: what the failed VMs' instance view says besides (None: no power
+        state). ProvisioningState is "the most recent provisioning state" and the power state
+        a separate one ("States and billing status of Azure Virtual Machines"); a VM whose
+        creation failed may show one that is not running (kubernetes/autoscaler#5767).
         """
         default_when = CAPACITY_ERRORS.get(code, ("operation", ""))[0]
         when = when or default_when
@@ -564,6 +629,7 @@ class FakeScaleSet:
         with self._fake._lock:
             self.capacity_error_code = code
             self.capacity_error_when = when
+            self.failed_power_state = _power(power_state)
 
     def clear_capacity_error(self) -> None:
         """Capacity is back."""
@@ -573,8 +639,9 @@ class FakeScaleSet:
     def advance(self, steps: int = 1) -> None:
         """Move every in-flight member ``steps`` stages on, and finish pending operations.
 
-        Creating -> Succeeded + PowerState/starting (or Failed under capacity_error) ->
-        PowerState/running; Updating -> Succeeded; Deleting -> gone; PowerState/stopping ->
+        Creating -> Creating + PowerState/stopped (``fake.stopped_while_creating``) ->
+        Succeeded + PowerState/starting (or Failed under capacity_error) -> PowerState/running;
+        Updating -> Succeeded (running, after start); Deleting -> gone; PowerState/stopping ->
         stopped; deallocating -> deallocated.
         """
         with self._fake._lock:
@@ -624,8 +691,10 @@ class FakeScaleSet:
             if self.capacity_error_code and self.capacity_error_when == "operation":
                 m.provisioning_state = "Failed"
                 m.error_code = self.capacity_error_code
-                m.power_state = None
+                m.power_state = self.failed_power_state
                 m.failed_at = _now()
+            elif m.power_state is None and self._fake.stopped_while_creating:
+                m.power_state = "stopped"
             else:
                 m.provisioning_state = "Succeeded"
                 m.power_state = "starting"
@@ -633,6 +702,8 @@ class FakeScaleSet:
             self.members.remove(m)
         elif state == "Updating":
             m.provisioning_state = "Succeeded"
+            if m.starting:
+                m.power_state, m.starting = "running", False
         elif state == "Succeeded" and m.power_state in ("starting", "stopping", "deallocating"):
             m.power_state = {"starting": "running", "stopping": "stopped"}.get(
                 m.power_state, "deallocated"
@@ -724,6 +795,8 @@ class FakeScaleSet:
             limit=0,
             usage=0,
             needed=cores,
+            max_price=self.max_price,
+            spot_price=round(self.max_price * 1.5, 4),
         )
 
     # ------------------------------------------------------------------ REST shapes
@@ -762,6 +835,7 @@ class FakeScaleSet:
         if self.priority in ("Spot", "Low"):
             profile.eviction_policy = self.eviction_policy
             profile.billing_profile = cm.BillingProfile(max_price=self.max_price)
+        restore = cm.SpotRestorePolicy(enabled=True, restore_timeout="PT1H")
         props = cm.VirtualMachineScaleSetProperties(
             orchestration_mode=self.mode,
             virtual_machine_profile=profile,
@@ -772,6 +846,7 @@ class FakeScaleSet:
             single_placement_group=False,
             platform_fault_domain_count=1,
             scale_in_policy=cm.ScaleInPolicy(rules=["Default"]),
+            spot_restore_policy=restore if self.spot_restore else None,
         )
         if self.uniform:
             props.upgrade_policy = cm.UpgradePolicy(mode="Manual")
@@ -1247,6 +1322,13 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
         # ProvisioningState/creating status (and no PowerState yet); False: none at all.
         # The REST reference allows both (instanceView and its statuses are optional).
         self.creating_instance_view = False
+        # True: a VM being created passes through ProvisioningState/creating with
+        # PowerState/stopped: "The Stopped state may also be observed briefly during VM
+        # creation" ("States and billing status of Azure Virtual Machines").
+        self.stopped_while_creating = True
+        # True: the resource group's VM list ignores its $filter and answers every VM of
+        # the group (a server-side filter spotring must not rely on alone).
+        self.vm_filter_ignored = False
         # vCPU quotas by name (LowPriorityCores, a VM family): a scale-out beyond one
         # answers 409 OperationNotAllowed, as ARM does. None set: no limit.
         self.quotas: dict[str, int] = {}
@@ -1299,11 +1381,13 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
         location: str | None = None,
         nic_config: str = "nic0",
         priority_mix: tuple[int | None, int | None] | None = None,
+        spot_restore: bool = False,
     ) -> FakeScaleSet:
         """A scale set with ``capacity`` members, all Succeeded and ``PowerState/running``.
 
         ``priority_mix``: Spot Priority Mix (a Flexible Spot set), ``(base regular count,
-        regular percentage above base)``, None for a field left out."""
+        regular percentage above base)``, None for a field left out. ``spot_restore``:
+        ``spotRestorePolicy`` enabled (see FakeScaleSet.evict)."""
         with self._lock:
             rg = self.add_resource_group(resource_group)
             if (rg.lower(), name.lower()) in self.scale_sets:
@@ -1323,6 +1407,7 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
                 location=location or self.location,
                 nic_config=nic_config,
                 priority_mix=priority_mix,
+                spot_restore=spot_restore,
             )
             self.scale_sets[(rg.lower(), name.lower())] = scale_set
             for _ in range(capacity):
@@ -1626,6 +1711,16 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
                 "sku.capacity",
             )
         growing = capacity is not None and capacity > len(scale_set._active())
+        if capacity is not None and scale_set._conflicts:
+            scale_set._conflicts -= 1
+            busy = next((m for m in scale_set.members if m.provisioning_state == "Deleting"), None)
+            raise ArmError(
+                409,
+                "OperationNotAllowed",
+                f"Operation 'Update' is not allowed on VM '{(busy or scale_set.members[0]).name}'"
+                " since the VM is marked for deletion. You can only retry the Delete operation"
+                " (or wait for an ongoing one to complete).",
+            )
         if capacity is not None:
             scale_set._resize(capacity)  # may raise a request-time capacity error
         if isinstance(body.get("tags"), dict):
@@ -1698,8 +1793,17 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
 
     def _list_flexible_vms(self, rg: str, path: str, query: dict[str, str]) -> dict[str, Any]:
         text = query.get("$filter")
+        expand = query.get("$expand", "").lower() == "instanceview"
+        if expand and not text:
+            # "'instanceView' enables fetching run time status of all Virtual Machines, this
+            # can only be specified if a valid $filter option is specified" (Virtual Machines
+            # - List, $expand). The wording of the refusal is a guess.
+            raise invalid_parameter(
+                "The $expand value 'instanceView' can only be specified with a valid $filter.",
+                "$expand",
+            )
         wanted: str | None = None
-        if text:
+        if text and not self.vm_filter_ignored:
             match = _VM_FILTER_RE.match(text)
             if not match:
                 raise invalid_parameter(
@@ -1718,7 +1822,6 @@ class FakeArm(fake_server.FakeServer[RecordedRequest]):
         for s in sets:
             if s.auto_advance:
                 s.advance()
-        expand = query.get("$expand", "").lower() == "instanceview"
         pairs = sorted(((m, s) for s in sets for m in s.members), key=lambda p: p[0].seq)
         items = [s.vm(m, instance_view=expand) for m, s in pairs]
         return self._page(items, path, query)

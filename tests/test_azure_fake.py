@@ -215,6 +215,21 @@ def test_flexible_vm_list_with_scale_set_filter(fake: FakeArm, compute: Any) -> 
     assert (info.value.status_code, info.value.error.code) == (400, "InvalidParameter")
 
 
+def test_flexible_vm_list_expands_the_instance_view_only_with_a_filter(
+    fake: FakeArm, compute: Any
+) -> None:
+    a = fake.add_scale_set("a", capacity=1)
+    fake.add_scale_set("b", capacity=1)
+
+    with pytest.raises(HttpResponseError) as info:
+        list(compute.virtual_machines.list(RG, expand="instanceView"))
+    assert (info.value.status_code, info.value.error.code) == (400, "InvalidParameter")
+
+    fake.vm_filter_ignored = True  # a server that lets every VM of the group through
+    listed = compute.virtual_machines.list(RG, filter=flexible_filter(a), expand="instanceView")
+    assert len({vm.virtual_machine_scale_set.id for vm in listed}) == 2
+
+
 def test_flexible_vm_list_pages(fake: FakeArm, compute: Any) -> None:
     big = fake.add_scale_set("big", capacity=250)
     fake.page_size = 100
@@ -329,7 +344,10 @@ def test_capacity_update_then_members_advance_to_running(fake: FakeArm, compute:
             )
         ]
 
-    # Every list first moves in-flight members one stage on.
+    # Every list first moves in-flight members one stage on; a VM being created may
+    # briefly report PowerState/stopped (learn.microsoft.com/azure/virtual-machines/
+    # states-billing).
+    assert states()[2:] == [["ProvisioningState/creating", "PowerState/stopped"]] * 2
     assert states()[2:] == [["ProvisioningState/succeeded", "PowerState/starting"]] * 2
     assert states()[2:] == [["ProvisioningState/succeeded", "PowerState/running"]] * 2
     assert workers.is_stable()
@@ -365,11 +383,11 @@ def test_update_answers_updating_until_its_operation_is_done(fake: FakeArm, comp
     workers.advance()  # advancing a set also finishes its operations
     assert op.status == "Succeeded"
     assert compute.virtual_machine_scale_sets.get(RG, "workers").provisioning_state == "Succeeded"
-    assert [m.power_state for m in workers.members] == [
-        "running",
-        "starting",
-        "starting",
-    ]
+    assert [m.power_state for m in workers.members] == ["running", "stopped", "stopped"]
+    fake.stopped_while_creating = False
+    workers.add_member(provisioning_state="Creating", power_state=None)
+    workers.advance()
+    assert [m.power_state for m in workers.members] == ["running"] + ["starting"] * 3
 
 
 def test_delete_instances_uniform_drops_capacity(fake: FakeArm, compute: Any) -> None:
@@ -448,6 +466,68 @@ def test_evict_with_both_policies(fake: FakeArm, compute: Any, mode: str) -> Non
     drop.evict(gone)
     assert list(listed(drop)) == [drop.keys()[0]] != [gone]
     assert compute.virtual_machine_scale_sets.get(RG, "drop").sku.capacity == 1
+
+
+def test_a_set_that_restores_evicted_spot_vms(fake: FakeArm, compute: Any) -> None:
+    workers = fake.add_scale_set("workers", capacity=2, spot_restore=True)
+    restore = compute.virtual_machine_scale_sets.get(RG, "workers").spot_restore_policy
+    assert (restore.enabled, restore.restore_timeout) == (True, "PT1H")
+    assert fake.add_scale_set("plain").record()["properties"].get("spotRestorePolicy") is None
+
+    evicted = workers.keys()[0]
+    workers.evict(evicted)
+
+    assert evicted not in [m.name for m in workers.members] and workers.capacity == 2
+    assert [m.provisioning_state for m in workers.members] == ["Succeeded", "Creating"]
+
+
+def test_creation_passes_stopped_and_a_start_from_deallocated_too(fake: FakeArm) -> None:
+    workers = fake.add_scale_set("workers", capacity=1, eviction_policy="Deallocate")
+    workers.auto_advance = False
+    new = workers.add_member(provisioning_state="Creating", power_state=None)
+    seen = []
+    for _ in range(3):
+        workers.advance()
+        seen.append((new.provisioning_state, new.power_state))
+    assert seen == [("Creating", "stopped"), ("Succeeded", "starting"), ("Succeeded", "running")]
+
+    workers.evict(new.name)
+    workers.start(new.name)
+    assert (new.provisioning_state, new.power_state) == ("Updating", "stopped")
+    workers.advance()
+    assert (new.provisioning_state, new.power_state) == ("Succeeded", "running")
+
+
+def test_a_state_conflict_refuses_updates_without_quota_words(fake: FakeArm, compute: Any) -> None:
+    workers = fake.add_scale_set("workers", capacity=1)
+    workers.state_conflict(1)
+
+    with pytest.raises(ResourceExistsError) as info:
+        compute.virtual_machine_scale_sets.begin_update(RG, "workers", {"sku": {"capacity": 2}})
+    assert (info.value.status_code, info.value.error.code) == (409, "OperationNotAllowed")
+    assert "is marked for deletion" in info.value.error.message
+    assert "quota" not in info.value.error.message.lower()
+    assert workers.capacity == 1
+    compute.virtual_machine_scale_sets.begin_update(RG, "workers", {"sku": {"capacity": 2}})
+    assert workers.capacity == 2
+
+
+def test_failed_creations_with_a_power_state(fake: FakeArm, compute: Any) -> None:
+    workers = fake.add_scale_set("workers", mode="Uniform", capacity=1, max_price=0.1)
+    workers.capacity_error("SpotPriceGreaterThanProvidedMaxPrice", power_state="stopped")
+    poller = compute.virtual_machine_scale_sets.begin_update(
+        RG, "workers", {"sku": {"capacity": 2}}
+    )
+    with pytest.raises(HttpResponseError) as info:
+        poller.result()
+
+    assert info.value.error.code == "SpotPriceGreaterThanProvidedMaxPrice"
+    assert "provided max price '0.1 USD' is lower than" in info.value.error.message
+    [_, failed] = compute.virtual_machine_scale_set_vms.list(RG, "workers", expand="instanceView")
+    assert statuses(failed) == [
+        "ProvisioningState/failed/SpotPriceGreaterThanProvidedMaxPrice",
+        "PowerState/stopped",
+    ]
 
 
 def test_capacity_error_in_the_operation(fake: FakeArm, compute: Any) -> None:

@@ -73,8 +73,8 @@ BOOTSTRAP = REPO / "worker_image" / "bootstrap.sh.tftpl"
 # What spotring's Azure provider calls (providers/azure.py's IAM_ACTIONS, checked to be
 # the same: a change there comes with the roles in iam.tf):
 # the set's get, update (capacity) and deleteInstances, a Uniform set's VM and NIC lists,
-# a Flexible set's members as ordinary VMs (list, delete) and NICs (list), and the
-# resource SKU list (GPU counts of VM sizes).
+# a Flexible set's members as ordinary VMs (list, delete) and NICs (list), the
+# resource SKU list (GPU counts of VM sizes) and a scale-out's operation status.
 ASSUMED_IAM_ACTIONS = frozenset(
     {
         "Microsoft.Compute/virtualMachineScaleSets/read",
@@ -86,6 +86,7 @@ ASSUMED_IAM_ACTIONS = frozenset(
         "Microsoft.Compute/virtualMachines/delete",
         "Microsoft.Network/networkInterfaces/read",
         "Microsoft.Compute/skus/read",
+        "Microsoft.Compute/locations/operations/read",
     }
 )
 SLOTS_TAG = "spotring-slots"
@@ -361,7 +362,10 @@ def test_roles_are_assigned_at_the_narrowest_scope(azure: Module) -> None:
     set_prefix = "Microsoft.Compute/virtualMachineScaleSets/"
     assert all(a.startswith(set_prefix) for a in roles["driver_set"])
     assert not any("virtualMachineScaleSets" in a for a in roles["driver_members"])
-    assert roles["driver_sizes"] == ["Microsoft.Compute/skus/read"]
+    assert roles["driver_sizes"] == [
+        "Microsoft.Compute/skus/read",
+        "Microsoft.Compute/locations/operations/read",
+    ]
     for name, body in only(azure, "azurerm_role_definition"):
         if name == "checkpoints":
             continue

@@ -1,8 +1,8 @@
 # The driver's custom roles: exactly the actions spotring's Azure provider performs
 # (spotring.providers.azure.IAM_ACTIONS; tests/test_terraform_azure.py keeps them
 # equal), each assigned at the narrowest scope its calls are authorized at. The
-# provider starts long-running operations and never waits on them, so no operation
-# status actions are granted.
+# provider starts long-running operations and never waits on them; it reads a
+# scale-out's operation status only for its error (ZonalAllocationFailed and the like).
 #
 # | role        | actions                                          | assigned at    |
 # |-------------|--------------------------------------------------|----------------|
@@ -11,7 +11,8 @@
 # |             | (Uniform sets)                                   |                |
 # | members     | virtualMachines read/delete, networkInterfaces   | resource group |
 # |             | read (a Flexible set's members are ordinary VMs) |                |
-# | sizes       | skus/read (GPU count of a VM size)               | subscription   |
+# | sizes       | skus/read (GPU count of a VM size),              | subscription   |
+# |             | locations/operations/read (a scale-out's result) |                |
 
 locals {
   # Custom role names are unique in the tenant: name the subscription and group too.
@@ -84,16 +85,20 @@ resource "azurerm_role_assignment" "driver_members" {
 
 # The resource SKU list (GPU count of the members' VM size, when no slots tag says
 # otherwise) is a subscription-level call: GET /subscriptions/ID/providers/
-# Microsoft.Compute/skus. An assignment on the resource group does not cover it. It is
-# read-only and reveals only which VM sizes the subscription may use where.
+# Microsoft.Compute/skus. So is a scale-out's operation status (the update's
+# Azure-AsyncOperation URL, /subscriptions/ID/providers/Microsoft.Compute/locations/
+# LOCATION/operations/ID). An assignment on the resource group does not cover them.
+# Both are read-only and reveal only which VM sizes the subscription may use where and
+# how its Compute operations ended.
 resource "azurerm_role_definition" "driver_sizes" {
   name        = "${local.role_name_prefix}: VM sizes"
   scope       = local.subscription_scope
-  description = "What spotring's Azure provider reads about VM sizes (GPU counts) for the scale set ${var.name}."
+  description = "What spotring's Azure provider reads at the subscription for the scale set ${var.name}: VM sizes (GPU counts), its scale-outs' operation status."
 
   permissions {
     actions = [
       "Microsoft.Compute/skus/read",
+      "Microsoft.Compute/locations/operations/read",
     ]
     not_actions = []
   }
