@@ -1106,7 +1106,8 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
         """What every write must be signed with (see :mod:`.store_auth`)."""
         self._nonces: set[str] = set()
         """The nonces of the signed requests taken in the current ring; under
-        ``cache_lock``."""
+        ``_nonce_lock`` (its own: the store's lock is the busiest there is)."""
+        self._nonce_lock = threading.Lock()
         self._nonce_limit = NONCES_MARGIN
         self.planned_slots: frozenset[tuple[str, int]] = frozenset()
         """Every slot of every ring planned: they may ask for their rank (Horovod
@@ -1204,7 +1205,7 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
             scope_size["local_" + slot_info.hostname] = slot_info.local_size
             scope_size["cross_" + str(slot_info.local_rank)] = slot_info.cross_size
         budget = store_budget(scope_size)
-        with self.finished_list_lock, self.cache_lock:
+        with self.finished_list_lock, self.cache_lock, self._nonce_lock:
             self.cache.clear()
             self.finished_list.clear()
             self.scope_size = scope_size
@@ -1226,8 +1227,9 @@ class _RendezvousHTTPServer(RendezvousHTTPServer):
 
     def admit(self, signature: store_auth.Signature) -> tuple[int, str] | None:
         """Take a signed request (its MAC checked) if it is for the current ring and
-        its nonce was not taken in it; else the refusal (status, reason)."""
-        with self.cache_lock:
+        its nonce was not taken in it; else the refusal (status, reason). What it
+        then changes checks the ring again, under the store's lock."""
+        with self._nonce_lock:
             if signature.ring != self.generation:
                 return 409, f"signed for ring {signature.ring}, not the current {self.generation}"
             if signature.nonce in self._nonces:
