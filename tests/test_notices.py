@@ -4,6 +4,7 @@ foreign ones rejected)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -168,6 +169,9 @@ class _FakeScheduledEvents(ThreadingHTTPServer):
         self.vm_name = vm_name
         self.events: list[dict[str, Any]] = []
         self.acknowledged: list[dict[str, Any]] = []
+        # Seconds each next events request is held before its answer: "you should expect
+        # a delayed response in your first call of up to two minutes".
+        self.delays: list[float] = []
 
 
 class _AzureHandler(BaseHTTPRequestHandler):
@@ -182,6 +186,8 @@ class _AzureHandler(BaseHTTPRequestHandler):
         if self.path.startswith("/metadata/instance/compute/name"):
             return self._send(200, self.server.vm_name)
         if self.path.startswith("/metadata/scheduledevents"):
+            if self.server.delays:
+                time.sleep(self.server.delays.pop(0))
             return self._send(200, {"DocumentIncarnation": 1, "Events": self.server.events})
         self._send(404, {})
 
@@ -195,7 +201,23 @@ class _AzureHandler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        with contextlib.suppress(OSError):  # the client may have given up waiting
+            self.wfile.write(data)
+
+
+@pytest.fixture
+def scheduled_events() -> Iterator[_FakeScheduledEvents]:
+    server = _FakeScheduledEvents("workers_1")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _url(server: _FakeScheduledEvents) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def _event(event_id: str, kind: str, *vms: str) -> dict[str, Any]:
@@ -212,27 +234,73 @@ def _event(event_id: str, kind: str, *vms: str) -> dict[str, Any]:
     }
 
 
-def test_azure_watcher_hears_its_own_eviction_and_acknowledges_it() -> None:
-    server = _FakeScheduledEvents("workers_1")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        watcher = AzureScheduledEventsWatcher(f"http://127.0.0.1:{server.server_address[1]}")
-        server.events = [_event("E-other", "Preempt", "workers_2"), _event("E-f", "Freeze")]
-        assert watcher.poll() is None  # another VM's eviction, and a freeze
-        server.events.append(_event("E-1", "Preempt", "workers_1"))
-        notice = watcher.poll()
-        assert notice is not None and (notice.kind, notice.detail) == (PREEMPT, "E-1")
-        assert notice.deadline == 1795458587.0  # NotBefore, Mon, 23 Nov 2026 18:29:47 GMT
+def test_azure_watcher_hears_its_own_eviction_and_acknowledges_it(
+    scheduled_events: _FakeScheduledEvents,
+) -> None:
+    server = scheduled_events
+    watcher = AzureScheduledEventsWatcher(_url(server))
+    server.events = [_event("E-other", "Preempt", "workers_2"), _event("E-f", "Freeze")]
+    assert watcher.poll() is None  # another VM's eviction, and a freeze
+    server.events.append(_event("E-1", "Preempt", "workers_1"))
+    notice = watcher.poll()
+    assert notice is not None and (notice.kind, notice.detail) == (PREEMPT, "E-1")
+    assert notice.deadline == 1795458587.0  # NotBefore, Mon, 23 Nov 2026 18:29:47 GMT
 
-        reporter = NoticeReporter(watcher, KEY, "launch", lambda line: None)
-        reporter.acknowledge()  # nothing reported yet: nothing to acknowledge
-        assert server.acknowledged == []
-        reporter._report(notice)
-        reporter.acknowledge()
-        assert server.acknowledged == [{"StartRequests": [{"EventId": "E-1"}]}]
-    finally:
-        server.shutdown()
-        server.server_close()
+    reporter = NoticeReporter(watcher, KEY, "launch", lambda line: None)
+    reporter.acknowledge()  # nothing reported yet: nothing to acknowledge
+    assert server.acknowledged == []
+    reporter._report(notice)
+    reporter.acknowledge()
+    assert server.acknowledged == [{"StartRequests": [{"EventId": "E-1"}]}]
+
+
+def test_azure_watcher_waits_long_for_the_first_answer_only(
+    scheduled_events: _FakeScheduledEvents,
+) -> None:
+    watcher = AzureScheduledEventsWatcher(_url(scheduled_events), timeout=0.3, first_timeout=30)
+    scheduled_events.events = [_event("E-1", "Preempt", "workers_1")]
+    scheduled_events.delays = [1.0]  # the first call enables the service: it takes a while
+
+    notice = watcher.poll()
+
+    assert notice is not None and notice.detail == "E-1"
+    scheduled_events.delays = [1.0]  # later calls are quick or failed
+    with pytest.raises(OSError):
+        watcher.poll()
+
+
+def test_azure_watcher_never_takes_another_vms_event_without_its_own_name(
+    scheduled_events: _FakeScheduledEvents,
+) -> None:
+    watcher = AzureScheduledEventsWatcher(_url(scheduled_events))
+    scheduled_events.events = [_event("E-2", "Preempt", "workers_2")]
+    scheduled_events.vm_name = ""  # the instance metadata has no answer yet
+
+    with pytest.raises(OSError):
+        watcher.poll()
+    scheduled_events.vm_name = "workers_1"
+    assert watcher.poll() is None
+
+
+def test_azure_watcher_acknowledges_only_events_naming_this_vm_alone(
+    scheduled_events: _FakeScheduledEvents,
+) -> None:
+    watcher = AzureScheduledEventsWatcher(_url(scheduled_events))
+    reporter = NoticeReporter(watcher, KEY, "launch", lambda line: None)
+    scheduled_events.events = [_event("E-both", "Preempt", "workers_1", "workers_2")]
+    shared = watcher.poll()
+    assert shared is not None and shared.detail == "E-both"  # this VM's eviction too
+
+    reporter._report(shared)
+    reporter.acknowledge()  # it would release workers_2 before it has drained
+    assert scheduled_events.acknowledged == []
+
+    scheduled_events.events = [_event("E-own", "Preempt", "workers_1")]
+    own = watcher.poll()
+    assert own is not None
+    reporter._report(own)
+    reporter.acknowledge()
+    assert scheduled_events.acknowledged == [{"StartRequests": [{"EventId": "E-own"}]}]
 
 
 # ------------------------------------------------------------------- reporting

@@ -249,31 +249,49 @@ class GcpMetadataWatcher:
 class AzureScheduledEventsWatcher:
     """Azure Scheduled Events: ``Preempt`` (spot eviction) and ``Terminate`` for this VM.
 
-    Events of other VMs of the set (every VM of a placement group sees them all) are
-    skipped by the VM's name, read once from the instance metadata. The event is
+    Events of other VMs of the set (every VM of a placement group sees them all: "check
+    the Resources field in the event to identify which VMs are affected") are skipped by
+    the VM's name, read from the instance metadata until it answers. The event is
     acknowledged (``StartRequests``) once the host has left the ring, so Azure need not
-    wait out the rest of the notice period for nothing.
+    wait out the rest of the notice period for nothing; but only an event that names
+    this VM alone, since "acknowledging an event allows the event to proceed for all
+    Resources in the event, not just the VM that acknowledges the event" (Azure
+    Metadata Service: Scheduled Events, learn.microsoft.com/azure/virtual-machines/
+    linux/scheduled-events).
     """
 
     API = "api-version=2020-07-01"
     HEADERS = {"Metadata": "true"}
+    FIRST_CALL_TIMEOUT = 130.0
+    """Seconds the first Scheduled Events call may take: "Scheduled Events is enabled
+    for your service the first time you make a request for events. You should expect a
+    delayed response in your first call of up to two minutes." Later calls get
+    ``timeout``."""
 
-    def __init__(self, endpoint: str = "http://169.254.169.254", interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        endpoint: str = "http://169.254.169.254",
+        interval: float = 1.0,
+        timeout: float = REQUEST_TIMEOUT,
+        first_timeout: float = FIRST_CALL_TIMEOUT,
+    ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.interval = interval
+        self.timeout = timeout
+        self.first_timeout = first_timeout
         self._vm_name: str | None = None
+        self._answered = False  # Scheduled Events answered once: it is enabled
+        self._reported: tuple[str, list[str]] = ("", [])  # the last event's id, resources
 
     def poll(self) -> Notice | None:
         if self._vm_name is None:
-            status, body = _request(
-                f"{self.endpoint}/metadata/instance/compute/name?api-version=2021-02-01"
-                "&format=text",
-                headers=self.HEADERS,
-            )
-            self._vm_name = body.strip() if status == 200 else ""
+            self._vm_name = self._own_name()
         status, body = _request(
-            f"{self.endpoint}/metadata/scheduledevents?{self.API}", headers=self.HEADERS
+            f"{self.endpoint}/metadata/scheduledevents?{self.API}",
+            headers=self.HEADERS,
+            timeout=self.timeout if self._answered else self.first_timeout,
         )
+        self._answered = True
         if status != 200:
             raise OSError(f"Scheduled Events answered {status}")
         for event in _json_object(body).get("Events") or ():
@@ -282,21 +300,41 @@ class AzureScheduledEventsWatcher:
             if event.get("EventType") not in ("Preempt", "Terminate"):
                 continue
             resources = event.get("Resources") or []
-            if self._vm_name and resources and self._vm_name not in resources:
+            if resources and self._vm_name not in resources:
                 continue
             deadline = _http_date(str(event.get("NotBefore") or ""))
             kind = PREEMPT if event["EventType"] == "Preempt" else TERMINATE
-            return Notice(kind, deadline, str(event.get("EventId", "")))
+            event_id = str(event.get("EventId", ""))
+            self._reported = (event_id, [str(r) for r in resources])
+            return Notice(kind, deadline, event_id)
         return None
 
+    def _own_name(self) -> str:
+        status, body = _request(
+            f"{self.endpoint}/metadata/instance/compute/name?api-version=2021-02-01&format=text",
+            headers=self.HEADERS,
+            timeout=self.timeout,
+        )
+        if status != 200 or not body.strip():
+            # Without it, another VM's eviction would pass for this one's.
+            raise OSError(f"instance metadata (the VM's name) answered {status}")
+        return body.strip()
+
     def acknowledge(self, notice: Notice) -> None:
-        """Tell Azure the VM is ready for the event ``notice`` came from."""
+        """Tell Azure the VM is ready for the event ``notice`` came from, if that event
+        names this VM alone (acknowledging it releases every VM it names)."""
+        event_id, resources = self._reported
+        if notice.detail != event_id or resources != [self._vm_name]:
+            log.info("not acknowledging scheduled event %s: it names %s, not this VM alone",
+                     notice.detail, ", ".join(resources) or "no VM")  # fmt: skip
+            return
         body = json.dumps({"StartRequests": [{"EventId": notice.detail}]}).encode()
         status, _ = _request(
             f"{self.endpoint}/metadata/scheduledevents?{self.API}",
             method="POST",
             headers={**self.HEADERS, "Content-Type": "application/json"},
             data=body,
+            timeout=self.timeout,
         )
         log.info("acknowledged scheduled event %s: %d", notice.detail, status)
 
