@@ -365,7 +365,11 @@ def test_check_fence_says_whose_lock_it_is_now(store: ObjectStore) -> None:
         check_fence(store, "job-1", holder.fence)
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[" * 100_000, b"x" * (2**16 + 1), b"[]"])
+@pytest.mark.parametrize(
+    "raw",
+    [b"{not json", b"[" * 30_000 + b"]" * 30_000, b"x" * (2**16 + 1), b"[]"],
+    ids=["not json", "deep", "large", "a list"],
+)
 def test_a_lock_that_is_not_spotrings_is_refused_in_one_line(
     store: ObjectStore, raw: bytes
 ) -> None:
