@@ -513,9 +513,9 @@ def assert_https_only_validations(module: Module) -> None:
     wheel = _validation(module, "horovod_wheel_url")
     assert "^https://" in wheel and "#sha256=[0-9a-f]{64}$" in wheel
     assert "https?" not in wheel
-    assert '!strcontains(lower(var.spotring_package), "http://")' in _validation(
-        module, "spotring_package"
-    )
+    spotring = _validation(module, "spotring_package")
+    assert "https://" in spotring and "#sha256=[0-9a-f]{64}$" in spotring
+    assert "https?" not in spotring and "git" not in spotring.split("\n")[0]
 
 
 def test_only_https_urls_for_wheels_and_indexes(aws: Module) -> None:
@@ -534,7 +534,8 @@ AWS_REQUIRED = {
     "max_size": 2,
     "desired_capacity": 1,
     "ssh_public_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver"],
-    "spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+    "spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256="
+    + "b" * 64,
 }
 GOOD_WHEEL = "https://example.com/horovod-0.28.1-cp312-cp312-linux_x86_64.whl#sha256=" + "a" * 64
 
@@ -542,7 +543,7 @@ GOOD_WHEEL = "https://example.com/horovod-0.28.1-cp312-cp312-linux_x86_64.whl#sh
 def https_url_cases(extra: str) -> list[tuple[dict[str, Any], str | None]]:
     """URL inputs every module takes (None) or refuses (the variable), at plan time;
     ``extra`` is the module's spotring extra (its spotring_package needs it)."""
-    wheel = "example.com/spotring-0.1.0-py3-none-any.whl"
+    wheel = "example.com/spotring-0.1.0-py3-none-any.whl#sha256=" + "b" * 64
     return [
         ({"torch_index_url": "http://download.pytorch.org/whl/cpu"}, "torch_index_url"),
         ({"torch_index_url": "https://download.pytorch.org/whl/cu128"}, None),
@@ -554,8 +555,27 @@ def https_url_cases(extra: str) -> list[tuple[dict[str, Any], str | None]]:
         ({"spotring_package": f"spotring[{extra}] @ https://{wheel}"}, None),
         ({"spotring_package": f"spotring[{extra}] @ http://{wheel}"}, "spotring_package"),
         ({"spotring_package": f"spotring[{extra}] @ HTTP://{wheel}"}, "spotring_package"),
+        ({"spotring_package": f"https://{wheel}"}, None),
+        ({"spotring_package": f"spotring[{extra}] @ https://{wheel[:-1]}"}, "spotring_package"),
+        (
+            {"spotring_package": f"spotring[{extra}] @ https://{wheel.split('#')[0]}"},
+            "spotring_package",
+        ),
         (
             {"spotring_package": f"spotring[{extra}] @ git+http://example.com/spotring.git"},
+            "spotring_package",
+        ),
+        (
+            {"spotring_package": f"spotring[{extra}] @ git://example.com/spotring.git"},
+            "spotring_package",
+        ),
+        (
+            {"spotring_package": f"spotring[{extra}] @ git+https://example.com/spotring.git"},
+            "spotring_package",
+        ),
+        ({"spotring_package": f"spotring[{extra}]==0.1.0"}, "spotring_package"),
+        (
+            {"spotring_package": f"spotring[{extra}]' ; rm -rf / ' @ https://{wheel}"},
             "spotring_package",
         ),
     ]
@@ -1146,34 +1166,74 @@ def test_terraform_cli(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ the hosts' bootstrap
 
-LOCK = REPO / "worker_image" / "requirements-worker.txt"
+CLOUDS = ("aws", "gcp", "azure")
+LOCKS = {cloud: REPO / "worker_image" / f"requirements-worker-{cloud}.txt" for cloud in CLOUDS}
+LOCK = LOCKS["aws"]  # the AWS module's: the bootstrap tests below render with it
 BOOTSTRAP = REPO / "worker_image" / "bootstrap.sh.tftpl"
 LOCK_LINE = re.compile(r"[a-z0-9][a-z0-9._-]*==[^\s=]+( --hash=sha256:[0-9a-f]{64})+")
 
 
-def _lock_lines() -> list[str]:
-    lines = LOCK.read_text(encoding="utf-8").splitlines()
+def _lock_lines(lock: Path = LOCK) -> list[str]:
+    lines = lock.read_text(encoding="utf-8").splitlines()
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def test_worker_lock_pins_every_package_with_hashes() -> None:
-    lines = _lock_lines()
-    assert lines, f"{LOCK} pins nothing"
+def _declared(extra: str | None = None) -> set[str]:
+    """Canonical names of spotring's dependencies in pyproject.toml, or of ``extra``'s."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    with (REPO / "pyproject.toml").open("rb") as handle:
+        project = tomllib.load(handle)["project"]
+    declared = project["optional-dependencies"][extra] if extra else project["dependencies"]
+    return {canonicalize_name(Requirement(line).name) for line in declared}
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_worker_lock_pins_every_package_with_hashes(cloud: str) -> None:
+    """Each module's lock pins, by version and hash, spotring's dependencies and its
+    cloud's extra (spotring's wheel goes in with --no-deps), and no other cloud's."""
+    lock = LOCKS[cloud]
+    lines = _lock_lines(lock)
+    assert lines, f"{lock} pins nothing"
     for line in lines:
         assert LOCK_LINE.fullmatch(line), f"not pinned with == and a sha256 hash: {line!r}"
     names = [line.split("==")[0] for line in lines]
     assert len(names) == len(set(names)), "a package is pinned twice"
+    assert f"\n# extra: {cloud}\n" in lock.read_text(encoding="utf-8")
     setup = (REPO / "scripts" / "setup.sh").read_text(encoding="utf-8")
     horovod = re.search(r"^horovod_version=(\S+)$", setup, re.MULTILINE).group(1)
     assert any(line.startswith(f"horovod=={horovod} --hash=") for line in lines)
-    # What the bootstrap needs besides Horovod and torch.
-    assert {"pip", "setuptools", "wheel", "numpy", "cloudpickle", "psutil", "boto3"} <= set(names)
+    # Horovod's build tools, spotring's dependencies and the cloud's extra.
+    missing = ({"pip", "setuptools", "wheel"} | _declared() | _declared(cloud)) - set(names)
+    assert not missing, f"{lock.name} lacks {sorted(missing)}: run the lock script"
+    others = set().union(*(_declared(c) for c in CLOUDS if c != cloud)) - _declared(cloud)
+    assert not others & set(names), f"another cloud's extra in {lock.name}"
 
 
-@pytest.mark.parametrize("name", ["aws", "gcp", "azure"])
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_torch_is_locked_or_the_lock_says_it_is_not(cloud: str) -> None:
+    """torch pinned by hash like the rest, or the lock's header says it is not (the
+    bootstrap then installs it by version only, with a warning)."""
+    text = LOCKS[cloud].read_text(encoding="utf-8")
+    torch = [line for line in _lock_lines(LOCKS[cloud]) if line.startswith("torch==")]
+    if torch:
+        setup = (REPO / "scripts" / "setup.sh").read_text(encoding="utf-8")
+        version = re.search(r"^torch_version=(\S+)$", setup, re.MULTILINE).group(1)
+        assert torch[0].split()[0].split("+")[0] == f"torch=={version}"
+        assert "# torch: not locked" not in text
+    else:
+        assert "\n# torch: not locked" in text
+        # Its own dependencies are, so only torch's wheel goes in unchecked.
+        names = {line.split("==")[0] for line in _lock_lines(LOCKS[cloud])}
+        assert {"filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec"} <= names
+
+
+@pytest.mark.parametrize("name", CLOUDS)
 def test_every_module_passes_the_lock_file_to_the_bootstrap(name: str) -> None:
-    """One copy of the lock: each module reads it with file() into requirements_lock,
-    and the template has none of its own."""
+    """One copy of each lock: each module reads its cloud's with file() into
+    requirements_lock, and the template has none of its own."""
     module = Module(TERRAFORM / name)
     calls = _templatefile_calls(module)
     assert len(calls) == 2, calls  # the workers' and the driver's
@@ -1182,7 +1242,7 @@ def test_every_module_passes_the_lock_file_to_the_bootstrap(name: str) -> None:
             r"\brequirements_lock\s*[=:]\s*chomp\(file\(([^()]+)\)\)\s*[,}\n]", args[1]
         )
         assert passed, f"{where}: requirements_lock is not chomp(file(...)) of the lock"
-        assert _resolve_template_path(module, passed.group(1)).resolve() == LOCK.resolve()
+        assert _resolve_template_path(module, passed.group(1)).resolve() == LOCKS[name]
     text = BOOTSTRAP.read_text(encoding="utf-8")
     assert "--hash=sha256:" not in text and "BEGIN requirements-worker.txt" not in text
     assert "<<'SPOTRING_REQUIREMENTS'\n${requirements_lock}\nSPOTRING_REQUIREMENTS\n" in text
@@ -1198,13 +1258,18 @@ def test_bootstrap_installs_with_require_hashes_only() -> None:
     hashed = [args for args in installs if "--require-hashes" in args]
     assert any('-r "$dir/requirements.txt"' in args for args in hashed), installs
     assert any('"$HOROVOD_WHEEL_URL"' in args for args in hashed), installs
+    assert '--require-hashes --no-deps "$SPOTRING_PACKAGE"' in installs
     assert re.search(r"pip download [^\n]*\\\n\s*--no-build-isolation --require-hashes -r", text)
-    # No name installed unpinned (the only unchecked ones: the local Horovod tree, the
-    # user's spotring requirement, and torch where the lock has none, all --no-deps).
-    for args in installs:
-        if "--require-hashes" in args:
-            continue
-        assert '"$SPOTRING_PACKAGE"' in args or "--no-deps" in args, args
+    # No name installed unchecked but these: the local Horovod tree (--no-deps), and
+    # torch where the lock has none (from its index --no-deps; from PyPI with its CUDA
+    # tree), each under a warning that says so.
+    unchecked = [args for args in installs if "--require-hashes" not in args]
+    assert unchecked == [
+        '--no-deps --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION"',
+        '"torch==$TORCH_VERSION"',
+        '--no-build-isolation --no-deps "$src"',
+    ], unchecked
+    assert text.count("WARNING: the lock has no torch") == 2
     assert "--upgrade" not in text
 
 
@@ -1219,7 +1284,8 @@ def _render(overrides: dict[str, str] | None = None) -> str:
         "horovod_version": "0.28.1",
         "horovod_wheel_url": "",
         "horovod_gpu_operations": "",
-        "spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+        "spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256="
+        + "b" * 64,
         "region": "us-east-1",
         "group_name": "spot-train",
         "lifecycle_hook_name": "spot-train-bootstrap",
@@ -1254,13 +1320,22 @@ def _source(tmp_path: Path, script: str, commands: str) -> subprocess.CompletedP
         {"torch_index_url": "http://download.pytorch.org/whl/cpu"},
         {"horovod_wheel_url": "http://example.com/horovod-0.28.1-cp312-cp312-linux_x86_64.whl"},
         {"spotring_package": "spotring[aws] @ http://example.com/spotring-0.1.0.whl"},
+        {"spotring_package": "spotring[aws] @ git://example.com/spotring.git"},
+        {"spotring_package": "spotring[aws] @ git+https://example.com/spotring.git"},
+        {"spotring_package": "spotring[aws]==0.1.0"},
+        {"spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0.whl"},
+        {"spotring_package": "https://example.com/spotring-0.1.0.whl#sha256=" + "b" * 63},
     ],
 )
 def test_bootstrap_refuses_http_urls(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """Indexes and wheels over https only, and spotring only as a wheel pip can check
+    (its #sha256=): git URLs and index names could not be hash-checked."""
     done = _source(tmp_path, _render(overrides), "require_https")
     assert done.returncode != 0
     assert "http" in done.stderr and "https://" in done.stderr, done.stderr
     assert _source(tmp_path, _render(), "require_https").returncode == 0
+    bare = {"spotring_package": "https://example.com/s-0.1.0-py3-none-any.whl#sha256=" + "c" * 64}
+    assert _source(tmp_path, _render(bare), "require_https").returncode == 0
 
 
 def _fake_python(tmp_path: Path, version: str) -> None:

@@ -528,7 +528,8 @@ AZURE_VARS = {
     **worker_image.WORKER_VARS,
     "region": "eastus",
     "lifecycle_hook_name": "",
-    "spotring_package": "spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+    "spotring_package": "spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256="
+    + "b" * 64,
 }
 
 
@@ -863,7 +864,8 @@ VALID_INPUTS: dict[str, Any] = {
     "max_worker_count": 4,
     "admin_cidrs": ["203.0.113.7/32"],
     "ssh_public_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver@spotring"],
-    "spotring_package": "spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+    "spotring_package": "spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256="
+    + "b" * 64,
 }
 
 

@@ -697,7 +697,8 @@ VALID_INPUTS: dict[str, Any] = {
     "max_worker_count": 4,
     "admin_cidrs": ["35.235.240.0/20"],
     "ssh_public_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver@spotring"],
-    "spotring_package": "spotring[gcp] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+    "spotring_package": "spotring[gcp] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256="
+    + "b" * 64,
 }
 
 

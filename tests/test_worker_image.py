@@ -25,7 +25,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "worker_image" / "bootstrap.sh.tftpl"
-LOCK = REPO / "worker_image" / "requirements-worker.txt"
+LOCK = REPO / "worker_image" / "requirements-worker-aws.txt"  # the AWS module's
 HOROVOD_PATCHES = [
     REPO / "worker_image" / "horovod-failure-paths.patch",
     REPO / "worker_image" / "horovod-rendezvous.patch",
@@ -45,12 +45,13 @@ WORKER_VARS = {
     "horovod_version": "0.28.1",
     "horovod_wheel_url": "",
     "horovod_gpu_operations": "",
-    "spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl",
+    "spotring_package": "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256="
+    + "b" * 64,
     "region": "us-east-1",
     "group_name": "spot-train",
     "lifecycle_hook_name": "spot-train-bootstrap",
     "job_setup_commands": 'mkdir -p "$HOME/job"\necho "${HOME}" >"$HOME/job/where"',
-    # What the modules pass: chomp(file(".../requirements-worker.txt")).
+    # What terraform/aws passes: chomp(file(".../requirements-worker-aws.txt")).
     "requirements_lock": LOCK.read_text(encoding="utf-8").rstrip("\r\n"),
 }
 DRIVER_VARS = {**WORKER_VARS, "role": "driver", "lifecycle_hook_name": ""}
@@ -446,6 +447,34 @@ def test_torch_is_pinned_and_comes_from_the_index(script: Path, tmp_path: Path) 
             "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0"
         ]
         assert "WARNING: the lock has no torch" in done.stderr
+
+
+def test_torch_from_pypi_brings_its_cuda_libraries_when_the_lock_has_none(
+    tmp_path: Path,
+) -> None:
+    """PyPI's torch is the CUDA build: unlike the CPU index's, it needs its nvidia-*
+    and triton packages, which a lock without torch does not hold either."""
+    if any(line.startswith("torch==") for line in _lock_lines()):
+        pytest.skip("the lock pins torch: nothing is installed unchecked")
+    path = tmp_path / "bootstrap.sh"
+    path.write_text(render({**WORKER_VARS, "torch_index_url": ""}))
+    done = run_sourced(path, "install_torch", tmp_path, _fake_venv(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert calls(tmp_path)[1:] == [
+        "python -m pip install --no-input --progress-bar off torch==2.13.0"
+    ]
+    assert "torch 2.13.0 and its CUDA libraries from PyPI, not hash-checked" in done.stderr
+
+
+def test_spotring_is_its_hash_checked_wheel_without_dependencies(
+    script: Path, tmp_path: Path
+) -> None:
+    done = run_sourced(script, "install_spotring", tmp_path, _fake_venv(tmp_path))
+    assert done.returncode == 0, done.stderr
+    (install,) = calls(tmp_path)
+    assert install.endswith(f"--require-hashes --no-deps {WORKER_VARS['spotring_package']}"), (
+        install
+    )
 
 
 def test_install_stops_on_a_python_the_lock_does_not_cover(script: Path, tmp_path: Path) -> None:

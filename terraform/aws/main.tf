@@ -4,9 +4,10 @@ locals {
   # worker_image/ sits next to terraform/ in the spotring repository.
   bootstrap_template = "${path.module}/../../worker_image/bootstrap.sh.tftpl"
 
-  # The hash-pinned packages the bootstrap installs (scripts/lock-worker-requirements.sh),
-  # passed to it as requirements_lock: the repository keeps one copy.
-  requirements_lock_file = "${path.module}/../../worker_image/requirements-worker.txt"
+  # The hash-pinned packages the bootstrap installs, with the aws extra's tree
+  # (scripts/lock-worker-requirements.sh), passed to it as requirements_lock: the
+  # repository keeps one copy.
+  requirements_lock_file = "${path.module}/../../worker_image/requirements-worker-aws.txt"
 
   # The launch lifecycle hook holds a new worker in Pending:Wait until its bootstrap
   # reports CONTINUE; spotring maps Pending:Wait to PENDING, so Horovod never gets a

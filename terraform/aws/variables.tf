@@ -256,12 +256,13 @@ variable "ssh_ingress_cidrs" {
 # --- software on the hosts (rendered into worker_image/bootstrap.sh.tftpl) ---------------
 
 variable "spotring_package" {
-  description = "pip requirement that installs spotring on the hosts: a wheel URL, a git+https:// URL, or a name from your index. Include the aws extra, e.g. \"spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl\"."
+  description = "spotring's wheel for the hosts: its https URL with the file's sha256, which pip checks, e.g. \"spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256=<64 hex digits>\" (sha256sum of the wheel; build it with pip wheel --no-deps .). Installed without dependencies: they and the aws extra's (boto3) come hash-pinned from worker_image/requirements-worker-aws.txt."
   type        = string
 
   validation {
-    condition     = length(trimspace(var.spotring_package)) > 0 && !strcontains(var.spotring_package, "'") && !strcontains(var.spotring_package, "\n") && !strcontains(lower(var.spotring_package), "http://")
-    error_message = "spotring_package must be a non-empty pip requirement without single quotes, newlines or http:// URLs (use https://)."
+    # A git URL or an index name could not be hash-checked.
+    condition     = can(regex("^(spotring(\\[[a-z,]+\\])? ?@ ?)?https://[^\\s'#]+\\.whl#sha256=[0-9a-f]{64}$", var.spotring_package))
+    error_message = "spotring_package must be a wheel's https:// URL ending in #sha256=<64 hex digits>, optionally as spotring[aws] @ URL (http://, git and index names are refused: pip could not check them)."
   }
 }
 

@@ -6,9 +6,10 @@ locals {
   # worker_image/ sits next to terraform/ in the spotring repository.
   bootstrap_template = "${path.module}/../../worker_image/bootstrap.sh.tftpl"
 
-  # The hash-pinned packages the bootstrap installs (scripts/lock-worker-requirements.sh),
-  # passed to it as requirements_lock: the repository keeps one copy.
-  requirements_lock_file = "${path.module}/../../worker_image/requirements-worker.txt"
+  # The hash-pinned packages the bootstrap installs, with the azure extra's tree
+  # (scripts/lock-worker-requirements.sh), passed to it as requirements_lock: the
+  # repository keeps one copy.
+  requirements_lock_file = "${path.module}/../../worker_image/requirements-worker-azure.txt"
 
   # A resource group of its own: the driver's identity may read and delete every VM in
   # it (iam.tf), so nothing but this cluster may live there.

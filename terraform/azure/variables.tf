@@ -267,12 +267,13 @@ variable "ssh_public_keys" {
 # --- software on the hosts (rendered into worker_image/bootstrap.sh.tftpl) ---------------
 
 variable "spotring_package" {
-  description = "pip requirement that installs spotring on the hosts: a name from your index, a git+https:// URL or a wheel URL, with the azure extra (the driver's provider needs azure-mgmt-compute, azure-mgmt-network and azure-identity), e.g. \"spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl\"."
+  description = "spotring's wheel for the hosts: its https URL with the file's sha256, which pip checks, e.g. \"spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256=<64 hex digits>\" (sha256sum of the wheel; build it with pip wheel --no-deps .). Installed without dependencies: they and the azure extra's (azure-mgmt-compute, azure-mgmt-network, azure-identity and azure-storage-blob) come hash-pinned from worker_image/requirements-worker-azure.txt."
   type        = string
 
   validation {
-    condition     = length(trimspace(var.spotring_package)) > 0 && !strcontains(var.spotring_package, "'") && !strcontains(var.spotring_package, "\n") && !strcontains(lower(var.spotring_package), "http://") && can(regex("\\[[^\\]]*\\bazure\\b[^\\]]*\\]", var.spotring_package))
-    error_message = "spotring_package must be a pip requirement with the azure extra, e.g. spotring[azure] @ URL, without single quotes, newlines or http:// URLs (use https://)."
+    # A git URL or an index name could not be hash-checked.
+    condition     = can(regex("^(spotring(\\[[a-z,]+\\])? ?@ ?)?https://[^\\s'#]+\\.whl#sha256=[0-9a-f]{64}$", var.spotring_package))
+    error_message = "spotring_package must be a wheel's https:// URL ending in #sha256=<64 hex digits>, optionally as spotring[azure] @ URL (http://, git and index names are refused: pip could not check them)."
   }
 }
 

@@ -5,9 +5,10 @@ locals {
   # worker_image/ sits next to terraform/ in the spotring repository.
   bootstrap_template = "${path.module}/../../worker_image/bootstrap.sh.tftpl"
 
-  # The hash-pinned packages the bootstrap installs (scripts/lock-worker-requirements.sh),
-  # passed to it as requirements_lock: the repository keeps one copy.
-  requirements_lock_file = "${path.module}/../../worker_image/requirements-worker.txt"
+  # The hash-pinned packages the bootstrap installs, with the gcp extra's tree
+  # (scripts/lock-worker-requirements.sh), passed to it as requirements_lock: the
+  # repository keeps one copy.
+  requirements_lock_file = "${path.module}/../../worker_image/requirements-worker-gcp.txt"
 
   # Horovod slots per worker: explicit, or one per GPU, or one.
   slots_per_host = coalesce(var.slots_per_host, max(var.gpu_count, 1))

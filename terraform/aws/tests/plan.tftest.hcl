@@ -42,7 +42,7 @@ variables {
   max_size         = 4
   desired_capacity = 2
   ssh_public_keys  = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleExampleExample driver@spotring"]
-  spotring_package = "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl"
+  spotring_package = "spotring[aws] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256=bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 }
 
 run "defaults" {
@@ -95,7 +95,7 @@ run "defaults" {
 
   assert {
     condition     = strcontains(local.worker_bootstrap, "\nhorovod==0.28.1 --hash=sha256:") && !strcontains(local.worker_bootstrap, "$${requirements_lock}")
-    error_message = "the bootstrap does not carry worker_image/requirements-worker.txt"
+    error_message = "the bootstrap does not carry worker_image/requirements-worker-aws.txt"
   }
 
   assert {

@@ -16,7 +16,7 @@ variables {
   max_worker_count = 4
   admin_cidrs      = ["203.0.113.7/32"]
   ssh_public_keys  = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleExampleExample driver@spotring"]
-  spotring_package = "spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl"
+  spotring_package = "spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256=bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 }
 
 run "defaults" {
@@ -155,7 +155,7 @@ run "ssh_from_everywhere" {
   expect_failures = [var.admin_cidrs]
 }
 
-run "no_azure_extra" {
+run "spotring_without_its_hash" {
   command = plan
 
   variables {

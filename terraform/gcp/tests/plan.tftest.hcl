@@ -22,7 +22,7 @@ variables {
   max_worker_count = 4
   admin_cidrs      = ["35.235.240.0/20"]
   ssh_public_keys  = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleExampleExample driver@spotring"]
-  spotring_package = "spotring[gcp] @ https://example.com/spotring-0.1.0-py3-none-any.whl"
+  spotring_package = "spotring[gcp] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256=bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 }
 
 run "defaults" {
@@ -174,7 +174,7 @@ run "ssh_from_everywhere" {
   expect_failures = [var.admin_cidrs]
 }
 
-run "no_gcp_extra" {
+run "spotring_without_its_hash" {
   command = plan
 
   variables {
