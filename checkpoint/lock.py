@@ -271,8 +271,7 @@ class JobLock:
         holds it and what to do (:class:`CheckpointError` when the store cannot fence)."""
         for _ in range(5):  # the lock changed under us: look again
             seen = _read(self.store)
-            if seen is not None:
-                self._refuse_unless_free(seen)
+            taking_over = self._refuse_unless_free(seen) if seen is not None else None
             generation = seen.state.generation + 1 if seen is not None else 1
             state = replace(self._state, generation=generation, acquired_at=time.time())
             version = self.store.put_if(
@@ -281,15 +280,21 @@ class JobLock:
             if version is not None:
                 self._state, self._version = state, version
                 self._check_the_store_fences()
+                if taking_over:
+                    log.warning(
+                        "took %s of job %r over from %s", self.where, self.job_id, taking_over
+                    )
                 return
         raise CheckpointLockError(
             f"could not take {self.where}: other drivers keep changing it; try again"
         )
 
-    def _refuse_unless_free(self, seen: _Seen) -> None:
+    def _refuse_unless_free(self, seen: _Seen) -> str:
+        """Raise :class:`CheckpointLockError` unless the lock may be taken; whom it is
+        taken over from, and why ('' for a released lock)."""
         held = seen.state
         if not held.held:
-            return
+            return ""
         who = (
             f"driver {held.label or held.owner}, since {_since(held.acquired_at)}, last"
             f" written {_ago(seen.age_s)}"
@@ -308,13 +313,7 @@ class JobLock:
                 f" {max(0.0, self.lease_s - seen.age_s):.0f} s if it has died"
             )
         reason = f"last written {_ago(seen.age_s)}" if stale else "its process is gone"
-        log.warning(
-            "taking over %s of job %r from %s (%s)",
-            self.where,
-            self.job_id,
-            held.label or held.owner,
-            reason,
-        )
+        return f"{held.label or held.owner} ({reason})"
 
     def _check_the_store_fences(self) -> None:
         """Write the lock again under conditions that must fail (it exists; it has

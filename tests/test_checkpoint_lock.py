@@ -431,4 +431,4 @@ def test_taking_over_is_said_once(store: ObjectStore, caplog: pytest.LogCaptureF
     caplog.set_level(logging.WARNING, logger=lock_module.__name__)
     JobLock(store, job_id="job-1", lease_s=LEASE).acquire()
     said = [r.getMessage() for r in caplog.records if r.name == lock_module.__name__]
-    assert len(said) == 1 and "host-b:7" in said[0] and "last written" in said[0], said
+    assert len(said) == 1 and "over from host-b:7 (last written" in said[0], said
