@@ -8,7 +8,7 @@ import email.utils
 import io
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 from spotring.checkpoint.errors import CheckpointError, ObjectTooLargeError
 
@@ -80,6 +80,8 @@ def seconds_between(earlier: datetime, later: datetime | str | None) -> float:
             later = None
     if later is None:
         return 0.0
+    # RFC 5322's "-0000" zone parses naive; HTTP dates are UTC.
+    earlier, later = (t if t.tzinfo else t.replace(tzinfo=timezone.utc) for t in (earlier, later))
     return max(0.0, (later - earlier).total_seconds())
 
 

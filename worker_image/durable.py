@@ -22,6 +22,10 @@ spotring's ``TorchState`` alike) when the script imports Horovod:
 * **The job's commit count** travels with the state: it is broadcast at every sync
   and stored in each checkpoint, so a resumed ring counts on from the checkpoint and
   each checkpoint says which commit it holds.
+* **One driver's ring writes.** Rank 0 writes under the job lock's generation its
+  driver started it with (:data:`FENCE_ENV`): each put and prune first reads
+  ``lock.json``, and once another driver holds it, the ring says so once and writes no
+  more (:class:`spotring.checkpoint.Checkpoints` with a fence).
 * **A noticed total reclaim**: while the driver publishes :data:`FLUSH_KEY` on its
   rendezvous server (after a notice, nobody would carry the ring's state on), rank 0
   writes every commit synchronously, the one at which the ring stops to train
