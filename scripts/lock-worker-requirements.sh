@@ -101,6 +101,15 @@ print("\n".join(project["dependencies"] + project["optional-dependencies"][sys.a
 PY
 }
 
+# "FILENAME SHA256" per file.
+hash_files() {
+  local file
+  for file in "$@"; do
+    printf '%s %s\n' "$(basename "$file")" \
+      "$("${pip[@]}" hash -a sha256 "$file" | sed -n 's/^--hash=sha256://p')"
+  done
+}
+
 echo "fetching horovod $horovod_version (sdist)" >&2
 "${pip[@]}" download -q --index-url https://pypi.org/simple --no-deps --no-binary=:all: \
   -d "$work/sdist" "horovod==$horovod_version"
@@ -117,21 +126,19 @@ for cloud in $clouds; do
       echo "torch==$torch_version"
     fi
   } >"$work/$cloud.in"
-  rm -f "$work/$cloud.hashes"
+  hash_files "$work"/sdist/* >"$work/$cloud.hashes"
   for version in $python_versions; do
     abi=cp${version/./}
     echo "resolving $cloud for CPython $version on $platform" >&2
-    # unsafe-best-match: torch's index may hold other packages (numpy, ...) too.
+    # Best match over both indexes, as pip does: torch==V is on PyPI (its CUDA build)
+    # and on torch's index (V+cpu, a higher version, which wins).
     "$uv" pip compile -q "$work/$cloud.in" -o "$work/$cloud-$version.txt" "${indexes[@]}" \
       --index-strategy unsafe-best-match --python-version "$version" \
       --python-platform "$uv_platform" --only-binary :all: --no-header --no-annotate
     "${pip[@]}" download -q "${indexes[@]}" --no-deps --only-binary=:all: \
       "${platforms[@]}" --python-version "$version" --implementation cp --abi "$abi" \
       -d "$work/$cloud-py$version" -r "$work/$cloud-$version.txt"
-    for file in "$work/$cloud-py$version"/* "$work"/sdist/*; do
-      printf '%s %s\n' "$(basename "$file")" \
-        "$("${pip[@]}" hash -a sha256 "$file" | sed -n 's/^--hash=sha256://p')"
-    done >>"$work/$cloud.hashes"
+    hash_files "$work/$cloud-py$version"/* >>"$work/$cloud.hashes"
   done
 
   # One line per package, "name==version --hash=sha256:..." (a hash per file: one per
