@@ -383,7 +383,8 @@ def _member_of(
     """
     name, resource_id = str(vm.get("name") or ""), str(vm.get("id") or "")
     if not name or not resource_id:
-        raise MalformedAnswer(call_name, f"a VM without its name or id ({name or resource_id})")
+        missing = "id" if name else "name"
+        raise MalformedAnswer(call_name, f"a VM without its {missing} ({name or resource_id})")
     props = _object(vm.get("properties"))
     if set_id:
         named = str(_object(props.get("virtualMachineScaleSet")).get("id") or "")
@@ -770,7 +771,7 @@ class AzureProvider(CloudGroupProvider):
     def _warn_about_spot_restore(self) -> None:
         """Warn once if the set restores evicted spot VMs by itself."""
         assert self._set is not None
-        restore = getattr(self._set.properties, "spot_restore_policy", None)
+        restore = self._set.properties.spot_restore_policy
         if restore is None or not restore.enabled or self._warned_spot_restore:
             return
         self._warned_spot_restore = True
