@@ -25,9 +25,11 @@ is reported apart. Both state classes (spotring's ``TorchState`` and
 
     python -m bench.kills [--kills 200] [--seed 0] [--quick] [--diagnose]
 
-``--diagnose`` saves every socket and every stack (py-spy, gdb) of a cycle not
-recovered after 10 s; gdb stops each process while it reads it, so the stalls of such a
-run are longer than they would be.
+``--diagnose`` runs the drivers with debug logging, saves every socket and every stack
+(py-spy, gdb) of a cycle not recovered after :data:`DIAGNOSE_AFTER_SECONDS`, and keeps
+the jobs' timestamped output of a run with any cycle that stalled longer than
+:data:`SLOW_CYCLE_SECONDS`; gdb stops each process while it reads it, so the stalls of
+such a run are longer than they would be.
 """
 
 from __future__ import annotations
@@ -58,8 +60,11 @@ GLOO_TIMED_OUT = re.compile(
 MIN_NP = 2
 READY = re.compile(r"-> ready: (.*)$")
 SIGINT_BOUND_SECONDS = 10.0
-DIAGNOSE_AFTER_SECONDS = 10.0
+DIAGNOSE_AFTER_SECONDS = 5.0
 """A cycle not recovered by then gets its sockets and stacks saved."""
+SLOW_CYCLE_SECONDS = 5.0
+"""With ``--diagnose``, a run with a cycle slower than this (that did not wait for
+replacement hosts) keeps its jobs' logs."""
 TENSOR_MB = 32
 KINDS = ("step", "step", "step", "double", "reset", "sigint")
 """The schedule's mix: most kills at a random point of a step."""
@@ -96,7 +101,8 @@ class Loop:
         self.jobs += 1
         log = self.workdir / f"{self.state}-{self.jobs}.jsonl"
         argv = [
-            str(BIN / "spotring"), "run", "--provider", "local",
+            str(BIN / "spotring"), *(("--log-level", "debug") if self.diagnose else ()),
+            "run", "--provider", "local",
             "-np", str(WORKERS), "--min-np", str(MIN_NP), "--max-np", str(WORKERS),
             "--hosts", str(WORKERS), "--refresh-interval", "1", "--boot-seconds", "1",
             "--", *_workload(log, self.state), "--tensor-mb", str(TENSOR_MB),
@@ -262,7 +268,12 @@ def measure(
         loop.run(total // 2)
         cycles += loop.cycles
     (workdir / "cycles.json").write_text(json.dumps([vars(c) for c in cycles], indent=1))
-    if any(c.timed_out for c in cycles):
+    slow = [
+        c
+        for c in cycles
+        if not c.waited_for_hosts and c.stall_s is not None and c.stall_s > SLOW_CYCLE_SECONDS
+    ]
+    if any(c.timed_out for c in cycles) or (diagnose and slow):
         print(f"a cycle stalled: the jobs' logs are kept in {workdir}", flush=True)
     else:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -8,7 +8,7 @@ opens them, for every Gloo context a ring forms, in Horovod's order, each contex
 ending with its barrier (all ranks connected: simulated here by waiting for every
 rank's exchange) and each rank's ``DELETE`` (``HTTPStore::Finalize``):
 
-- spotring: ``RingTracker`` (driver/rendezvous.py) with spotring's Horovod build
+- spotring: ``RingTracker`` (driver/rendezvous/) with spotring's Horovod build
   (worker_image/horovod-rendezvous.patch): each rank reads the ring's generation
   (``GET /spotring/ring``), then per context of size k > 1 sends one
   ``PUT <scope>/spotring-mesh-<rank>`` (its host name and its k - 1 addresses of 136

@@ -25,7 +25,7 @@ _HTTP_SERVER = "horovod.runner.http.http_server:RendezvousHTTPServer"
 _REGISTRY = "horovod.runner.elastic.registration:WorkerStateRegistry"
 
 INTERNALS: tuple[tuple[str, str], ...] = (
-    # The elastic driver (driver/elastic.py, driver/rendezvous.py, driver/peer_failure.py).
+    # The elastic driver (driver/elastic.py, driver/rendezvous/, driver/peer_failure.py).
     (_DRIVER, "_wait_hosts_cond"),
     (_DRIVER, "_host_manager"),
     (_DRIVER, "_notify_workers_host_changes"),
@@ -60,7 +60,7 @@ INTERNALS: tuple[tuple[str, str], ...] = (
     (_REGISTRY, "get"),
     (_REGISTRY, "size"),
     ("horovod.runner.elastic.registration", "FAILURE"),
-    # The driver's client of a worker's notification service (driver/rendezvous.py,
+    # The driver's client of a worker's notification service (driver/rendezvous/,
     # driver/peer_failure.py).
     (_CLIENT, "_send"),
     (_CLIENT, "_wire"),
@@ -69,7 +69,7 @@ INTERNALS: tuple[tuple[str, str], ...] = (
     (_CLIENT, "_send_one"),
     (_CLIENT, "_attempts"),
     ("horovod.runner.common.util.network:Wire", "_key"),
-    # The rendezvous server, its HTTP server and request handler (driver/rendezvous.py).
+    # The rendezvous server, its HTTP server and request handler (driver/rendezvous/).
     (_SERVER, "_verbose"),
     (_SERVER, "_httpd"),
     (_SERVER, "_listen_thread"),

@@ -44,7 +44,9 @@ from spotring.driver.rendezvous import (
     decode_worker_addresses,
     rendezvous_handler,
     use_safe_worker_clients,
+    worker_client,
 )
+from spotring.driver.rendezvous import handler as rendezvous_handler_module
 from spotring.worker_image import peer_abort
 from tests.e2e_support import (
     assert_no_committed_step_lost,
@@ -743,7 +745,7 @@ def test_a_registered_service_that_never_answers_is_given_up(
 ) -> None:
     from horovod.runner.common.util.network import NoValidAddressesFound
 
-    monkeypatch.setattr(rendezvous, "ANSWER_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setattr(worker_client, "ANSWER_TIMEOUT_SECONDS", 0.2)
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
         addresses = {"lo": [("127.0.0.1", silent.getsockname()[1])]}
         driver = ProbingDriver()
@@ -810,7 +812,7 @@ def test_an_answer_that_trickles_in_is_given_up_at_its_deadline(
     from horovod.runner.common.util.network import NoValidAddressesFound
     from horovod.runner.elastic.worker import HostUpdateResult, WorkerNotificationService
 
-    monkeypatch.setattr(rendezvous, "ANSWER_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(worker_client, "ANSWER_TIMEOUT_SECONDS", 0.3)
     trickling = TricklingService()
     driver = ProbingDriver()
     key = secret.make_secret_key()
@@ -920,7 +922,7 @@ def writes_a_current_gloo_key(server: Server, method: str, path: str) -> bool:
     parts = path.split("/")
     if method not in ("PUT", "DELETE") or len(parts) != 3:
         return False
-    return rendezvous._PROCESS_SET_SUFFIX.sub("", parts[1]) in server.httpd.scope_size
+    return rendezvous_handler_module.PROCESS_SET_SUFFIX.sub("", parts[1]) in server.httpd.scope_size
 
 
 @settings(
