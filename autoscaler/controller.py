@@ -813,7 +813,10 @@ class Controller:
 
     def _count_preemptions(self, inventory: Inventory) -> None:
         """A spot member the cloud took (it left the listing, or is going, failed)
-        without spotring asking counts against its group: 3 in an hour demote it."""
+        without spotring asking counts against its group: 3 in an hour demote it.
+        Only a member that ran counts: one that failed or went while it was being
+        created is a launch that failed (the group's capacity shortage says so), not
+        a preemption."""
         current: dict[str, tuple[str, Lifecycle]] = {}
         gone: list[str] = []
         for instance in inventory.instances:
@@ -823,7 +826,9 @@ class Controller:
             )
             if taken:
                 gone.append(instance.id)
-            elif instance.group:
+            elif instance.group and (
+                instance.state is InstanceState.READY or instance.id in self._members
+            ):
                 current[instance.id] = (instance.group, instance.lifecycle)
         gone += [key for key in self._members if key not in current and key not in gone]
         for key in gone:

@@ -527,3 +527,41 @@ def test_the_driver_stops_a_handed_back_hosts_workers_and_holds_its_rank_answer(
     router.ring_formed(1, ["spot0"])
     assert launcher.stopped == ["od0"]
     assert "od0" in router._departed  # its rank answers wait for its workers' exit
+
+
+class Demotions:
+    def __init__(self) -> None:
+        self.groups: list[str] = []
+
+    @hookimpl
+    def spotring_group_demoted(self, group, until) -> None:  # type: ignore[no-untyped-def]
+        self.groups.append(group)
+
+
+@pytest.mark.parametrize(
+    ("ran", "demoted"),
+    [(False, []), (True, ["spot"])],
+    ids=["launches-that-failed", "members-that-ran"],
+)
+def test_only_members_that_ran_count_as_preempted(ran: bool, demoted: list[str]) -> None:
+    """Three spot members the cloud took within the hour demote their group; three
+    launches that failed while the VMs were being created (Azure's Failed VMs, a
+    GCP member whose creation failed) are a shortage, not preemptions."""
+    demotions = Demotions()
+    spot = Pool("spot", Lifecycle.SPOT, capacity=4)
+    od = Pool("od", Lifecycle.ON_DEMAND, capacity=4)
+    controller = job_of(spot, od, demotions)
+    controller.step()  # 4 hosts asked of spot, launched
+    controller.step()  # listed
+    for n in range(3):
+        name = f"launch{n}"
+        seen = InstanceState.READY if ran else InstanceState.PENDING  # being created
+        spot.members.append(Instance(f"i-{name}", name, seen))
+        controller.step()
+        spot.members[-1] = Instance(
+            f"i-{name}", name, InstanceState.TERMINATING, failure="taken by the cloud"
+        )
+        controller.step()
+        spot.members.pop()
+        controller.step()
+    assert demotions.groups == demoted
