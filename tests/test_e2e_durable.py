@@ -12,10 +12,14 @@ in turn (chaos on training progress, never on the clock):
 * Checkpoints in S3 (moto's server): one host noticed, the other once the ring has
   stopped without it, no replacement before they go -> the ring writes the commit at
   which it stops before its hosts go, and the new ring loses nothing.
+* Two drivers of one job: the first frozen past the lock's lease, the second started
+  then takes the lock over and resumes the job; the first, thawed, stops in one line
+  (exit 1) with its workers, and its ring wrote nothing after the takeover.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -269,3 +273,65 @@ def test_a_broken_script_stops_the_job_and_keeps_its_checkpoints(tmp_path: Path)
     assert "ring lost" not in output, output[-4000:]
     assert "a bug in the training script" in output
     assert re.search(r"checkpoints kept in .*: run the same command again to resume", output)
+
+
+def test_a_frozen_driver_whose_lock_another_took_stops_and_the_other_finishes(
+    repo: Path, tmp_path: Path
+) -> None:
+    from spotring.autoscaler.durable_job import LEASE_SECONDS
+    from spotring.checkpoint import LOCK_KEY, Checkpoints, open_store
+
+    events, ckpt = tmp_path / "events.jsonl", tmp_path / "ckpt"
+    store = open_store(str(ckpt))
+
+    def lock() -> dict[str, Any]:
+        document: dict[str, Any] = json.loads(store.get(LOCK_KEY))
+        return document
+
+    first_argv = _argv(repo, tmp_path, "spotring")
+    control = first_argv.index("--control") + 1
+    second_argv = [*first_argv[:control], str(tmp_path / "second"), *first_argv[control + 1 :]]
+    env = dict(os.environ)
+    with running_job(first_argv, cwd=tmp_path, env=env) as first:
+        wait_for_events(first, events, commits(size=2, steps=10), "10 commits")
+        _wait_for_checkpoint(ckpt, first)
+        workers = psutil.Process(first.pid).children(recursive=True)
+        first.send_signal(signal.SIGSTOP)  # a frozen VM, a long pause: its ring trains on
+        try:
+            frozen = lock()
+            deadline = time.monotonic() + LEASE_SECONDS + 60
+            while store.get_versioned(LOCK_KEY, max_size=2**16).age_s <= LEASE_SECONDS:
+                assert time.monotonic() < deadline, "the lock was written while frozen"
+                time.sleep(0.5)
+            with running_job(second_argv, cwd=tmp_path, env=env) as second:
+                deadline = time.monotonic() + 120
+                while lock()["owner"] == frozen["owner"]:
+                    assert second.poll() is None, job_output(second, 1)[-4000:]
+                    assert time.monotonic() < deadline, "the second driver took no lock"
+                    time.sleep(0.2)
+                taken = lock()
+                first.send_signal(signal.SIGCONT)
+                first_output = job_output(first, 120)
+                second_output = job_output(second, JOB_TIMEOUT)
+        finally:
+            first.send_signal(signal.SIGCONT)
+    assert first.returncode == 1, first_output[-4000:]
+    (failed,) = [line for line in first_output.splitlines() if "job failed" in line]
+    assert f"--checkpoint {ckpt}: lost {ckpt}/{LOCK_KEY}: it is held by" in failed, failed
+    assert "run the same command again" not in first_output
+    assert first_output.count("nor any after it") <= 1, first_output[-4000:]
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, alive  # nothing of the first job left running
+    assert second.returncode == 0, second_output[-4000:]
+    assert re.search(
+        r"took .*lock\.json of job .* over from .* \(last written \d+ s ago\)", second_output
+    )
+    assert taken["generation"] == frozen["generation"] + 1
+    assert read_events(events)[-1]["event"] == "done"
+    # The frozen driver's ring wrote nothing once the lock was the second's.
+    late = [
+        info.name
+        for info in Checkpoints(store, job_id="any").list()
+        if info.lock_generation == frozen["generation"] and info.created_at > taken["acquired_at"]
+    ]
+    assert late == [], late
