@@ -2,7 +2,8 @@
 emulators (tests/storage_emulators.py) started for the session.
 
 The same cases run on every backend: round trips, newest-first listing, pruning, partial
-and damaged checkpoints, exclusive creation and the job lock.
+and damaged checkpoints, conditional writes, sizes refused before a download (the job
+lock: tests/test_checkpoint_lock.py).
 """
 
 from __future__ import annotations
