@@ -150,10 +150,7 @@ class S3Store(ObjectStore):
                 self._s3().download_fileobj(self.bucket, name, out, Config=self._transfer(PART))
                 return out.getvalue()
             except ClientError as error:
-                code = error.response.get("Error", {}).get("Code")
-                if code in _NOT_FOUND:
-                    raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from error
-                raise self._fail("read", key, error) from error
+                raise self._read_failed(key, error) from error
             except FlexibleChecksumError as error:
                 # s3transfer does not retry these: damaged on the way, or at rest.
                 if attempt == ATTEMPTS:
@@ -164,15 +161,20 @@ class S3Store(ObjectStore):
                 raise self._fail("read", key, error) from error
         raise AssertionError("unreachable")
 
+    def _read_failed(self, key: str, error: Any) -> CheckpointError:
+        """A read's ClientError as ObjectNotFoundError for a missing key, else as
+        :meth:`_fail` says it."""
+        if error.response.get("Error", {}).get("Code") in _NOT_FOUND:
+            return ObjectNotFoundError(f"{self.uri}/{key} does not exist")
+        return self._fail("read", key, error)
+
     def _head(self, key: str) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             return self._s3().head_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") in _NOT_FOUND:
-                raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from error
-            raise self._fail("read", key, error) from error
+            raise self._read_failed(key, error) from error
         except BotoCoreError as error:
             raise self._fail("read", key, error) from error
 
@@ -187,9 +189,7 @@ class S3Store(ObjectStore):
                 check_size(self.uri, key, answer["ContentLength"], max_size)
                 data: bytes = body.read()
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") in _NOT_FOUND:
-                raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from error
-            raise self._fail("read", key, error) from error
+            raise self._read_failed(key, error) from error
         except BotoCoreError as error:
             raise self._fail("read", key, error) from error
         # GetObject answers with the object's ETag and Last-Modified, and the Date of
