@@ -25,11 +25,11 @@ is reported apart. Both state classes (spotring's ``TorchState`` and
 
     python -m bench.kills [--kills 200] [--seed 0] [--quick] [--diagnose]
 
-``--diagnose`` runs the drivers with debug logging, saves every socket and every stack
-(py-spy, gdb) of a cycle not recovered after :data:`DIAGNOSE_AFTER_SECONDS`, and keeps
-the jobs' timestamped output of a run with any cycle that stalled longer than
-:data:`SLOW_CYCLE_SECONDS`; gdb stops each process while it reads it, so the stalls of
-such a run are longer than they would be.
+``--diagnose`` runs the drivers with debug logging, saves every socket, every Python
+stack and every thread's kernel state of a cycle not recovered after
+:data:`DIAGNOSE_AFTER_SECONDS` (with tools that stop no process), and keeps the jobs'
+timestamped output of a run with any cycle that stalled longer than
+:data:`SLOW_CYCLE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -219,7 +219,11 @@ def _interrupt(job: Job) -> float:
 
 
 def _diagnose(job: Job, out: Path) -> None:
-    """A stalled ring: every socket and every stack (Python and native) of the job."""
+    """A stalled ring: every socket, and every process's Python stacks and the kernel's
+    word on each of its threads (state and wait channel). Nothing here stops a process
+    (py-spy without pausing, no gdb): a tool that stops the driver or a worker while it
+    reads it makes the very stall it looks at (seen: gdb on the driver held the ring
+    51 s)."""
     parts = []
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         ss = subprocess.run(["ss", "-tanp"], capture_output=True, text=True, timeout=30)
@@ -227,19 +231,27 @@ def _diagnose(job: Job, out: Path) -> None:
     for pid in [job.process.pid, *job.workers().values()]:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             dump = subprocess.run(
-                [str(BIN / "py-spy"), "dump", "--native", "--pid", str(pid)],
+                [str(BIN / "py-spy"), "dump", "--nonblocking", "--pid", str(pid)],
                 capture_output=True, text=True, timeout=60,
             )  # fmt: skip
             parts.append(f"== {pid}\n{dump.stdout}{dump.stderr}")
-        with contextlib.suppress(OSError, subprocess.SubprocessError):  # C++ threads too
-            native = subprocess.run(
-                ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 16"],
-                capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
-            frames = [line for line in native.stdout.splitlines() if " in gloo::" in line
-                      or " in horovod::" in line or line.startswith("Thread ")]  # fmt: skip
-            parts.append(f"== {pid} (gdb)\n" + "\n".join(frames))
+        parts.append(f"== {pid} (threads)\n" + _thread_states(pid))
     out.write_text("\n".join(parts))
+
+
+def _thread_states(pid: int) -> str:
+    """Each thread of ``pid``: its name, state (R running, S sleeping, D in I/O, T
+    stopped) and the kernel function it waits in, read from /proc."""
+    lines = []
+    with contextlib.suppress(OSError):
+        for task in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+                name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                state = stat[stat.rindex(")") + 2]
+                wchan = Path(f"/proc/{pid}/task/{task}/wchan").read_text() or "-"
+                lines.append(f"{task} {name} {state} {wchan}")
+    return "\n".join(lines)
 
 
 def _dump_stacks(pid: int) -> None:
