@@ -26,7 +26,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from spotring.providers import aws, azure, gcp
+from spotring.providers import azure, gcp
+from spotring.providers.aws import permissions as aws
 
 AWS_GROUP_ARN = (
     "arn:aws:autoscaling:REGION:ACCOUNT_ID:autoScalingGroup:*:autoScalingGroupName/GROUP"
