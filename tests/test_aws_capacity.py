@@ -255,6 +255,24 @@ def test_group_lifecycle_unknown_when_the_template_may_not_be_read(
     assert caplog.text.count("allow ec2:DescribeLaunchTemplateVersions") == 1
 
 
+def test_logs_carry_the_package_name(moto: None, caplog: pytest.LogCaptureFixture) -> None:
+    """The rooms log as ``spotring.providers.aws``: the name spotring's log lines and
+    the events file's ``provider_warning`` source showed before the package had rooms."""
+    _template_group("spot-template", {"MarketType": "spot"})
+    (member,) = create_group("workers", size=1)
+    template_reader = make_provider("spot-template")
+    inject_errors(
+        template_reader.ec2, "DescribeLaunchTemplateVersions", 403, "UnauthorizedOperation"
+    )
+
+    with caplog.at_level(logging.INFO, logger="spotring.providers.aws"):
+        assert template_reader.group_lifecycle() is None  # capacity: a warning
+        make_provider("workers").replace_instance(member)  # provider: an info line
+
+    names = [r.name for r in caplog.records if r.name.startswith("spotring.providers.aws")]
+    assert names == ["spotring.providers.aws"] * 2
+
+
 # -------------------------------------------------------------- capacity shortage
 
 
