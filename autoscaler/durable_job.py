@@ -97,6 +97,8 @@ class DurableJob:
             self._fence = lock.fence.encode()
             newest = self.at_start = checkpoint_summary(self._checkpoints.latest_info())
         except CheckpointError as error:
+            with contextlib.suppress(CheckpointError, OSError):
+                lock.release()  # if it was taken: the job does not start
             raise ConfigurationError(f"--checkpoint {self.options.uri}: {error}") from None
         if newest is None:
             self._say(f"durable checkpoints to {self.options.uri} (none yet)")
