@@ -169,3 +169,17 @@ def test_a_store_that_cannot_fence_is_a_usage_error_at_start(
             durable.locked(),
         ):
             pass
+
+
+def test_a_job_that_cannot_read_its_checkpoints_at_start_leaves_the_lock_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    durable, _ = _job(tmp_path)
+
+    def unreadable() -> Any:
+        raise CheckpointError("cannot list: connection refused")
+
+    monkeypatch.setattr(durable._checkpoints, "latest_info", unreadable)
+    with pytest.raises(ConfigurationError, match="connection refused"), durable.locked():
+        pass
+    assert _lock(tmp_path)["held"] is False
