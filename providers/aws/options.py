@@ -19,7 +19,7 @@ before the ``/`` of ``--group REGION/NAME``. A group name may itself hold a ``/`
 region name leaves the whole argument as the name."""
 
 
-def add_arguments(group: argparse._ArgumentGroup) -> None:
+def add_aws_arguments(group: argparse._ArgumentGroup) -> None:
     """Add ``--group``, ``--region``, ``--profile`` and ``--endpoint-url``."""
     group.add_argument(
         "--group",
@@ -52,7 +52,7 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
 
 @dataclass(frozen=True)
 class AwsOptions:
-    """The options :func:`add_arguments` adds, as parsed."""
+    """The options :func:`add_aws_arguments` adds, as parsed."""
 
     groups: tuple[str, ...]
     """Each ``--group`` as given (``NAME`` or ``REGION/NAME``), in order."""

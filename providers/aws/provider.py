@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any
 from spotring.core.hooks import hookimpl
 from spotring.providers.aws import capacity, client
 from spotring.providers.aws.errors import member_not_found
-from spotring.providers.aws.options import DEFAULT_SLOTS_TAG, AwsOptions, add_arguments, parse_group
+from spotring.providers.aws.options import (
+    DEFAULT_SLOTS_TAG,
+    AwsOptions,
+    add_aws_arguments,
+    parse_group,
+)
 from spotring.providers.aws.records import (
     detail_problem,
     instance_tags,
@@ -118,7 +123,7 @@ class AwsProvider(CloudGroupProvider):
     @classmethod
     def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
         """Add ``--group``, ``--region``, ``--profile`` and the other AWS options."""
-        add_arguments(group)
+        add_aws_arguments(group)
         cls.add_common_arguments(group, "aws")
 
     @classmethod
