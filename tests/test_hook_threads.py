@@ -20,6 +20,7 @@ from spotring.autoscaler.progress import ProgressReporter
 from spotring.core import Instance, InterruptionNotice, JobShape
 from spotring.driver.options import ElasticOptions
 from tests.fakes import ScriptedProvider, instance
+from tests.store_signing import JOB_KEY
 
 JOB = JobShape(num_proc=2, min_num_proc=1, max_num_proc=4, target_hosts=3)
 CONTROLLER = "spotring-controller"
@@ -221,7 +222,7 @@ def test_the_jobs_hooks_run_on_its_thread_the_rings_on_horovods_and_the_trackers
         progress: Any, **kwargs: Any,
     ) -> None:  # fmt: skip
         rings.add_ring_listener(progress.ring_formed)  # as run_elastic does
-        rings.start(address="127.0.0.1")
+        rings.start(address="127.0.0.1", job_key=JOB_KEY)
         progress.start(lambda hang: None)
         try:
             plan = [SlotInfo("a", 0, 0, 0, 1, 1, 1)]

@@ -47,6 +47,9 @@ NOT_HOROVOD: dict[str, str] = {
     "_sock": "socket.SocketIO._sock: the socket under a buffered reader, for its timeout",
     "_metadata": "torch's state_dict() keeps each module's version there; a checkpoint keeps "
     "it (checkpoint/payload.py)",
+    "_http": "google.cloud Client._http, the requests session its calls go through: the "
+    "storage library hands back no answer's headers, and a lock's age is read from the "
+    "store's Date there (checkpoint/gcs.py)",
     **dict.fromkeys(
         ("_asdict", "_fields", "_make", "_replace"),
         "a named tuple's public API (collections.namedtuple, urllib.parse's results)",
