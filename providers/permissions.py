@@ -26,8 +26,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from spotring.providers import azure, gcp
+from spotring.providers import azure
 from spotring.providers.aws import permissions as aws
+from spotring.providers.gcp import permissions as gcp
 
 AWS_GROUP_ARN = (
     "arn:aws:autoscaling:REGION:ACCOUNT_ID:autoScalingGroup:*:autoScalingGroupName/GROUP"

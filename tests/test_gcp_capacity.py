@@ -22,7 +22,6 @@ pytest.importorskip("google.cloud.compute_v1", reason="the gcp extra is not inst
 
 from google.auth.credentials import AnonymousCredentials
 
-from spotring.providers import gcp
 from spotring.providers.base import (
     ConfigurationError,
     CoreOptions,
@@ -34,6 +33,7 @@ from spotring.providers.base import (
 from spotring.providers.gcp import (
     GcpProvider,
     GroupSpec,
+    client,
     group_specs,
     parse_group,
     shortage_cause,
@@ -376,7 +376,7 @@ def test_list_errors_finds_the_newest_on_any_page_in_any_order(
 def test_list_errors_reads_a_bounded_number_of_pages(
     fake: FakeCompute, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gcp, "ERRORS_PAGES", 2)
+    monkeypatch.setattr(client, "ERRORS_PAGES", 2)
     group = fake.add_group("workers", zone=ZONE, size=1)
     now = time.time()
     for i in range(1600):

@@ -339,10 +339,11 @@ def gcp() -> Iterator[Cloud]:
     from google.auth.credentials import AnonymousCredentials
 
     from spotring.providers import gcp as gcp_provider
+    from spotring.providers.gcp import client as gcp_client
     from tests.gcp_fake import FakeCompute
 
     with pytest.MonkeyPatch.context() as patch, FakeCompute() as fake:
-        patch.setattr(gcp_provider, "_CALL_OPTIONS", {"timeout": TIMEOUT, "retry": None})
+        patch.setattr(gcp_client, "CALL_OPTIONS", {"timeout": TIMEOUT, "retry": None})
         group = fake.add_group("hostile", zone=GCP_ZONE, size=3)
         group.add_member(current_action="CREATING", instance_status="STAGING")
         group.auto_advance = False

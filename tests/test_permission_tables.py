@@ -48,7 +48,7 @@ def test_the_aws_policy_is_iam_policy_and_only_steering_takes_the_group() -> Non
 def test_a_changed_list_changes_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     text = README.read_text(encoding="utf-8")
     grown = {**gcp.PERMISSION_BY_CALL, "instances.get": "compute.instances.get"}
-    monkeypatch.setattr(gcp, "PERMISSION_BY_CALL", grown)
+    monkeypatch.setattr(gcp.permissions, "PERMISSION_BY_CALL", grown)
     assert "| `compute.instances.get` | `instances.get` |" in permissions.render(text)
 
 
