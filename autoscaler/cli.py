@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -26,7 +27,7 @@ from spotring.autoscaler.capacity import (
     DEFAULT_RETURN_AFTER,
     CapacityOptions,
 )
-from spotring.autoscaler.group_set import GroupSet
+from spotring.autoscaler.groups import job_groups, list_members
 from spotring.autoscaler.job import EXIT_FAILURE, EXIT_USAGE, JobConfig, run_job
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.autoscaler.progress import ProgressReporter
@@ -232,13 +233,28 @@ def core_options(options: argparse.Namespace) -> CoreOptions:
     )
 
 
+def make_groups(provider: type[Provider], options: argparse.Namespace) -> tuple[Provider, ...]:
+    """The job's groups, one provider each (``provider.groups_from_options``: one per
+    ``--group``, in the user's order), made from the provider's own options and the
+    typed core ones, never the whole command line."""
+    return job_groups(
+        provider.groups_from_options(provider_options(options), core_options(options))
+    )
+
+
 def make_provider(provider: type[Provider], options: argparse.Namespace) -> Provider:
-    """The job's groups (``provider.groups_from_options``: one per ``--group``, in the
-    user's order) made from the provider's own options and the typed core ones, never
-    the whole command line: the one provider of a one-group job, as before, or a
-    :class:`GroupSet` of several."""
-    groups = provider.groups_from_options(provider_options(options), core_options(options))
-    return groups[0] if len(groups) == 1 else GroupSet(groups)
+    """The provider of a job of one group. Deprecated: :func:`make_groups` (a job may
+    have several groups, which no one provider stands for); several are a
+    :class:`ConfigurationError` here."""
+    warnings.warn(
+        "spotring.autoscaler.cli.make_provider is deprecated: use make_groups",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    groups = make_groups(provider, options)
+    if len(groups) > 1:
+        raise ConfigurationError("a job of several groups has no one provider: use make_groups")
+    return groups[0]
 
 
 def _add_elastic_options(run: argparse.ArgumentParser) -> None:
@@ -556,14 +572,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     assert provider_cls is not None
     try:
-        provider = make_provider(provider_cls, options)
+        groups = make_groups(provider_cls, options)
     except ConfigurationError as error:
         _error(f"{PROG} {options.command}: error: {error}")
         return EXIT_USAGE
     try:
         if options.command == "discover":
-            return _discover(provider)
-        return _run(options, provider, pm)
+            return _discover(groups)
+        return _run(options, groups, pm)
     except UsageError as error:
         _error(error)
         return EXIT_USAGE
@@ -580,7 +596,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(f"{PROG}: interrupted")
         return 130
     finally:
-        provider.close()
+        for group in groups:
+            group.close()
 
 
 def _list_providers(pm: pluggy.PluginManager) -> int:
@@ -591,13 +608,13 @@ def _list_providers(pm: pluggy.PluginManager) -> int:
     return 0
 
 
-def _discover(provider: Provider) -> int:
+def _discover(groups: Sequence[Provider]) -> int:
     """One listing, printed as horovodrun's discovery script format.
 
     A failed listing exits non-zero with nothing on stdout: horovodrun keeps its last
     host set when the script fails, instead of seeing "no hosts".
     """
-    inventory = Inventory(tuple(provider.list_instances()))
+    inventory = Inventory(tuple(list_members(groups, {})))
     sys.stdout.write(Inventory.format_hosts(inventory.hosts_and_slots()))
     return 0
 
@@ -606,12 +623,12 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManager) -> int:
+def _run(options: argparse.Namespace, groups: Sequence[Provider], pm: pluggy.PluginManager) -> int:
     try:
         forwarded = parse_forwarded(options.forward_env, os.environ)
     except ValueError as error:
         raise UsageError(f"{PROG} run: error: {error}") from None
-    if options.on_demand_base and not isinstance(provider, GroupSet):
+    if options.on_demand_base and len(groups) == 1:
         raise UsageError(
             f"{PROG} run: error: --on-demand-base needs a job of several groups "
             "(the last one on-demand): give --group more than once"
@@ -663,7 +680,7 @@ def _run(options: argparse.Namespace, provider: Provider, pm: pluggy.PluginManag
     )
     # SIGTERM (a scheduler, `kill`) stops the job like Ctrl-C: workers first.
     signal.signal(signal.SIGTERM, _interrupt)
-    outcome = run_job(config, provider, pm, ProgressReporter())
+    outcome = run_job(config, groups, pm, ProgressReporter())
     if outcome.exit_code:
         _error(f"{PROG} run: job failed: {outcome.message}")
     return outcome.exit_code

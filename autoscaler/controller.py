@@ -1,9 +1,13 @@
-"""The controller: keeps the inventory fresh and steers the group, on its own thread.
+"""The controller: keeps the inventory fresh and steers the job's groups, on its own thread.
 
 Horovod's driver polls discovery every second under a lock, so the cloud is never
 called from there: the controller refreshes on its own schedule and publishes an
 immutable :class:`Inventory` that discovery reads. A failed refresh keeps the last
 good inventory (and backs off); discovery never sees "no hosts" because a call failed.
+It holds the job's groups (:mod:`spotring.autoscaler.groups`: one provider per group,
+in the user's order of preference), lists every one and steers each member through its
+own group; a job of several has its size split across them by the capacity steering
+(:mod:`spotring.autoscaler.steering`), which the loop runs after each refresh.
 
 Every call into the provider and every hook the controller calls runs on the
 controller's thread, with one exception: ``spotring_drain_on_notice``, which
@@ -30,12 +34,21 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import pluggy
 
-from spotring.autoscaler.capacity import CapacityOptions, CapacityPolicy, GroupStatus
-from spotring.autoscaler.group_set import GroupSet
+from spotring.autoscaler.calls import ControllerError, call, emit, unexpected
+from spotring.autoscaler.capacity import CapacityOptions, GroupStatus
+from spotring.autoscaler.groups import (
+    describe_groups,
+    group_names,
+    job_groups,
+    job_size_limits,
+    list_members,
+    refresh_calls,
+)
+from spotring.autoscaler.steering import CapacitySteering
 from spotring.core import (
     Instance,
     InstanceState,
@@ -50,9 +63,7 @@ from spotring.providers.base import Provider
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-__all__ = ["Backoff", "Controller", "ControllerError"]
+__all__ = ["Backoff", "Controller", "ControllerError"]  # ControllerError lives in calls
 
 
 @dataclass(frozen=True)
@@ -68,18 +79,12 @@ class Backoff:
         return ceiling * (0.5 + rng() / 2)
 
 
-class ControllerError(ProviderError):
-    """A provider or plugin raised something other than a :class:`ProviderError`: a bug.
-
-    Not retryable; the message names where it happened."""
-
-    retryable = False
-
-
 class Controller:
-    """Refreshes the inventory, replaces failed hosts and steers the group's size.
+    """Refreshes the inventory, replaces failed hosts and steers the groups' sizes.
 
-    :param provider: the group to watch.
+    :param groups: the job's groups, one provider each, in the user's order of
+        preference (a single provider: a job of one group); their ``group_name()``
+        must differ (:class:`ConfigurationError`).
     :param hook: the plugin manager's hook relay: decisions and events (default: a
         manager with spotring's built-in plugins only).
     :param job: the job's limits and steering options; None never steers or replaces
@@ -92,27 +97,17 @@ class Controller:
     :param readmit_after: seconds a failed host stays out of discovery (the lower end of
         ``--blacklist-cooldown-range``; Horovod's own blacklist then decides); None
         keeps it out until the cloud stops listing it, as Horovod does without a range.
-    :param capacity: the capacity policy's options, for a job of several groups (a
-        :class:`GroupSet` of more than one): the job's size is split across them, a
-        short group's shortfall asked of the next, and fallback hosts handed back at a
-        commit once a preferred group has capacity again.
+    :param capacity: the capacity policy's options, for a job of several groups: the
+        job's size is split across them, a short group's shortfall asked of the next,
+        and fallback hosts handed back at a commit once a preferred group has capacity
+        again (:class:`CapacitySteering`).
     :param capacity_clock: the capacity policy's clock (seconds, monotonic): tests
         pass a fake one to pass its backoffs and waits without sleeping.
     """
 
-    RETURN_LEAVE_SECONDS = 300.0
-    """The longest a host being handed back waits for a ring formed without it before
-    its group is shrunk anyway (no ring may be forming at all). Generous: the ring
-    leaves it at its next commit, and a job may commit minutes apart; shrinking the
-    group before then would kill its workers mid-step (a roll back)."""
-    RETURN_GONE_SECONDS = 600.0
-    """The longest a host handed back may stay listed before another may go."""
-    RETURN_NOTICE = "return"
-    """The notice kind a host handed back drains with (as a noticed preemption)."""
-
     def __init__(
         self,
-        provider: Provider,
+        groups: Provider | Sequence[Provider],
         hook: pluggy.HookRelay | None = None,
         *,
         job: JobShape | None = None,
@@ -127,7 +122,10 @@ class Controller:
             from spotring.autoscaler.plugins import get_plugin_manager
 
             hook = get_plugin_manager(load_entry_points=False).hook
-        self.provider = provider
+        self.groups: tuple[Provider, ...] = job_groups(groups)
+        """The job's groups, in the user's order of preference."""
+        self._by_name = dict(zip(group_names(self.groups), self.groups, strict=True))
+        self._lifecycles: dict[str, Lifecycle | None] = {}  # group -> as it says, asked once
         self._hook = hook
         self._job = job
         self._refresh_interval = refresh_interval
@@ -155,20 +153,12 @@ class Controller:
         self._target: int | None = None
         self._invalid_addresses: set[str] = set()
         self._failures = 0
-        # The capacity policy, for a job of several groups: made at its first steering.
-        self._capacity_options = capacity or CapacityOptions()
-        self._capacity_clock = capacity_clock
-        self._policy: CapacityPolicy | None = None
-        self._group_asked: dict[str, int] = {}  # group -> size it last accepted
-        self._group_limits: dict[str, int] | None = None
-        self._members: dict[str, tuple[str, Lifecycle]] = {}  # live id -> (group, lifecycle)
-        self._not_preempted: set[str] = set()  # ids that left at spotring's request
-        self._return: _Return | None = None
-        # The last ring's hosts and when it formed (monotonic), from Horovod's thread.
-        self._ring: tuple[float, frozenset[str]] = (0.0, frozenset())
-        self._offered: frozenset[str] | None = None
-        """What discovery last offered Horovod (:meth:`hosts_offered`); None before it
-        says (no driver: every ready host counts)."""
+        self._steering: CapacitySteering | None = None
+        if job is not None and len(self.groups) > 1:
+            options = capacity or CapacityOptions()
+            self._steering = CapacitySteering(
+                self.groups, hook, job, options, capacity_clock, self._drain
+            )
 
         self._last_error: ProviderError | None = None
         self._fatal: ProviderError | None = None
@@ -179,9 +169,6 @@ class Controller:
         self._thread: threading.Thread | None = None
         self.refreshes = 0
         """Successful refreshes so far."""
-        self.capacity_status: tuple[GroupStatus, ...] = ()
-        """Each group's status after the last capacity steering (a job of several
-        groups; empty otherwise): replaced whole, readable from any thread."""
 
     # ------------------------------------------------------------------ reading
 
@@ -197,8 +184,18 @@ class Controller:
 
     @property
     def target_size(self) -> int | None:
-        """The group size spotring last asked for, None before it asked."""
+        """The job's size spotring last asked for, None before it asked."""
         return self._target
+
+    @property
+    def capacity_status(self) -> tuple[GroupStatus, ...]:
+        """Each group's status after the last capacity steering (a job of several
+        groups; empty otherwise), readable from any thread."""
+        return self._steering.status if self._steering is not None else ()
+
+    def describe(self) -> str:
+        """The job's groups in a few words, for progress lines and logs."""
+        return describe_groups(self.groups)
 
     def instance_id(self, address: str) -> str | None:
         """The id of the member at ``address`` (for ssh host-key pinning)."""
@@ -229,7 +226,7 @@ class Controller:
             if self._thread.is_alive():
                 log.warning(
                     "the controller is still in a call to %s; not waiting for it",
-                    self.provider.describe(),
+                    self.describe(),
                 )
         if self._pending_replacements:
             log.info(
@@ -251,7 +248,7 @@ class Controller:
                 raise self._fatal
             if time.monotonic() > deadline:
                 raise self._last_error or ProviderError(
-                    f"no answer from {self.provider.describe()} within {timeout:.0f}s"
+                    f"no answer from {self.describe()} within {timeout:.0f}s"
                 )
         assert self._inventory is not None
         return self._inventory
@@ -281,10 +278,14 @@ class Controller:
         refreshed = self.refresh()
         if refreshed:
             self._take_cloud_failures()
-        if refreshed and self._job is not None and self.provider.can_resize:
+        if refreshed and self._job is not None and any(g.can_resize for g in self.groups):
             self._steer()
-            self._steer_capacity()
-            self._call("keeping the group's size", self.provider.keep_size)
+            if self._steering is not None and self._target is not None:
+                assert self._inventory is not None  # refreshed
+                self._steering.steer(self._target, self._inventory, self._lifecycles)
+            for group in self.groups:
+                if group.can_resize:
+                    call("keeping the group's size", group.keep_size)
         self._announce()
         return refreshed, self._replace_due()
 
@@ -296,7 +297,7 @@ class Controller:
         except ProviderError as error:
             self._fail(error)
         except Exception as error:  # a bug of ours: still never die silently
-            self._fail(_unexpected("spotring's controller", error))
+            self._fail(unexpected("spotring's controller", error))
 
     def _wait(self, refreshed: bool, next_replacement: float | None) -> None:
         delay = self._refresh_interval if refreshed else self._backoff.delay(self._failures)
@@ -322,7 +323,7 @@ class Controller:
                 return
             self._fatal = error
         # Whoever runs the job reports it, once: the CLI as its one line.
-        log.info("%s: controller stopped: %s", self.provider.describe(), error)
+        log.info("%s: controller stopped: %s", self.describe(), error)
         self._stopped.set()
         self._wake.set()
         self._fatal_event.set()
@@ -345,14 +346,16 @@ class Controller:
                 "spotring_refreshed",
                 inventory=self._inventory,
                 seconds=time.monotonic() - started,
-                calls=self.provider.last_refresh_calls,
+                calls=refresh_calls(self.groups),
                 error=str(error) if error is not None else None,
                 target=self._target,
             )
 
     def _refresh(self) -> bool:
         try:
-            instances = tuple(self._call("listing the group", self.provider.list_instances))
+            instances = tuple(
+                call("listing the group", list_members, self.groups, self._lifecycles)
+            )
         except ProviderError as error:
             if not error.retryable:
                 raise
@@ -360,7 +363,7 @@ class Controller:
             self._last_error = error
             log.warning(
                 "refresh of %s failed (%d in a row), keeping the last inventory: %s",
-                self.provider.describe(),
+                self.describe(),
                 self._failures,
                 error,
             )
@@ -368,7 +371,7 @@ class Controller:
         if self._failures:
             log.info(
                 "refresh of %s recovered after %d failures",
-                self.provider.describe(),
+                self.describe(),
                 self._failures,
             )
         self._failures = 0
@@ -412,10 +415,11 @@ class Controller:
             if instance.id in self._watchers:
                 watchers[instance.id] = self._watchers[instance.id]
             elif instance.state in (InstanceState.PENDING, InstanceState.READY):
+                group = self._group_of(instance)
+                if group is None:
+                    continue
                 try:
-                    watcher = self._call(
-                        "the provider's notice watcher", self.provider.notice_watcher, instance
-                    )
+                    watcher = call("the provider's notice watcher", group.notice_watcher, instance)
                 except ProviderError as error:
                     if not error.retryable:
                         raise
@@ -436,7 +440,7 @@ class Controller:
                 log.warning(
                     "%s: member %s has address %r, which is not a host name or IP address;"
                     " it is left out",
-                    self.provider.describe(),
+                    self.describe(),
                     instance.id,
                     instance.address,
                 )
@@ -473,8 +477,8 @@ class Controller:
             instance = inventory.by_address(address) if inventory else None
             if instance is None or instance.id in self._excluded:
                 return instance
-            handed_back = self._return is not None and self._return.instance.id == instance.id
-            if handed_back:  # its workers stopped as it left: no failure, no replacement
+            if self._steering is not None and self._steering.handing_back(instance.id):
+                # Its workers stopped as it left: no failure, no replacement.
                 log.info("host %s (%s) is being handed back: %s", address, instance.id, reason)
                 return instance
             self._excluded[instance.id] = (
@@ -514,7 +518,7 @@ class Controller:
             return False
         try:
             drain = self._job is None or bool(
-                self._call(
+                call(
                     "the spotring_drain_on_notice hook",
                     self._hook.spotring_drain_on_notice,
                     instance=instance,
@@ -526,14 +530,18 @@ class Controller:
             self._fail(error)
             return False
         if drain:
-            with self._lock:
-                self._notices[instance.id] = notice
-                self._publish()
+            self._drain(instance.id, notice)
         log.info("host %s (%s) announced %s%s", address, instance.id, notice.kind,
                  "; leaving the job" if drain else "")  # fmt: skip
         self._noticed_hosts.put((instance, notice, drain))
         self._wake.set()
         return drain
+
+    def _drain(self, instance_id: str, notice: InterruptionNotice) -> None:
+        """Take ``instance_id`` out of discovery: DRAINING with ``notice`` from now on."""
+        with self._lock:
+            self._notices[instance_id] = notice
+            self._publish()
 
     def _take_noticed_hosts(self) -> None:
         while True:
@@ -542,10 +550,13 @@ class Controller:
             except queue.Empty:
                 return
             self._emit("spotring_host_noticed", instance=instance, notice=notice, draining=drain)
-            if notice.kind != "rebalance":
-                self._preempted(instance.id)
+            if notice.kind != "rebalance" and self._steering is not None:
+                self._steering.preempted(instance.id)
+            group = self._group_of(self._listed(instance.id))
+            if group is None:  # no longer listed
+                continue
             try:
-                self._call("starting a replacement", self.provider.host_noticed, instance, notice)
+                call("starting a replacement", group.host_noticed, instance, notice)
             except ProviderError as error:  # the group still replaces it after the reclaim
                 log.warning("could not start a replacement for %s early: %s", instance.id, error)
 
@@ -554,19 +565,18 @@ class Controller:
         cloud). Returns the addresses of hosts being handed back that have left the
         ring: their workers are stopped, and their group shrinks at the controller's
         next step."""
-        self._ring = (time.monotonic(), frozenset(hosts))
-        handing = self._return
-        if handing is None or handing.instance.address in hosts:
-            return []
-        self._wake.set()
-        return [handing.instance.address]
+        leaving = self._steering.ring_formed(hosts) if self._steering is not None else []
+        if leaving:
+            self._wake.set()
+        return leaving
 
     def hosts_offered(self, hosts: Collection[str]) -> None:
         """The hosts discovery last offered Horovod (READY and, with warm starts, their
         workers waiting in ``hvd.init``): called by the driver's discovery on Horovod's
         thread about once a second; only stores them. A fallback host is handed back
         only while the job keeps its size in offered hosts without it."""
-        self._offered = frozenset(hosts)
+        if self._steering is not None:
+            self._steering.hosts_offered(hosts)
 
     def notice_watcher(self, address: str) -> dict[str, Any] | None:
         """The notice watcher for the host at ``address`` (``Provider.notice_watcher``),
@@ -601,16 +611,17 @@ class Controller:
             if key in self._cloud_failures:
                 continue
             self._cloud_failures[key] = instance.failure
-            log.info("%s: member %s failed: %s", self.provider.describe(), key, instance.failure)
+            log.info("%s: member %s failed: %s", self.describe(), key, instance.failure)
             self._host_failed(instance, instance.failure, 0.0)
 
     def _host_failed(self, instance: Instance, reason: str, grace: float) -> None:
         """Tell the plugins, and let ``spotring_replace_host`` decide whether the
         member is replaced once ``grace`` seconds have passed."""
         self._emit("spotring_host_failed", instance=instance, reason=reason)
-        if self._job is None or not self.provider.can_replace:
+        group = self._group_of(instance)
+        if self._job is None or group is None or not group.can_replace:
             return
-        replace = self._call(
+        replace = call(
             "the spotring_replace_host hook",
             self._hook.spotring_replace_host,
             instance=instance,
@@ -646,17 +657,20 @@ class Controller:
         for instance_id, at in list(self._pending_replacements.items()):
             if at > now:
                 continue
+            group = self._group_of(self._listed(instance_id))
             try:
-                self._call("replacing a host", self.provider.replace_instance, instance_id)
+                if group is not None:  # else no longer listed: nothing left to replace
+                    call("replacing a host", group.replace_instance, instance_id)
             except ProviderError as error:
                 if not error.retryable:
                     raise
                 log.warning("could not replace %s, will retry: %s", instance_id, error)
                 self._pending_replacements[instance_id] = now + self._refresh_interval
                 continue
-            log.info("asked %s to replace %s", self.provider.describe(), instance_id)
+            log.info("asked %s to replace %s", self.describe(), instance_id)
             del self._pending_replacements[instance_id]
-            self._not_preempted.add(instance_id)
+            if self._steering is not None:
+                self._steering.asked_to_go(instance_id)
         upcoming = self._pending_replacements.values()
         return max(0.0, min(upcoming) - now) if upcoming else None
 
@@ -664,7 +678,7 @@ class Controller:
 
     def _steer(self) -> None:
         assert self._job is not None and self._inventory is not None
-        wanted = self._call(
+        wanted = call(
             "the spotring_target_size hook",
             self._hook.spotring_target_size,
             inventory=self._inventory,
@@ -673,7 +687,7 @@ class Controller:
         )
         if wanted is None or wanted == self._target:
             return
-        limits = self._call("reading the group's limits", self.provider.size_limits)
+        limits = call("reading the group's limits", job_size_limits, self.groups)
         size = int(wanted)
         if limits is not None:
             low, high = limits
@@ -689,284 +703,32 @@ class Controller:
         if size == self._target:
             return
         try:
-            self._call("resizing the group", self.provider.set_target_size, size)
+            if len(self.groups) == 1:  # several: the capacity steering splits the size
+                call("resizing the group", self.groups[0].set_target_size, size)
         except ProviderError as error:
             if not error.retryable:
                 raise
-            log.warning("could not resize %s, will retry: %s", self.provider.describe(), error)
+            log.warning("could not resize %s, will retry: %s", self.describe(), error)
             return
         self._target = size
-        log.info("asked %s for %d hosts", self.provider.describe(), size)
-
-    # ------------------------------------------------------------------ capacity
-
-    def _steer_capacity(self) -> None:
-        """Split the job's size across its groups (a job of several), fall back from
-        short groups, and hand fallback hosts back one at a time, at a commit."""
-        groups = self.provider
-        if not isinstance(groups, GroupSet) or not groups.several or groups.total is None:
-            return
-        assert self._job is not None and self._inventory is not None
-        policy = self._capacity_policy(groups)
-        inventory = self._inventory
-        live = {name: self._live_members(name) for name in policy.groups}
-        ready: dict[str, list[str]] = {name: [] for name in policy.groups}
-        for instance in inventory.ready:
-            if instance.group in ready:
-                ready[instance.group].append(instance.id)
-        self._count_preemptions(inventory)
-        for name in policy.groups:
-            policy.observe(name, live[name], len(ready[name]))
-            shortage = None
-            since = policy.below_since_wall(name) if policy.wants_signal(name) else None
-            if since is not None:
-                try:
-                    shortage = self._call(
-                        f"asking {name} for a capacity shortage",
-                        groups.group(name).capacity_shortage,
-                        since,
-                    )
-                except ProviderError as error:
-                    if not error.retryable:
-                        raise
-                    log.warning("could not ask %s for a capacity shortage: %s", name, error)
-            decision = policy.report_shortage(name, shortage)
-            if decision is not None and decision.shortage is not None:
-                log.warning("group %s is short: %s", name, decision.shortage.describe())
-                self._emit("spotring_capacity_shortage", group=name, shortage=decision.shortage)
-        job = self._job
-        order = self._call(
-            "the spotring_order_groups hook",
-            self._hook.spotring_order_groups,
-            groups=policy.statuses(),
-            job=job,
-        )
-
-        def allow(group: str, short: str, hosts: int) -> bool:
-            answer = self._call(
-                "the spotring_fall_back hook",
-                self._hook.spotring_fall_back,
-                group=policy.status(group),
-                short=policy.status(short),
-                hosts=hosts,
-                job=job,
-            )
-            return answer is None or bool(answer)
-
-        if self._group_limits is None:
-            self._group_limits = self._call("reading the groups' limits", groups.group_limits)
-        order = list(order) if order is not None else None
-        asked, decisions = policy.distribute(groups.total, order, allow, self._group_limits)
-        for decision in decisions:
-            log.warning("asking %s for %d hosts %s cannot supply", decision.to_group,
-                        decision.hosts, decision.group)  # fmt: skip
-            self._emit("spotring_fell_back", from_group=decision.group,
-                       to_group=decision.to_group, hosts=decision.hosts)  # fmt: skip
-        for name, size in asked.items():
-            if self._group_asked.get(name) == size or not groups.group(name).can_resize:
-                continue
-            try:
-                self._call(f"resizing {name}", groups.set_group_size, name, size)
-            except ProviderError as error:
-                if not error.retryable:
-                    raise
-                log.warning("could not resize %s, will retry: %s", name, error)
-                continue
-            self._group_asked[name] = size
-            log.info("asked %s for %d hosts", name, size)
-        offered = self._offered
-        if offered is not None:
-            # Only hosts Horovod is offered count toward the job's size: a spot host
-            # still starting its warm worker is not yet one the ring can re-form onto,
-            # and handing a fallback host back before it is would train the ring small.
-            addresses = {i.id: i.address for i in inventory.ready}
-            ready = {
-                name: [key for key in ids if addresses[key] in offered]
-                for name, ids in ready.items()
-            }
-        self._hand_back(groups, policy, ready, order)
-        self.capacity_status = tuple(policy.statuses())
-
-    def _live_members(self, group: str) -> list[str]:
-        """Ids of ``group``'s members the cloud bills and keeps: starting, up or
-        draining, and not failed."""
-        billed = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
-        return [
-            i.id
-            for i in self._instances
-            if i.group == group and i.state in billed and not i.failure
-        ]
-
-    def _capacity_policy(self, groups: GroupSet) -> CapacityPolicy:
-        if self._policy is None:
-            lifecycles = {
-                name: self._call(f"reading {name}'s lifecycle", groups.lifecycle, name)
-                for name in groups.names()
-            }
-            self._policy = CapacityPolicy(
-                groups.names(),
-                self._capacity_options,
-                lifecycles=lifecycles,
-                clock=self._capacity_clock,
-            )
-        return self._policy
-
-    def _count_preemptions(self, inventory: Inventory) -> None:
-        """A spot member the cloud took (it left the listing, or is going, failed)
-        without spotring asking counts against its group: 3 in an hour demote it.
-        Only a member that ran counts: one that failed or went while it was being
-        created is a launch that failed (the group's capacity shortage says so), not
-        a preemption."""
-        current: dict[str, tuple[str, Lifecycle]] = {}
-        gone: list[str] = []
-        for instance in inventory.instances:
-            taken = instance.failure or instance.state in (
-                InstanceState.TERMINATING,
-                InstanceState.GONE,
-            )
-            if taken:
-                gone.append(instance.id)
-            elif instance.group and (
-                instance.state is InstanceState.READY or instance.id in self._members
-            ):
-                current[instance.id] = (instance.group, instance.lifecycle)
-        gone += [key for key in self._members if key not in current and key not in gone]
-        for key in gone:
-            if key in self._members:
-                self._preempted(key)
-        self._members = current
-        listed = {i.id for i in inventory.instances}
-        self._not_preempted &= listed  # forgotten once the cloud stops listing them
-
-    def _preempted(self, instance_id: str) -> None:
-        member = self._members.pop(instance_id, None)
-        if member is None or instance_id in self._not_preempted or self._policy is None:
-            return
-        self._not_preempted.add(instance_id)  # counted once
-        group, lifecycle = member
-        if lifecycle is not Lifecycle.SPOT:
-            return
-        decision = self._policy.preempted(group)
-        if decision is not None and decision.until is not None:
-            log.warning("group %s was preempted often: asked after the others for an hour",
-                        group)  # fmt: skip
-            self._emit("spotring_group_demoted", group=group, until=decision.until)
-
-    def _hand_back(
-        self,
-        groups: GroupSet,
-        policy: CapacityPolicy,
-        ready: dict[str, list[str]],
-        order: list[str] | None,
-    ) -> None:
-        """Hand fallback hosts back, one at a time: take the host out of discovery
-        (the ring re-forms without it at its next commit), then, once a ring formed
-        without it (or :data:`RETURN_LEAVE_SECONDS` passed), shrink its group."""
-        assert self._job is not None and self._inventory is not None and groups.total
-        handing = self._return
-        if handing is not None:
-            listed = self._inventory.by_id(handing.instance.id)
-            gone = listed is None or listed.state in (InstanceState.TERMINATING, InstanceState.GONE)
-            waited = time.monotonic() - handing.started
-            if not handing.removed:
-                ring_at, ring = self._ring
-                left = ring_at > handing.started and handing.instance.address not in ring
-                if gone or left or waited > self.RETURN_LEAVE_SECONDS:
-                    self._shrink(groups, policy, handing)
-                return
-            if not gone and waited <= self.RETURN_GONE_SECONDS:
-                return
-            self._return = None  # gone: the next may go
-            policy.finish_return(removed=False)
-        candidate = policy.return_candidate(groups.total, ready, order)
-        if candidate is None:
-            return
-        instance_id, name = candidate
-        instance = self._inventory.by_id(instance_id)
-        if instance is None:
-            return
-        keep = not self._call(
-            "the spotring_return_to_spot hook",
-            self._hook.spotring_return_to_spot,
-            instance=instance,
-            group=policy.status(name),
-            job=self._job,
-        )
-        if keep:
-            return
-        log.info("handing %s (%s) back to %s's preferred groups: it leaves the ring at its "
-                 "next commit", instance.address, instance.id, name)  # fmt: skip
-        self._return = _Return(
-            instance, name, time.monotonic(), policy.in_group_for(instance.id, name)
-        )
-        self._not_preempted.add(instance.id)
-        policy.start_return(instance.id, name)
-        with self._lock:
-            self._notices[instance.id] = InterruptionNotice(self.RETURN_NOTICE)
-            self._publish()
-
-    def _shrink(self, groups: GroupSet, policy: CapacityPolicy, handing: _Return) -> None:
-        group = groups.group(handing.group)
-        try:
-            if group.can_remove:
-                self._call(f"removing a member of {handing.group}", groups.remove_instance,
-                           handing.instance.id)  # fmt: skip
-            else:
-                # One less than the group was asked for, or than it holds when no
-                # resize of it went through yet: never 0 for a group of several.
-                asked = self._group_asked.get(handing.group)
-                if asked is None:
-                    asked = len(self._live_members(handing.group))
-                size = max(0, asked - 1)
-                self._call(f"resizing {handing.group}", group.set_target_size, size)
-        except ProviderError as error:
-            if not error.retryable:
-                raise
-            log.warning("could not hand %s back, will retry: %s", handing.instance.id, error)
-            return
-        handing.removed = True
-        if handing.group in self._group_asked:
-            self._group_asked[handing.group] = max(0, self._group_asked[handing.group] - 1)
-        policy.finish_return(removed=True)
-        policy.start_return(handing.instance.id, handing.group)  # still one at a time
-        log.info("handed %s back: %s shrunk by one", handing.instance.id, handing.group)
-        self._emit("spotring_returned", instance=handing.instance, group=handing.group,
-                   seconds=handing.in_group_s)  # fmt: skip
+        log.info("asked %s for %d hosts", self.describe(), size)
 
     # ------------------------------------------------------------------ plumbing
 
-    def _call(self, what: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call a provider or decision hook; a non-ProviderError becomes ControllerError."""
-        try:
-            return function(*args, **kwargs)
-        except ProviderError:
-            raise
-        except Exception as error:
-            raise _unexpected(what, error) from error
+    def _group_of(self, instance: Instance | None) -> Provider | None:
+        """The group ``instance`` was listed in; None for a member not listed (a job
+        of one group: that group, which makes sense of any id)."""
+        if len(self.groups) == 1:
+            return self.groups[0]
+        return None if instance is None else self._by_name.get(instance.group)
+
+    def _listed(self, instance_id: str) -> Instance | None:
+        """``instance_id`` as the last good listing has it, or None."""
+        inventory = self._inventory
+        return inventory.by_id(instance_id) if inventory is not None else None
 
     def _emit(self, name: str, **kwargs: Any) -> None:
-        """Call the event hook ``name`` through the plugin manager. spotring's manager
-        isolates the plugins (one plugin's exception is logged once and the others
-        still hear the event); with a bare pluggy manager an exception stops the
-        controller as a plugin's bug."""
-        self._call(f"the {name} hook", getattr(self._hook, name), **kwargs)
-
-
-@dataclass
-class _Return:
-    """A host being handed back: it drains, then its group is shrunk."""
-
-    instance: Instance
-    group: str
-    started: float
-    in_group_s: float
-    """How long it had been in its group when its hand-back began."""
-    removed: bool = False
-
-
-def _unexpected(what: str, error: Exception) -> ControllerError:
-    log.debug("unexpected error while %s", what, exc_info=error)
-    return ControllerError(f"{what} failed unexpectedly: {type(error).__name__}: {error}")
+        emit(self._hook, name, **kwargs)
 
 
 def _draining(instance: Instance, notice: InterruptionNotice) -> Instance:

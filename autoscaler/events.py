@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from spotring.autoscaler.group_set import GroupSet
 from spotring.autoscaler.hookspecs import hookimpl
 from spotring.core import CapacityShortage, Instance, InstanceState, InterruptionNotice
 from spotring.core.inventory import Inventory
@@ -49,9 +48,13 @@ def host_record(instance: Instance) -> dict[str, Any]:
 
 
 class EventLog:
-    """Writes the events of one run to ``path`` (appending)."""
+    """Writes the events of one run to ``path`` (appending).
 
-    def __init__(self, path: str | Path) -> None:
+    :param groups: the names of the job's groups, most preferred first
+        (``job_started`` lists them for a job of several)."""
+
+    def __init__(self, path: str | Path, groups: Sequence[str] = ()) -> None:
+        self._groups = list(groups) if len(groups) > 1 else []
         self._stream: IO[str] = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         self._lock = threading.Lock()
         self._states: dict[str, InstanceState] = {}  # instance id -> state last written
@@ -78,8 +81,6 @@ class EventLog:
     @hookimpl
     def spotring_job_started(self, provider: Provider, job: JobShape) -> None:
         # progress: this file records the rings' progress and stalls (older ones do not)
-        # A job of several groups: their names, in the user's order of preference.
-        groups = provider.names() if isinstance(provider, GroupSet) and provider.several else []
         self.write(
             "job_started",
             provider=provider.name,
@@ -87,7 +88,7 @@ class EventLog:
             min_np=job.min_num_proc,
             max_np=job.max_num_proc,
             progress=True,
-            **({"groups": groups} if groups else {}),
+            **({"groups": self._groups} if self._groups else {}),
         )
 
     @hookimpl

@@ -21,6 +21,7 @@ import pluggy
 
 from spotring.autoscaler.capacity import CapacityOptions
 from spotring.autoscaler.controller import Controller
+from spotring.autoscaler.groups import group_events, group_names, job_groups
 from spotring.autoscaler.progress import ProgressReporter
 from spotring.core import ConfigurationError, ProviderError
 from spotring.core.job import JobShape
@@ -76,13 +77,15 @@ class JobOutcome:
 
 def run_job(
     config: JobConfig,
-    provider: Provider,
+    groups: Provider | Sequence[Provider],
     pm: pluggy.PluginManager,
     reporter: ProgressReporter,
 ) -> JobOutcome:
-    """Run the job on ``provider``'s group until it ends; never leaves a worker behind.
+    """Run the job on its ``groups`` (one provider each, in the user's order of
+    preference; one provider: a job of one group) until it ends; never leaves a worker
+    behind.
 
-    Raises :class:`ConfigurationError` (or another ``ProviderError``) when the group
+    Raises :class:`ConfigurationError` (or another ``ProviderError``) when the groups
     cannot be listed at start; later errors end the job and come back as the outcome.
     """
     from spotring.driver.compat import require_horovod
@@ -95,12 +98,12 @@ def run_job(
 
         durable = DurableJob(config.elastic.durable, reporter.say)
     with durable.locked() if durable is not None else contextlib.nullcontext():
-        return _run_locked(config, provider, pm, reporter, durable)
+        return _run_locked(config, job_groups(groups), pm, reporter, durable)
 
 
 def _run_locked(
     config: JobConfig,
-    provider: Provider,
+    groups: Sequence[Provider],
     pm: pluggy.PluginManager,
     reporter: ProgressReporter,
     durable: DurableJob | None,
@@ -114,7 +117,7 @@ def _run_locked(
     cooldown = config.elastic.cooldown_range
     readmit_after = float(cooldown[0]) if cooldown else None
     controller = Controller(
-        provider,
+        groups,
         pm.hook,
         job=shape,
         refresh_interval=config.refresh_interval,
@@ -124,7 +127,7 @@ def _run_locked(
     if durable is not None:  # a lost checkpoint lock stops the job
         durable.stop_job_with(controller.fail)
     local = config.launcher == "local" or (
-        config.launcher == "auto" and provider.runs_workers_locally
+        config.launcher == "auto" and any(g.runs_workers_locally for g in groups)
     )
     launcher = ProcessLauncher(
         remote=not local,
@@ -132,8 +135,9 @@ def _run_locked(
         python=config.worker_python,
         host_alias=controller.instance_id,
     )
-    if provider.tracks_worker_processes:
-        launcher.add_listener(_ProviderProcesses(provider))  # type: ignore[arg-type]  # listeners are duck-typed
+    for group in groups:
+        if group.tracks_worker_processes:
+            launcher.add_listener(_ProviderProcesses(group))  # type: ignore[arg-type]  # listeners are duck-typed
     # The driver knows no plugin manager: the rings' events reach the plugins (the
     # progress lines, the events file, the metrics among them) through this listener.
     ring_hooks = _RingHooks(pm.hook, durable)
@@ -142,11 +146,12 @@ def _run_locked(
     ring_hooks.count_commits_with(progress)
     plugins = contextlib.ExitStack()  # the run's own: unregistered and closed at its end
     try:
-        _register_run_plugins(plugins, config, provider, pm, reporter, controller)
+        _register_run_plugins(plugins, config, groups, pm, reporter, controller)
     except BaseException:
         plugins.close()
         raise
-    pm.hook.spotring_job_started.call_historic(kwargs={"provider": provider, "job": shape})
+    # The preferred group's provider (its name is the job's provider's).
+    pm.hook.spotring_job_started.call_historic(kwargs={"provider": groups[0], "job": shape})
     elastic = dataclasses.replace(
         config.elastic,
         nics=config.elastic.nics or (("lo",) if local else ()),
@@ -162,7 +167,7 @@ def _run_locked(
     outcome: JobOutcome | None = None
     try:
         inventory = controller.wait_for_inventory(elastic.start_timeout)
-        reporter.started(provider, inventory)
+        reporter.started(controller.describe(), inventory)
         try:
             run_elastic(
                 config.command, controller, launcher, shape, elastic, rings, progress,
@@ -180,7 +185,8 @@ def _run_locked(
         controller.stop()
         launcher.close()
         pm.unregister(reporter)
-        _finish(provider)
+        for group in groups:
+            _finish(group)
         code = outcome.exit_code if outcome is not None else _exit_status(sys.exc_info()[1])
         with plugins:  # then closed and unregistered
             pm.hook.spotring_job_finished(
@@ -193,7 +199,7 @@ def _run_locked(
         rings.world_sizes,
         outcome.exit_code == 0,
         time.monotonic() - started,
-        provider.events,
+        group_events(groups),
     )
     if durable is not None and outcome.exit_code != 0 and not durable.lost:
         newest = durable.newest()
@@ -208,7 +214,7 @@ def _run_locked(
 def _register_run_plugins(
     stack: contextlib.ExitStack,
     config: JobConfig,
-    provider: Provider,
+    groups: Sequence[Provider],
     pm: pluggy.PluginManager,
     reporter: ProgressReporter,
     controller: Controller | None = None,
@@ -221,14 +227,15 @@ def _register_run_plugins(
         if config.events_path is not None:
             from spotring.autoscaler.events import EventLog
 
-            events = stack.enter_context(contextlib.closing(EventLog(config.events_path)))
+            events = EventLog(config.events_path, group_names(groups))
+            stack.enter_context(contextlib.closing(events))
             _register(stack, pm, events, "spotring.events")
         option = "--metrics-port"
         if config.metrics_port is not None:
             from spotring.autoscaler.metrics import Metrics
 
             capacity = (lambda: controller.capacity_status) if controller is not None else None
-            metrics = Metrics(config.metrics_port, config.metrics_addr, provider.name, capacity)
+            metrics = Metrics(config.metrics_port, config.metrics_addr, groups[0].name, capacity)
             stack.enter_context(contextlib.closing(metrics))
             _register(stack, pm, metrics, "spotring.metrics")
             reporter.say(f"metrics on http://{config.metrics_addr}:{metrics.port}/metrics")

@@ -18,7 +18,6 @@ from spotring.autoscaler.hookspecs import hookimpl
 from spotring.core import CapacityShortage, Instance, InterruptionNotice
 from spotring.core.inventory import Inventory
 from spotring.driver.ring_progress import Hang
-from spotring.providers.base import Provider
 
 
 class ProgressReporter:
@@ -44,11 +43,11 @@ class ProgressReporter:
             self._stream.write(f"spotring [{elapsed:6.1f}s] {text}\n")
             self._stream.flush()
 
-    def started(self, provider: Provider, inventory: Inventory) -> None:
+    def started(self, groups: str, inventory: Inventory) -> None:
+        """The job's first inventory, of ``groups`` (as ``Controller.describe`` says)."""
         ready = inventory.hosts_and_slots()
         self.say(
-            f"{provider.describe()}: {len(inventory.instances)} members, {len(ready)} ready "
-            f"({_hosts(ready)})"
+            f"{groups}: {len(inventory.instances)} members, {len(ready)} ready ({_hosts(ready)})"
         )
 
     @hookimpl

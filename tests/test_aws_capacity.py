@@ -552,7 +552,6 @@ def test_spot_group_short_of_capacity_makes_the_next_group_grow_then_shrink_back
     from spotring.autoscaler import hookimpl
     from spotring.autoscaler.capacity import CapacityOptions, ShortageBackoff
     from spotring.autoscaler.controller import Controller
-    from spotring.autoscaler.group_set import GroupSet
     from spotring.autoscaler.plugins import get_plugin_manager
     from spotring.core import InstanceState, JobShape
 
@@ -573,7 +572,7 @@ def test_spot_group_short_of_capacity_makes_the_next_group_grow_then_shrink_back
     # A --fallback-after far beyond the steps below: the fallback is the cloud's signal.
     options = CapacityOptions(fallback_after=120, return_after=0)
     controller = Controller(
-        GroupSet([spot, backup]),
+        [spot, backup],
         pm.hook,
         job=JobShape(num_proc=4, min_num_proc=1, max_num_proc=4),
         capacity=options,

@@ -1,5 +1,5 @@
-"""GroupSet and the controller's capacity steering: two groups of one job, driven by
-Controller.step() with the capacity policy's own clock (no sleeps)."""
+"""A job's groups and the controller's capacity steering: two groups of one job, driven
+by Controller.step() with the capacity policy's own clock (no sleeps)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from spotring.autoscaler import hookimpl
 from spotring.autoscaler.capacity import CapacityOptions, ShortageBackoff
 from spotring.autoscaler.controller import Controller
 from spotring.autoscaler.events import EventLog
-from spotring.autoscaler.group_set import GroupSet
+from spotring.autoscaler.groups import describe_groups, job_groups, list_members
 from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.core import (
     CapacityShortage,
@@ -22,6 +22,7 @@ from spotring.core import (
     CoreOptions,
     Instance,
     InstanceState,
+    InterruptionNotice,
     JobShape,
     Lifecycle,
     ProviderError,
@@ -57,8 +58,11 @@ class Pool(Provider):
         self.members: list[Instance] = []
         self.targets: list[int] = []
         self.removed: list[str] = []
+        self.replaced: list[str] = []
+        self.noticed: list[str] = []
         self.shortage: CapacityShortage | None = None
         self.shortage_asks: list[float] = []
+        self.lifecycle_asks = 0
         self._next = 0
 
     @classmethod
@@ -69,6 +73,7 @@ class Pool(Provider):
         return self.group
 
     def group_lifecycle(self) -> Lifecycle:
+        self.lifecycle_asks += 1
         return self.lifecycle
 
     def list_instances(self) -> list[Instance]:
@@ -91,7 +96,10 @@ class Pool(Provider):
             )
 
     def replace_instance(self, instance_id: str) -> None:
-        pass
+        self.replaced.append(instance_id)
+
+    def host_noticed(self, instance: Instance, notice: InterruptionNotice) -> None:
+        self.noticed.append(instance.id)
 
     def remove_instance(self, instance_id: str) -> None:
         self.removed.append(instance_id)
@@ -132,9 +140,7 @@ def job_of(
     pm = get_plugin_manager(load_entry_points=False)
     for plugin in plugins:
         pm.register(plugin)
-    return Controller(
-        GroupSet([spot, od]), pm.hook, job=JOB, capacity=capacity, capacity_clock=CLOCK
-    )
+    return Controller([spot, od], pm.hook, job=JOB, capacity=capacity, capacity_clock=CLOCK)
 
 
 def probe(spot: Pool, capacity: int = 4) -> None:
@@ -160,38 +166,70 @@ def fall_back(*plugins: object) -> tuple[Pool, Pool, Controller]:
     return spot, od, controller
 
 
-# ------------------------------------------------------------------- GroupSet
+# ------------------------------------------------------------------ the groups
 
 
 def test_one_group_is_that_group_call_for_call() -> None:
     provider = ScriptedProvider([instance("a"), instance("b")])
-    groups = GroupSet([provider])
-    assert groups.list_instances() == provider.members
-    groups.set_target_size(3)
-    groups.replace_instance("i-a")
-    assert provider.targets == [3] and provider.replaced == ["i-a"]
-    assert groups.describe() == provider.describe() and groups.name == provider.name
-    assert (groups.can_resize, groups.can_replace, groups.can_remove) == (True, True, False)
+    assert list_members([provider], {}) == provider.members  # as listed: no group named
+    assert describe_groups([provider]) == provider.describe()
+    controller = Controller([provider], job=JOB, replace_grace=0)
+    assert controller.groups == (provider,) == Controller(provider).groups
+    controller.step()
+    controller.host_failed("a", "worker exited with 1")
+    controller.step()
+    assert provider.targets == [4] and provider.replaced == ["i-a"]
 
 
-def test_members_are_named_with_their_group_and_lifecycle_and_steered_there() -> None:
+def test_members_are_named_with_their_group_and_lifecycle_asked_once() -> None:
     spot = Pool("spot", Lifecycle.SPOT, capacity=4)
     od = Pool("od", Lifecycle.ON_DEMAND, capacity=4)
     spot.set_target_size(1)
     od.set_target_size(1)
-    groups = GroupSet([spot, od])
-    listed = {i.id: (i.group, i.lifecycle) for i in groups.list_instances()}
-    assert listed == {"i-spot0": ("spot", Lifecycle.SPOT), "i-od0": ("od", Lifecycle.ON_DEMAND)}
-    groups.remove_instance("i-od0")
-    assert od.removed == ["i-od0"] and spot.removed == []
-    groups.set_target_size(5)  # the job's size: the policy splits it, not the GroupSet
-    assert spot.targets == [1] and od.targets == [1, 0]
-    assert "spot" in groups.describe() and "od" in groups.describe()
+    lifecycles: dict[str, Lifecycle | None] = {}
+    for _ in range(2):
+        listed = {i.id: (i.group, i.lifecycle) for i in list_members([spot, od], lifecycles)}
+        assert listed == {
+            "i-spot0": ("spot", Lifecycle.SPOT),
+            "i-od0": ("od", Lifecycle.ON_DEMAND),
+        }
+    assert (spot.lifecycle_asks, od.lifecycle_asks) == (1, 1)
+    assert "spot" in describe_groups([spot, od]) and "od" in describe_groups([spot, od])
+
+
+def test_each_member_is_steered_through_its_own_group() -> None:
+    """A failed host is replaced, and a noticed one told, by the group that lists it."""
+    spot = Pool("spot", Lifecycle.SPOT, capacity=4)
+    od = Pool("od", Lifecycle.ON_DEMAND, capacity=4)
+    spot.set_target_size(2)
+    od.set_target_size(1)
+    controller = Controller([spot, od], job=JOB, replace_grace=0)
+    controller.refresh()
+    controller.host_failed("od0", "worker exited with 1")
+    assert controller.host_noticed("spot0", InterruptionNotice("preempt"))
+    controller.step()
+    assert (spot.replaced, od.replaced) == ([], ["i-od0"])
+    assert (spot.noticed, od.noticed) == (["i-spot0"], [])
 
 
 def test_group_names_must_differ() -> None:
+    same = [Pool("a", Lifecycle.SPOT, 1), Pool("a", Lifecycle.SPOT, 1)]
     with pytest.raises(ConfigurationError, match="differ"):
-        GroupSet([Pool("a", Lifecycle.SPOT, 1), Pool("a", Lifecycle.SPOT, 1)])
+        job_groups(same)
+    with pytest.raises(ConfigurationError, match="differ"):
+        Controller(same)
+
+
+def test_the_events_file_lists_the_groups_of_a_job_of_several(tmp_path: Path) -> None:
+    for names, listed in ((["spot", "od"], ["spot", "od"]), (["spot"], None)):
+        path = tmp_path / f"{len(names)}.jsonl"
+        pm = get_plugin_manager(load_entry_points=False)
+        pm.register(EventLog(path, names))
+        pm.hook.spotring_job_started.call_historic(
+            kwargs={"provider": Pool("spot", Lifecycle.SPOT, 1), "job": JOB}
+        )
+        started = json.loads(path.read_text().splitlines()[0])
+        assert started["provider"] == "pool" and started.get("groups") == listed
 
 
 # ----------------------------------------------------------- the controller
@@ -470,13 +508,13 @@ class TwoPools(Pool):
         return [Pool("spot", Lifecycle.SPOT, 2), Pool("od", Lifecycle.ON_DEMAND, 2)]
 
 
-def test_the_command_line_makes_a_groupset_of_several_groups_and_one_group_as_before() -> None:
-    from spotring.autoscaler.cli import make_provider
+def test_the_command_line_makes_the_groups_in_the_users_order() -> None:
+    from spotring.autoscaler.cli import make_groups
 
     options = argparse.Namespace(slots_per_host=None)
-    made = make_provider(TwoPools, options)
-    assert isinstance(made, GroupSet) and made.names() == ["spot", "od"]
-    single = make_provider(ScriptedProvider, options)
+    made = make_groups(TwoPools, options)
+    assert [group.group_name() for group in made] == ["spot", "od"]
+    (single,) = make_groups(ScriptedProvider, options)
     assert isinstance(single, ScriptedProvider)
 
 
