@@ -4,10 +4,13 @@ Horovod's driver polls discovery every second under a lock, so the cloud is neve
 called from there: the controller refreshes on its own schedule and publishes an
 immutable :class:`Inventory` that discovery reads. A failed refresh keeps the last
 good inventory (and backs off); discovery never sees "no hosts" because a call failed.
-It holds the job's groups (:mod:`spotring.autoscaler.groups`: one provider per group,
-in the user's order of preference), lists every one and steers each member through its
-own group; a job of several has its size split across them by the capacity steering
-(:mod:`spotring.autoscaler.steering`), which the loop runs after each refresh.
+The controller holds the job's groups (:mod:`spotring.autoscaler.groups`: one
+provider per group, in the user's order of preference), lists every one, and reaches
+each member through its own group. Its rooms: the published inventory
+(:mod:`~spotring.autoscaler.membership`), the groups' sizes
+(:mod:`~spotring.autoscaler.steering`), failed hosts' replacements
+(:mod:`~spotring.autoscaler.replacements`) and the hosts' notice watchers
+(:mod:`~spotring.autoscaler.watchers`); the loop feeds them and runs them in turn.
 
 Every call into the provider and every hook the controller calls runs on the
 controller's thread, with one exception: ``spotring_drain_on_notice``, which
@@ -32,9 +35,9 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import pluggy
 
@@ -44,11 +47,13 @@ from spotring.autoscaler.groups import (
     describe_groups,
     group_names,
     job_groups,
-    job_size_limits,
     list_members,
     refresh_calls,
 )
-from spotring.autoscaler.steering import CapacitySteering
+from spotring.autoscaler.membership import Membership
+from spotring.autoscaler.replacements import Replacements
+from spotring.autoscaler.steering import Steering
+from spotring.autoscaler.watchers import NoticeWatchers
 from spotring.core import (
     Instance,
     InstanceState,
@@ -62,6 +67,8 @@ from spotring.core.job import JobShape
 from spotring.providers.base import Provider
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 __all__ = ["Backoff", "Controller", "ControllerError"]  # ControllerError lives in calls
 
@@ -100,7 +107,7 @@ class Controller:
     :param capacity: the capacity policy's options, for a job of several groups: the
         job's size is split across them, a short group's shortfall asked of the next,
         and fallback hosts handed back at a commit once a preferred group has capacity
-        again (:class:`CapacitySteering`).
+        again (:class:`Steering`).
     :param capacity_clock: the capacity policy's clock (seconds, monotonic): tests
         pass a fake one to pass its backoffs and waits without sleeping.
     """
@@ -133,34 +140,32 @@ class Controller:
         self._replace_grace = replace_grace
         self._readmit_after = readmit_after
 
-        self._lock = threading.Lock()  # guards the fields below up to _failed_hosts
-        self._instances: tuple[Instance, ...] = ()
-        self._inventory: Inventory | None = None
-        self._excluded: dict[str, float | None] = {}  # instance id -> readmit at (monotonic)
+        self._membership = Membership()
+        # What the launcher's threads report, for the controller's thread.
         self._failed_hosts: queue.SimpleQueue[tuple[Instance, str]] = queue.SimpleQueue()
-        self._notices: dict[str, InterruptionNotice] = {}  # instance id -> draining notice
         self._noticed_hosts: queue.SimpleQueue[tuple[Instance, InterruptionNotice, bool]] = (
             queue.SimpleQueue()
         )
-        # instance id -> its notice watcher, asked of the provider on the controller's
-        # thread as the member is first listed; replaced whole, read from any thread.
-        self._watchers: dict[str, dict[str, Any] | None] = {}
 
         # Only the controller thread touches these.
         self._announced: dict[str, Instance] = {}
         self._cloud_failures: dict[str, str] = {}  # instance id -> failure decided on
-        self._pending_replacements: dict[str, float] = {}  # instance id -> when due
-        self._target: int | None = None
         self._invalid_addresses: set[str] = set()
         self._failures = 0
-        self._steering: CapacitySteering | None = None
-        if job is not None and len(self.groups) > 1:
+        # A job's steering, replacements and notice watchers; none for a listing only
+        # (no job, as for ``spotring discover``): it asks for nothing more.
+        self._steering: Steering | None = None
+        self._replacements: Replacements | None = None
+        self._watchers: NoticeWatchers | None = None
+        if job is not None:
             options = capacity or CapacityOptions()
-            self._steering = CapacitySteering(
-                self.groups, hook, job, options, capacity_clock, self._drain
-            )
+            drain = self._membership.drain
+            self._steering = Steering(self.groups, hook, job, options, capacity_clock, drain)
+            self._replacements = Replacements(hook, job, retry_after=refresh_interval)
+            self._watchers = NoticeWatchers()
 
         self._last_error: ProviderError | None = None
+        self._fatal_lock = threading.Lock()
         self._fatal: ProviderError | None = None
         self._fatal_event = threading.Event()
         self._wake = threading.Event()
@@ -175,7 +180,7 @@ class Controller:
     @property
     def inventory(self) -> Inventory | None:
         """The latest good inventory, or None before the first successful refresh."""
-        return self._inventory
+        return self._membership.inventory
 
     @property
     def last_error(self) -> ProviderError | None:
@@ -185,7 +190,7 @@ class Controller:
     @property
     def target_size(self) -> int | None:
         """The job's size spotring last asked for, None before it asked."""
-        return self._target
+        return self._steering.target if self._steering is not None else None
 
     @property
     def capacity_status(self) -> tuple[GroupStatus, ...]:
@@ -199,7 +204,7 @@ class Controller:
 
     def instance_id(self, address: str) -> str | None:
         """The id of the member at ``address`` (for ssh host-key pinning)."""
-        inventory = self._inventory
+        inventory = self.inventory
         instance = inventory.by_address(address) if inventory else None
         return instance.id if instance else None
 
@@ -224,16 +229,10 @@ class Controller:
         if self._thread is not None:
             self._thread.join(self.STOP_WAIT_SECONDS)
             if self._thread.is_alive():
-                log.warning(
-                    "the controller is still in a call to %s; not waiting for it",
-                    self.describe(),
-                )
-        if self._pending_replacements:
-            log.info(
-                "not replacing %s: the job ended before their grace period did",
-                ", ".join(self._pending_replacements),
-            )
-        self._pending_replacements.clear()
+                log.warning("the controller is still in a call to %s; not waiting for it",
+                            self.describe())  # fmt: skip
+        if self._replacements is not None:
+            self._replacements.cancel()
 
     def wait_for_inventory(self, timeout: float) -> Inventory:
         """Block until the first successful refresh.
@@ -250,8 +249,9 @@ class Controller:
                 raise self._last_error or ProviderError(
                     f"no answer from {self.describe()} within {timeout:.0f}s"
                 )
-        assert self._inventory is not None
-        return self._inventory
+        inventory = self.inventory
+        assert inventory is not None
+        return inventory
 
     def wait_for_fatal_error(self, timeout: float | None = None) -> ProviderError | None:
         """Block until the controller stops on an error it cannot retry; that error, or
@@ -278,14 +278,9 @@ class Controller:
         refreshed = self.refresh()
         if refreshed:
             self._take_cloud_failures()
-        if refreshed and self._job is not None and any(g.can_resize for g in self.groups):
-            self._steer()
-            if self._steering is not None and self._target is not None:
-                assert self._inventory is not None  # refreshed
-                self._steering.steer(self._target, self._inventory, self._lifecycles)
-            for group in self.groups:
-                if group.can_resize:
-                    call("keeping the group's size", group.keep_size)
+        inventory = self.inventory
+        if refreshed and self._steering is not None and inventory is not None:
+            self._steering.steer(inventory, self._lifecycles)
         self._announce()
         return refreshed, self._replace_due()
 
@@ -303,7 +298,7 @@ class Controller:
         delay = self._refresh_interval if refreshed else self._backoff.delay(self._failures)
         if next_replacement is not None:
             delay = min(delay, next_replacement)
-        readmit = self._next_readmission()
+        readmit = self._membership.next_readmission()
         if readmit is not None:
             delay = min(delay, readmit)
         self._wake.wait(delay)
@@ -318,7 +313,7 @@ class Controller:
 
     def _fail(self, error: ProviderError) -> None:
         """Stop for good with ``error`` (the first one wins), from any thread."""
-        with self._lock:
+        with self._fatal_lock:
             if self._fatal is not None:
                 return
             self._fatal = error
@@ -344,11 +339,11 @@ class Controller:
             error = error or self._last_error
             self._emit(
                 "spotring_refreshed",
-                inventory=self._inventory,
+                inventory=self.inventory,
                 seconds=time.monotonic() - started,
                 calls=refresh_calls(self.groups),
                 error=str(error) if error is not None else None,
-                target=self._target,
+                target=self.target_size,
             )
 
     def _refresh(self) -> bool:
@@ -361,72 +356,21 @@ class Controller:
                 raise
             self._failures += 1
             self._last_error = error
-            log.warning(
-                "refresh of %s failed (%d in a row), keeping the last inventory: %s",
-                self.describe(),
-                self._failures,
-                error,
-            )
+            log.warning("refresh of %s failed (%d in a row), keeping the last inventory: %s",
+                        self.describe(), self._failures, error)  # fmt: skip
             return False
         if self._failures:
-            log.info(
-                "refresh of %s recovered after %d failures",
-                self.describe(),
-                self._failures,
-            )
+            log.info("refresh of %s recovered after %d failures", self.describe(),
+                     self._failures)  # fmt: skip
         self._failures = 0
         self._last_error = None
         self._warn_invalid_addresses(instances)
-        watchers = self._notice_watchers(instances)
-        with self._lock:
-            self._watchers = watchers
-            self._instances = instances
-            listed = {i.id for i in instances}
-            # Forget exclusions and notices once the cloud stops listing the member.
-            self._excluded = {i: at for i, at in self._excluded.items() if i in listed}
-            self._notices = {i: n for i, n in self._notices.items() if i in listed}
-            self._publish(new_generation=True)
+        if self._watchers is not None:
+            self._watchers.update(instances, self._group_of)
+        self._membership.listed(instances)
         self.refreshes += 1
         self._first.set()
         return True
-
-    def _publish(self, new_generation: bool = False) -> None:
-        """Build the inventory from the last listing and the exclusions (lock held)."""
-        now = time.monotonic()
-        self._excluded = {i: at for i, at in self._excluded.items() if at is None or at > now}
-        old = self._inventory
-        generation = (old.generation if old else 0) + (1 if new_generation else 0)
-        refreshed_at = now if new_generation or old is None else old.refreshed_at
-        instances = tuple(
-            _draining(i, self._notices[i.id]) if i.id in self._notices else i
-            for i in self._instances
-        )
-        self._inventory = Inventory(instances, generation, refreshed_at, frozenset(self._excluded))
-
-    def _notice_watchers(self, instances: tuple[Instance, ...]) -> dict[str, dict[str, Any] | None]:
-        """Each usable member's notice watcher: asked of the provider once per member,
-        here on the controller's thread, before discovery can offer the host (a worker
-        is started only on a host of a published inventory). None without a job (as for
-        ``spotring discover``): a listing asks for nothing more."""
-        watchers: dict[str, dict[str, Any] | None] = {}
-        if self._job is None:
-            return watchers
-        for instance in instances:
-            if instance.id in self._watchers:
-                watchers[instance.id] = self._watchers[instance.id]
-            elif instance.state in (InstanceState.PENDING, InstanceState.READY):
-                group = self._group_of(instance)
-                if group is None:
-                    continue
-                try:
-                    watcher = call("the provider's notice watcher", group.notice_watcher, instance)
-                except ProviderError as error:
-                    if not error.retryable:
-                        raise
-                    log.warning("no notice watcher for %s yet: %s", instance.id, error)
-                    continue
-                watchers[instance.id] = dict(watcher) if watcher else None
-        return watchers
 
     def _warn_invalid_addresses(self, instances: tuple[Instance, ...]) -> None:
         for instance in instances:
@@ -437,17 +381,13 @@ class Controller:
                 and instance.id not in self._invalid_addresses
             ):
                 self._invalid_addresses.add(instance.id)
-                log.warning(
-                    "%s: member %s has address %r, which is not a host name or IP address;"
-                    " it is left out",
-                    self.describe(),
-                    instance.id,
-                    instance.address,
-                )
+                log.warning("%s: member %s has address %r, which is not a host name or IP "
+                            "address; it is left out", self.describe(), instance.id,
+                            instance.address)  # fmt: skip
 
     def _announce(self) -> None:
         """Tell the plugins how the READY set changed since they last heard."""
-        inventory = self._inventory
+        inventory = self.inventory
         if inventory is None:
             return
         after = {i.id: i for i in inventory.ready}
@@ -455,12 +395,8 @@ class Controller:
         removed = [i for key, i in self._announced.items() if key not in after]
         self._announced = after
         if added or removed:
-            self._emit(
-                "spotring_inventory_changed",
-                added=added,
-                removed=removed,
-                ready=list(after.values()),
-            )
+            self._emit("spotring_inventory_changed", added=added, removed=removed,
+                       ready=list(after.values()))  # fmt: skip
 
     # ----------------------------------------------------------------- failures
 
@@ -472,19 +408,16 @@ class Controller:
         The plugins hear of it, and the replacement is decided, on the controller
         thread. Returns the instance, or None when no listed member has that address.
         """
-        with self._lock:
-            inventory = self._inventory
-            instance = inventory.by_address(address) if inventory else None
-            if instance is None or instance.id in self._excluded:
-                return instance
-            if self._steering is not None and self._steering.handing_back(instance.id):
-                # Its workers stopped as it left: no failure, no replacement.
-                log.info("host %s (%s) is being handed back: %s", address, instance.id, reason)
-                return instance
-            self._excluded[instance.id] = (
-                None if self._readmit_after is None else time.monotonic() + self._readmit_after
-            )
-            self._publish()
+        inventory = self.inventory
+        instance = inventory.by_address(address) if inventory else None
+        if instance is None:
+            return None
+        if self._steering is not None and self._steering.handing_back(instance.id):
+            # Its workers stopped as it left: no failure, no replacement.
+            log.info("host %s (%s) is being handed back: %s", address, instance.id, reason)
+            return instance
+        if not self._membership.exclude(instance.id, self._readmit_after):
+            return instance  # out already
         log.info("host %s (%s) taken out of the job: %s", address, instance.id, reason)
         self._failed_hosts.put((instance, reason))
         self._wake.set()
@@ -502,7 +435,7 @@ class Controller:
         not a member of the group is ignored (False). A drain hook that raises stops the
         controller, and with it the job, with its message (False).
         """
-        inventory = self._inventory
+        inventory = self.inventory
         instance = inventory.by_address(address) if inventory else None
         if instance is None:
             log.warning("ignored a notice for %s: not a member of the group", address)
@@ -530,25 +463,15 @@ class Controller:
             self._fail(error)
             return False
         if drain:
-            self._drain(instance.id, notice)
+            self._membership.drain(instance.id, notice)
         log.info("host %s (%s) announced %s%s", address, instance.id, notice.kind,
                  "; leaving the job" if drain else "")  # fmt: skip
         self._noticed_hosts.put((instance, notice, drain))
         self._wake.set()
         return drain
 
-    def _drain(self, instance_id: str, notice: InterruptionNotice) -> None:
-        """Take ``instance_id`` out of discovery: DRAINING with ``notice`` from now on."""
-        with self._lock:
-            self._notices[instance_id] = notice
-            self._publish()
-
     def _take_noticed_hosts(self) -> None:
-        while True:
-            try:
-                instance, notice, drain = self._noticed_hosts.get_nowait()
-            except queue.Empty:
-                return
+        for instance, notice, drain in _taken(self._noticed_hosts):
             self._emit("spotring_host_noticed", instance=instance, notice=notice, draining=drain)
             if notice.kind != "rebalance" and self._steering is not None:
                 self._steering.preempted(instance.id)
@@ -582,19 +505,13 @@ class Controller:
         """The notice watcher for the host at ``address`` (``Provider.notice_watcher``),
         as the controller's thread asked for it when the host was listed: callable from
         any thread (Horovod's, as it starts a worker), it never calls the provider."""
-        inventory = self._inventory
-        instance = inventory.by_address(address) if inventory else None
-        if instance is None:
+        instance_id = self.instance_id(address)
+        if instance_id is None or self._watchers is None:
             return None
-        watcher = self._watchers.get(instance.id)
-        return dict(watcher) if watcher else None
+        return self._watchers.get(instance_id)
 
     def _take_failed_hosts(self) -> None:
-        while True:
-            try:
-                instance, reason = self._failed_hosts.get_nowait()
-            except queue.Empty:
-                return
+        for instance, reason in _taken(self._failed_hosts):
             self._host_failed(instance, reason, self._replace_grace)
 
     def _take_cloud_failures(self) -> None:
@@ -602,7 +519,7 @@ class Controller:
         evicted spot VM kept deallocated, a VM that never provisioned) are failed hosts,
         each decided on once while the cloud lists it so. Their replacement is due at
         once: the cloud, not a failing job, said they failed."""
-        inventory = self._inventory
+        inventory = self.inventory
         failed = {i.id: i for i in inventory.instances if i.failure} if inventory else {}
         self._cloud_failures = {
             key: reason for key, reason in self._cloud_failures.items() if key in failed
@@ -619,99 +536,20 @@ class Controller:
         member is replaced once ``grace`` seconds have passed."""
         self._emit("spotring_host_failed", instance=instance, reason=reason)
         group = self._group_of(instance)
-        if self._job is None or group is None or not group.can_replace:
-            return
-        replace = call(
-            "the spotring_replace_host hook",
-            self._hook.spotring_replace_host,
-            instance=instance,
-            reason=reason,
-            job=self._job,
-        )
-        if not replace:
-            log.info("not replacing %s (%s): spotring_replace_host said no", instance.id,
-                     reason)  # fmt: skip
-            return
-        due = time.monotonic() + grace
-        self._pending_replacements[instance.id] = min(
-            due, self._pending_replacements.get(instance.id, due)
-        )
-
-    def _next_readmission(self) -> float | None:
-        """Seconds until the next excluded host is readmitted (republishing the
-        inventory for those whose time has come), or None when none is waiting."""
-        with self._lock:
-            now = time.monotonic()
-            times = [at for at in self._excluded.values() if at is not None]
-            if any(at <= now for at in times):
-                self._publish()
-                times = [at for at in self._excluded.values() if at is not None]
-        return max(0.0, min(times) - now) if times else None
+        if self._replacements is not None and group is not None and group.can_replace:
+            self._replacements.decide(instance, reason, grace)
 
     def _replace_due(self) -> float | None:
-        """Replace the failed hosts whose grace period is over.
-
-        Returns seconds until the next one is due, or None when none is pending.
-        """
-        now = time.monotonic()
-        for instance_id, at in list(self._pending_replacements.items()):
-            if at > now:
-                continue
-            group = self._group_of(self._listed(instance_id))
-            try:
-                if group is not None:  # else no longer listed: nothing left to replace
-                    call("replacing a host", group.replace_instance, instance_id)
-            except ProviderError as error:
-                if not error.retryable:
-                    raise
-                log.warning("could not replace %s, will retry: %s", instance_id, error)
-                self._pending_replacements[instance_id] = now + self._refresh_interval
-                continue
+        """Replace the failed hosts whose grace period is over. Returns seconds until
+        the next one is due, or None when none is pending."""
+        if self._replacements is None or self._steering is None:  # no job
+            return None
+        for instance_id in self._replacements.replace_due(
+            lambda key: self._group_of(self._listed(key))
+        ):
             log.info("asked %s to replace %s", self.describe(), instance_id)
-            del self._pending_replacements[instance_id]
-            if self._steering is not None:
-                self._steering.asked_to_go(instance_id)
-        upcoming = self._pending_replacements.values()
-        return max(0.0, min(upcoming) - now) if upcoming else None
-
-    # ------------------------------------------------------------------ steering
-
-    def _steer(self) -> None:
-        assert self._job is not None and self._inventory is not None
-        wanted = call(
-            "the spotring_target_size hook",
-            self._hook.spotring_target_size,
-            inventory=self._inventory,
-            job=self._job,
-            current_target=self._target,
-        )
-        if wanted is None or wanted == self._target:
-            return
-        limits = call("reading the group's limits", job_size_limits, self.groups)
-        size = int(wanted)
-        if limits is not None:
-            low, high = limits
-            size = min(max(size, low), high)
-            if size != wanted and size != self._target:
-                log.warning(
-                    "target of %d hosts is outside the group's limits [%d, %d]; using %d",
-                    wanted,
-                    low,
-                    high,
-                    size,
-                )
-        if size == self._target:
-            return
-        try:
-            if len(self.groups) == 1:  # several: the capacity steering splits the size
-                call("resizing the group", self.groups[0].set_target_size, size)
-        except ProviderError as error:
-            if not error.retryable:
-                raise
-            log.warning("could not resize %s, will retry: %s", self.describe(), error)
-            return
-        self._target = size
-        log.info("asked %s for %d hosts", self.describe(), size)
+            self._steering.asked_to_go(instance_id)
+        return self._replacements.next_due()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -724,15 +562,17 @@ class Controller:
 
     def _listed(self, instance_id: str) -> Instance | None:
         """``instance_id`` as the last good listing has it, or None."""
-        inventory = self._inventory
+        inventory = self.inventory
         return inventory.by_id(instance_id) if inventory is not None else None
 
     def _emit(self, name: str, **kwargs: Any) -> None:
         emit(self._hook, name, **kwargs)
 
 
-def _draining(instance: Instance, notice: InterruptionNotice) -> Instance:
-    """``instance`` as it is after ``notice``: leaving, unless already further gone."""
-    usable = instance.state in (InstanceState.PENDING, InstanceState.READY)
-    return replace(instance, state=InstanceState.DRAINING if usable else instance.state,
-                   notice=notice)  # fmt: skip
+def _taken(reported: queue.SimpleQueue[T]) -> Iterator[T]:
+    """What other threads reported in ``reported`` so far, taken in order."""
+    while True:
+        try:
+            yield reported.get_nowait()
+        except queue.Empty:
+            return

@@ -1,13 +1,15 @@
-"""Capacity steering: a job of several groups, steered by the capacity policy.
+"""Steering: the size each of a job's groups is asked to hold.
 
-The policy (:class:`spotring.autoscaler.capacity.CapacityPolicy`) decides, as pure
-logic, over what each refresh saw; :class:`CapacitySteering` feeds it and applies its
-decisions, on the controller's thread after each refresh: it asks a group below its
-size for its cloud's shortage signal, splits the job's size across the groups
-(through the ``spotring_order_groups`` and ``spotring_fall_back`` hooks), resizes
-them, and hands fallback hosts back one at a time, at a commit
+After each refresh, on the controller's thread, :class:`Steering` asks the
+``spotring_target_size`` hook for the job's size, within its groups' limits. A job of
+one group is asked that size. A job of several is steered by the capacity policy
+(:class:`spotring.autoscaler.capacity.CapacityPolicy`), which decides as pure logic
+over what each refresh saw; the steering feeds it and applies its decisions: it asks a
+group below its size for its cloud's shortage signal, splits the job's size across
+the groups (through the ``spotring_order_groups`` and ``spotring_fall_back`` hooks),
+resizes them, and hands fallback hosts back one at a time, at a commit
 (``spotring_return_to_spot``). It counts the spot members the clouds take, which
-demote a group. A job of one group has none of this: the controller steers it alone.
+demote a group.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pluggy
 
 from spotring.autoscaler.calls import call, emit
 from spotring.autoscaler.capacity import CapacityOptions, CapacityPolicy, GroupStatus
-from spotring.autoscaler.groups import group_names
+from spotring.autoscaler.groups import describe_groups, group_names, job_size_limits
 from spotring.core import Instance, InstanceState, InterruptionNotice, Lifecycle, ProviderError
 from spotring.core.inventory import Inventory
 from spotring.core.job import JobShape
@@ -29,19 +31,18 @@ from spotring.providers.base import Provider
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CapacitySteering"]
+__all__ = ["Steering"]
 
 _BILLED = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
 _TAKEN = (InstanceState.TERMINATING, InstanceState.GONE)
 
 
-class CapacitySteering:
-    """The capacity steering of one job over ``groups`` (two or more, in the user's
-    order of preference).
+class Steering:
+    """The steering of one job's ``groups`` (in the user's order of preference).
 
     :param hook: the plugin manager's hook relay: the decision hooks and the events.
     :param job: the job's limits and steering options.
-    :param options: the capacity policy's options.
+    :param options: the capacity policy's options (a job of several groups).
     :param clock: the policy's clock (seconds, monotonic): tests pass a fake one.
     :param drain: takes a host out of discovery with a notice, as a noticed host
         leaves (the controller's); a host being handed back leaves that way.
@@ -66,12 +67,15 @@ class CapacitySteering:
         clock: Callable[[], float],
         drain: Callable[[str, InterruptionNotice], None],
     ) -> None:
+        self._groups = tuple(groups)
         self._by_name = dict(zip(group_names(groups), groups, strict=True))
         self._hook = hook
         self._job = job
         self._options = options
         self._clock = clock
         self._drain = drain
+        self.target: int | None = None
+        """The job's size last asked for; None before."""
         self._policy: CapacityPolicy | None = None  # made at the first steering
         self._asked: dict[str, int] = {}  # group -> size it last accepted
         self._limits: dict[str, int] | None = None
@@ -84,8 +88,8 @@ class CapacitySteering:
         """What discovery last offered Horovod; None before it says (no driver: every
         ready host counts)."""
         self.status: tuple[GroupStatus, ...] = ()
-        """Each group's status after the last steering: replaced whole, readable from
-        any thread."""
+        """Each group's status after the last capacity steering (a job of several
+        groups; empty otherwise): replaced whole, readable from any thread."""
 
     # ------------------------------------------------ what the controller tells it
 
@@ -132,12 +136,60 @@ class CapacitySteering:
 
     # ------------------------------------------------------------------- steering
 
-    def steer(
+    def steer(self, inventory: Inventory, lifecycles: Mapping[str, Lifecycle | None]) -> None:
+        """Steer the groups as the last refresh found them (``inventory``;
+        ``lifecycles``: what each group launches, where it says), then have each hold
+        its size (``keep_size``). Nothing for groups that cannot be resized."""
+        if not any(group.can_resize for group in self._groups):
+            return
+        self._steer_size(inventory)
+        if len(self._groups) > 1 and self.target is not None:
+            self._steer_capacity(self.target, inventory, lifecycles)
+        for group in self._groups:
+            if group.can_resize:
+                call("keeping the group's size", group.keep_size)
+
+    def _steer_size(self, inventory: Inventory) -> None:
+        """Ask for the job's size (``spotring_target_size``) within the groups' limits:
+        of its group, or, for several, of the capacity steering."""
+        wanted = call(
+            "the spotring_target_size hook",
+            self._hook.spotring_target_size,
+            inventory=inventory,
+            job=self._job,
+            current_target=self.target,
+        )
+        if wanted is None or wanted == self.target:
+            return
+        limits = call("reading the group's limits", job_size_limits, self._groups)
+        size = int(wanted)
+        if limits is not None:
+            low, high = limits
+            size = min(max(size, low), high)
+            if size != wanted and size != self.target:
+                log.warning("target of %d hosts is outside the group's limits [%d, %d]; "
+                            "using %d", wanted, low, high, size)  # fmt: skip
+        if size == self.target:
+            return
+        try:
+            if len(self._groups) == 1:
+                call("resizing the group", self._groups[0].set_target_size, size)
+        except ProviderError as error:
+            if not error.retryable:
+                raise
+            log.warning("could not resize %s, will retry: %s", self._describe(), error)
+            return
+        self.target = size
+        log.info("asked %s for %d hosts", self._describe(), size)
+
+    def _describe(self) -> str:
+        return describe_groups(self._groups)
+
+    def _steer_capacity(
         self, total: int, inventory: Inventory, lifecycles: Mapping[str, Lifecycle | None]
     ) -> None:
-        """Split the job's ``total`` hosts across its groups as the last refresh found
-        them (``inventory``; ``lifecycles``: what each group launches, where it says),
-        fall back from short groups, and hand a fallback host back, at a commit."""
+        """Split the job's ``total`` hosts across its groups, fall back from short
+        groups, and hand a fallback host back, at a commit."""
         policy = self._capacity_policy(lifecycles)
         ready: dict[str, list[str]] = {name: [] for name in policy.groups}
         for instance in inventory.ready:

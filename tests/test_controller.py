@@ -166,7 +166,7 @@ def test_replacement_is_retried_after_a_provider_error(
     controller._replace_due()
     assert provider.replaced == []
     provider.replace_instance = original  # type: ignore[method-assign]
-    controller._pending_replacements["i-a"] = 0.0  # due again now
+    controller._replacements._due["i-a"] = 0.0  # due again now
     controller._replace_due()
     assert provider.replaced == ["i-a"]
 
@@ -315,30 +315,25 @@ def test_sizing_uses_the_slots_the_hosts_have(provider: ScriptedProvider) -> Non
     provider.members = [instance(f"gpu{n}", slots=4) for n in range(2)]
     job = JobShape(num_proc=16, min_num_proc=8, max_num_proc=16)
     controller = make_controller(provider, job=job)
-    controller.refresh()
-    controller._steer()
+    controller.step()
     assert provider.targets == [4], "16 workers at 4 slots per host need 4 hosts"
     # Later the group is kept within what --min-np/--max-np need: 2..4 hosts.
     provider.members = [instance(f"gpu{n}", slots=4) for n in range(6)]
-    controller.refresh()
-    controller._steer()
+    controller.step()
     assert provider.targets == [4, 4] or provider.targets == [4]
-    controller._target = 1  # e.g. someone resized the group under us
-    controller.refresh()
-    controller._steer()
+    controller._steering.target = 1  # e.g. someone resized the group under us
+    controller.step()
     assert provider.targets[-1] == 4
     job = JobShape(num_proc=16, min_num_proc=8, max_num_proc=16, resize=False)
     fixed = make_controller(provider, job=job)
-    fixed.refresh()
-    fixed._steer()
+    fixed.step()
     assert provider.targets[-1] == 4 and fixed.target_size is None
 
 
 def test_a_group_that_outgrew_max_np_is_shrunk(provider: ScriptedProvider) -> None:
     provider.members = [instance(f"h{n}", slots=2) for n in range(5)]
     controller = make_controller(provider, job=JobShape(num_proc=4, min_num_proc=2, max_num_proc=6))
-    controller.refresh()
-    controller._steer()
+    controller.step()
     assert provider.targets == [3]  # 5 hosts, but 6 workers at 2 slots need only 3
 
 
@@ -412,8 +407,7 @@ def test_a_plugins_answer_comes_before_spotrings(provider: ScriptedProvider) -> 
             return 7
 
     controller = make_controller(provider, Fixed(), job=JOB)
-    controller.refresh()
-    controller._steer()
+    controller.step()
     assert provider.targets == [7]
 
 
@@ -506,7 +500,7 @@ def test_a_noticed_host_drains_at_once_and_its_replacement_is_asked_for(
         eventually(lambda: controller.inventory.by_address("b") is None)  # type: ignore[union-attr]
     finally:
         controller.stop()
-    assert not controller._notices
+    assert not controller._membership._notices
 
 
 @pytest.mark.parametrize("drain_on_rebalance", [False, True])
