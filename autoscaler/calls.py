@@ -2,8 +2,8 @@
 anything else (a provider's or plugin's bug) becomes a :class:`ControllerError` that
 names the call, so the controller's thread stops with one message instead of dying.
 
-The controller and its capacity steering (:mod:`spotring.autoscaler.steering`) both
-call through here, and every hook through the plugin manager's relay (``pm.hook``).
+The controller and its rooms (steering, replacements, notice watchers) call through
+here, and every hook through the plugin manager's relay (``pm.hook``).
 """
 
 from __future__ import annotations
