@@ -2,7 +2,7 @@
 
 Each cloud provider keeps one mapping from the API calls it makes to the permission each
 needs (``IAM_ACTION_BY_OPERATION`` in :mod:`spotring.providers.aws`,
-``PERMISSION_BY_CALL`` in :mod:`spotring.providers.gcp`, the action list of
+``PERMISSION_BY_CALL`` in :mod:`spotring.providers.gcp`, ``ACTION_BY_CALL`` in
 :mod:`spotring.providers.azure`). :func:`permission_markdown` turns one into Markdown
 (for AWS with the least-privilege policy document of
 :func:`spotring.providers.aws.iam_policy`), for the README now and the reference pages
@@ -82,10 +82,9 @@ def gcp_markdown() -> str:
 
 def azure_markdown() -> str:
     """The Azure actions and the calls that need each."""
-    # The Azure provider's own list, which it keeps private: its single truth.
-    by_call: Mapping[str, str] = azure._ACTION_BY_CALL
     rows = [
-        [f"`{action}`", _code(calls)] for action, calls in _calls_by_permission(by_call).items()
+        [f"`{action}`", _code(calls)]
+        for action, calls in _calls_by_permission(azure.ACTION_BY_CALL).items()
     ]
     return _table(["action", "for"], rows)
 

@@ -25,7 +25,7 @@ def test_each_table_names_every_permission_and_the_calls_that_need_it() -> None:
     for markdown, by_call in [
         (permissions.aws_markdown(), aws.IAM_ACTION_BY_OPERATION),
         (permissions.gcp_markdown(), gcp.PERMISSION_BY_CALL),
-        (permissions.azure_markdown(), azure._ACTION_BY_CALL),
+        (permissions.azure_markdown(), azure.ACTION_BY_CALL),
     ]:
         rows = {
             m.group(1): m.group(2)
