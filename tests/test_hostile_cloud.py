@@ -43,8 +43,8 @@ from hypothesis import strategies as st
 
 from spotring.autoscaler.controller import Backoff, Controller
 from spotring.autoscaler.plugins import get_plugin_manager
-from spotring.providers import cloud
 from spotring.providers.base import Instance, InstanceState, Provider, ProviderError
+from spotring.providers.cloud import retries
 from tests.fault_proxy import GARBAGE_VARIANTS, HUGE_VARIANTS, KINDS, Fault, FaultProxy
 
 TIMEOUT = 0.5
@@ -121,7 +121,7 @@ def fast_retries() -> Iterator[None]:
     from botocore.retries.standard import ExponentialBackoff
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cloud, "backoff_delay", lambda failures, **_: 0.0)
+        patch.setattr(retries, "backoff_delay", lambda failures, **_: 0.0)
         patch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.0)
         yield
 
