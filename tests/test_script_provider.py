@@ -98,7 +98,9 @@ def test_without_steering_commands_the_group_is_only_listed() -> None:
     assert not provider.can_resize and not provider.can_replace
     controller = Controller(provider, job=JobShape(num_proc=4, min_num_proc=1, max_num_proc=4))
     controller.refresh()
-    controller._steer = lambda: pytest.fail("steered a group it cannot resize")  # type: ignore[method-assign]
+    controller._steering._steer_size = lambda inventory: pytest.fail(
+        "steered a group it cannot resize"
+    )
     controller.start()
     try:
         controller.wait_for_inventory(timeout=10)
@@ -107,7 +109,7 @@ def test_without_steering_commands_the_group_is_only_listed() -> None:
     finally:
         controller.stop()
     assert controller.wait_for_fatal_error(timeout=0) is None
-    assert controller._pending_replacements == {}
+    assert controller._replacements._due == {}
 
 
 @pytest.mark.e2e
