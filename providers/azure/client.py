@@ -11,9 +11,9 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
-from spotring.providers.azure.answers import json_object
+from spotring.providers.azure.answers import Member, json_object
 from spotring.providers.base import ConfigurationError
 from spotring.providers.cloud import MalformedAnswer, check_endpoint
 
@@ -216,3 +216,146 @@ def operation_status(compute: Any, url: str) -> Mapping[str, Any]:
     if response.status_code != 200:
         raise HttpResponseError(response=response, error_format=ARMErrorFormat)
     return json_object(response.json())
+
+
+def vm_list_call(flexible: bool) -> str:
+    """The call that lists a set's VMs: a Flexible set's are the resource group's VMs."""
+    return "virtualMachines.list" if flexible else "virtualMachineScaleSetVMs.list"
+
+
+class ScaleSetApi:
+    """The calls about one scale set: each made through ``call_api`` (so retried,
+    counted and its failure translated), every page followed. Long-running operations
+    are started, never waited on."""
+
+    def __init__(
+        self,
+        clients: SharedClients,
+        call_api: CallApi,
+        *,
+        subscription: str,
+        resource_group: str,
+        name: str,
+    ) -> None:
+        self._compute, self._network = clients.compute, clients.network
+        self._call_api = call_api
+        self.subscription = subscription
+        self.resource_group = resource_group
+        self.name = name
+
+    def get(self) -> Any:
+        """The scale set (azure-mgmt-compute's model): capacity, mode, spot settings."""
+
+        def get() -> Any:
+            found = self._compute.virtual_machine_scale_sets.get(self.resource_group, self.name)
+            if not all(getattr(found, name, None) for name in ("id", "location", "properties")):
+                raise MalformedAnswer(
+                    "virtualMachineScaleSets.get", "the scale set without its id or properties"
+                )
+            return found
+
+        return self._call_api("virtualMachineScaleSets.get", get)
+
+    def list_vms(self, flexible_set_id: str = "") -> list[dict]:
+        """Every VM of the set with its instance view, as plain JSON: a Uniform set's own
+        list, or (``flexible_set_id`` given) the resource group's VMs filtered to the
+        Flexible set of that id."""
+        group = f"/subscriptions/{quote(self.subscription, safe='')}/resourceGroups/"
+        group += quote(self.resource_group, safe="")
+        if flexible_set_id:
+            set_filter = f"'virtualMachineScaleSet/id' eq '{flexible_set_id}'"
+            return json_pages(
+                self._call_api,
+                self._compute,
+                vm_list_call(flexible=True),
+                f"{group}/providers/Microsoft.Compute/virtualMachines",
+                {"$filter": set_filter, "$expand": "instanceView"},
+            )
+        return json_pages(
+            self._call_api,
+            self._compute,
+            vm_list_call(flexible=False),
+            f"{group}/providers/Microsoft.Compute/virtualMachineScaleSets/"
+            f"{quote(self.name, safe='')}/virtualMachines",
+            {"$expand": "instanceView"},
+        )
+
+    def network_interfaces(self, flexible: bool) -> list[Any]:
+        """The set's network interfaces (a Flexible set's: the resource group's)."""
+        if flexible:
+            return pages(
+                self._call_api,
+                "networkInterfaces.list",
+                lambda: self._network.network_interfaces.list(self.resource_group),
+            )
+        return pages(
+            self._call_api,
+            "networkInterfaces.listVirtualMachineScaleSetNetworkInterfaces",
+            lambda: (
+                self._network.network_interfaces.list_virtual_machine_scale_set_network_interfaces(
+                    self.resource_group, self.name
+                )
+            ),
+        )
+
+    def resource_skus(self, location: str) -> list[Any]:
+        """The resource SKUs (VM sizes and their capabilities) of ``location``."""
+        return pages(
+            self._call_api,
+            "resourceSkus.list",
+            lambda: self._compute.resource_skus.list(filter=f"location eq '{location}'"),
+        )
+
+    def operation_status(self, url: str) -> Mapping[str, Any]:
+        """The status document of the long-running operation at ``url``."""
+        return self._call_api("operations.get", lambda: operation_status(self._compute, url))
+
+    def delete(self, member: Member, flexible: bool) -> None:
+        """Start deleting ``member``; one already gone (a 404) is deleted already."""
+        from azure.core.exceptions import ResourceNotFoundError
+        from azure.mgmt.core.tools import parse_resource_id
+
+        def delete() -> None:
+            try:
+                if flexible:
+                    # By the id the listing gave: the VM it found in the set, wherever
+                    # its resource group is spelled.
+                    vm = parse_resource_id(member.resource_id)
+                    self._compute.virtual_machines.begin_delete(
+                        vm["resource_group"], vm["name"], polling=False
+                    )
+                else:
+                    self._compute.virtual_machine_scale_sets.begin_delete_instances(
+                        self.resource_group,
+                        self.name,
+                        {"instanceIds": [member.instance_id]},
+                        polling=False,
+                    )
+            except ResourceNotFoundError:
+                pass  # deleted meanwhile (an eviction with policy Delete): done already
+
+        call_name = (
+            "virtualMachines.delete" if flexible else "virtualMachineScaleSets.deleteInstances"
+        )
+        self._call_api(call_name, delete)
+
+    def set_capacity(self, size: int) -> str:
+        """Start setting the set's capacity to ``size``; the status URL of the operation
+        (its ``Azure-AsyncOperation`` header), or "" without one."""
+        status_urls: list[str] = []
+
+        def note_status_url(pipeline_response: Any) -> None:
+            headers = pipeline_response.http_response.headers
+            status_urls.append(headers.get("Azure-AsyncOperation") or "")
+
+        self._call_api(
+            "virtualMachineScaleSets.update",
+            lambda: self._compute.virtual_machine_scale_sets.begin_update(
+                self.resource_group,
+                self.name,
+                {"sku": {"capacity": size}},
+                polling=False,
+                raw_response_hook=note_status_url,
+            ),
+        )
+        return status_urls[-1] if status_urls else ""

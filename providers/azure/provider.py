@@ -43,7 +43,6 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from spotring.core.capacity import CapacityShortage
 from spotring.core.hooks import hookimpl
@@ -58,13 +57,12 @@ from spotring.providers.azure.answers import (
 )
 from spotring.providers.azure.capacity import ShortageSignals, is_refusal
 from spotring.providers.azure.client import (
+    ScaleSetApi,
     SharedClients,
     credential_source,
-    json_pages,
     make_clients,
-    operation_status,
-    pages,
     same_origin,
+    vm_list_call,
 )
 from spotring.providers.azure.errors import retry_after, translate_arm_error
 from spotring.providers.azure.groups import ScaleSetSpec, scale_set_specs
@@ -87,7 +85,6 @@ from spotring.providers.base import (
 from spotring.providers.cloud import (
     CloudGroupProvider,
     EpisodeWarnings,
-    MalformedAnswer,
     one_line,
     worst_state,
 )
@@ -177,6 +174,13 @@ class AzureProvider(CloudGroupProvider):
             clients = SharedClients(*make_clients(credential, endpoint, self.subscription))
         self._clients = clients.share()
         self._compute, self._network = clients.compute, clients.network
+        self._api = ScaleSetApi(
+            clients,
+            self.call_api,
+            subscription=self.subscription,
+            resource_group=resource_group,
+            name=group,
+        )
 
     # ----------------------------------------------------------------- options
 
@@ -326,15 +330,7 @@ class AzureProvider(CloudGroupProvider):
         return ""
 
     def _get_set(self) -> Any:
-        def get() -> Any:
-            found = self._compute.virtual_machine_scale_sets.get(self.resource_group, self.group)
-            if not all(getattr(found, name, None) for name in ("id", "location", "properties")):
-                raise MalformedAnswer(
-                    "virtualMachineScaleSets.get", "the scale set without its id or properties"
-                )
-            return found
-
-        self._set = self.call_api("virtualMachineScaleSets.get", get)
+        self._set = self._api.get()
         return self._set
 
     @property
@@ -349,29 +345,9 @@ class AzureProvider(CloudGroupProvider):
         # A Flexible set's VMs need not carry the set's tags (Terraform puts the slots
         # tag on the set): a VM's own tag wins, the set's fills in.
         set_tags = dict(self._set.tags or {}) if self._set else {}
-        group = f"/subscriptions/{quote(self.subscription, safe='')}/resourceGroups/"
-        group += quote(self.resource_group, safe="")
-        if self.flexible:
-            assert self._set is not None  # self.flexible reads it
-            set_filter = f"'virtualMachineScaleSet/id' eq '{self._set.id}'"
-            vms = json_pages(
-                self.call_api,
-                self._compute,
-                "virtualMachines.list",
-                f"{group}/providers/Microsoft.Compute/virtualMachines",
-                {"$filter": set_filter, "$expand": "instanceView"},
-            )
-        else:
-            vms = json_pages(
-                self.call_api,
-                self._compute,
-                "virtualMachineScaleSetVMs.list",
-                f"{group}/providers/Microsoft.Compute/virtualMachineScaleSets/"
-                f"{quote(self.group, safe='')}/virtualMachines",
-                {"$expand": "instanceView"},
-            )
         set_id = self._set.id if self.flexible and self._set is not None else ""
-        call_name = "virtualMachines.list" if self.flexible else "virtualMachineScaleSetVMs.list"
+        vms = self._api.list_vms(set_id)
+        call_name = vm_list_call(self.flexible)
         listed = [member_of(vm, set_spot, set_size, set_tags, set_id, call_name) for vm in vms]
         members = [m for m in listed if m is not None]
         foreign = len(listed) - len(members)  # the server's filter let them through
@@ -389,24 +365,7 @@ class AzureProvider(CloudGroupProvider):
         self._addresses = {k: v for k, v in self._addresses.items() if k in listed}
         if all(self._address(m) or not m.power for m in members):
             return
-        if self.flexible:
-            call_name = "networkInterfaces.list"
-            nics = pages(
-                self.call_api,
-                call_name,
-                lambda: self._network.network_interfaces.list(self.resource_group),
-            )
-        else:
-            call_name = "networkInterfaces.listVirtualMachineScaleSetNetworkInterfaces"
-            nics = pages(
-                self.call_api,
-                call_name,
-                lambda: (
-                    self._network.network_interfaces.list_virtual_machine_scale_set_network_interfaces(
-                        self.resource_group, self.group
-                    )
-                ),
-            )
+        nics = self._api.network_interfaces(self.flexible)
         self._addresses.update(private_addresses(nics, listed))
 
     def _learn_gpu_counts(self, members: Sequence[Member]) -> None:
@@ -416,12 +375,7 @@ class AzureProvider(CloudGroupProvider):
         ):
             return
         location = self._set.location if self._set else ""
-        skus = pages(
-            self.call_api,
-            "resourceSkus.list",
-            lambda: self._compute.resource_skus.list(filter=f"location eq '{location}'"),
-        )
-        self._gpus_by_size = gpu_counts(skus)
+        self._gpus_by_size = gpu_counts(self._api.resource_skus(location))
 
     # ----------------------------------------------------------------- capacity
 
@@ -472,7 +426,7 @@ class AzureProvider(CloudGroupProvider):
         url = self._scale_out
         if url is None:
             return
-        answer = self.call_api("operations.get", lambda: operation_status(self._compute, url))
+        answer = self._api.operation_status(url)
         status = answer.get("status")
         if status not in ("Succeeded", "Failed", "Canceled"):
             return  # InProgress, or an answer without its status: ask again later
@@ -539,32 +493,7 @@ class AzureProvider(CloudGroupProvider):
         )
 
     def _delete(self, member: Member) -> None:
-        from azure.core.exceptions import ResourceNotFoundError
-        from azure.mgmt.core.tools import parse_resource_id
-
-        def delete() -> None:
-            try:
-                if self.flexible:
-                    # By the id the listing gave: the VM it found in the set, wherever
-                    # its resource group is spelled.
-                    vm = parse_resource_id(member.resource_id)
-                    self._compute.virtual_machines.begin_delete(
-                        vm["resource_group"], vm["name"], polling=False
-                    )
-                else:
-                    self._compute.virtual_machine_scale_sets.begin_delete_instances(
-                        self.resource_group,
-                        self.group,
-                        {"instanceIds": [member.instance_id]},
-                        polling=False,
-                    )
-            except ResourceNotFoundError:
-                pass  # deleted meanwhile (an eviction with policy Delete): done already
-
-        call_name = (
-            "virtualMachines.delete" if self.flexible else "virtualMachineScaleSets.deleteInstances"
-        )
-        self.call_api(call_name, delete)
+        self._api.delete(member, self.flexible)
         self._members[member.name] = replace(member, provisioning="Deleting")
         log.info("azure: deleting %s from scale set %s", member.name, self.group)
 
@@ -635,24 +564,9 @@ class AzureProvider(CloudGroupProvider):
 
     def _update_capacity(self, size: int) -> None:
         """Set the capacity; a scale-out's operation is read when a shortage is asked."""
-        status_urls: list[str] = []
-
-        def note_status_url(pipeline_response: Any) -> None:
-            headers = pipeline_response.http_response.headers
-            status_urls.append(headers.get("Azure-AsyncOperation") or "")
-
-        self.call_api(
-            "virtualMachineScaleSets.update",
-            lambda: self._compute.virtual_machine_scale_sets.begin_update(
-                self.resource_group,
-                self.group,
-                {"sku": {"capacity": size}},
-                polling=False,
-                raw_response_hook=note_status_url,
-            ),
-        )
-        if size > self._capacity and status_urls and same_origin(status_urls[-1], self.endpoint):
-            self._scale_out = status_urls[-1]
+        status_url = self._api.set_capacity(size)
+        if size > self._capacity and same_origin(status_url, self.endpoint):
+            self._scale_out = status_url
         if self._set is not None and self._set.sku is not None:
             self._set.sku.capacity = size
         log.info("azure: scale set %s capacity -> %d", self.group, size)
