@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -484,6 +486,18 @@ def test_a_sovereign_cloud_endpoint_gets_its_own_token_scope() -> None:
     # refuse it.
     assert client._config.credential_scopes == ["https://management.chinacloudapi.cn/.default"]
     assert "credential_scopes" not in client_options(None)
+
+
+def test_import_loads_no_azure_sdk() -> None:
+    """``spotring --help`` does not pay for the Azure SDKs: each room of the package
+    imports them on first use."""
+    code = (
+        "import sys, spotring.providers.azure; "
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'azure'); "
+        "sys.exit(f'loaded: {loaded}' if loaded else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
 
 
 # -------------------------------------------------------------------- conformance
