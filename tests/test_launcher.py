@@ -277,7 +277,7 @@ def test_a_notice_comes_through_the_supervisor_signed_and_out_of_the_output() ->
     """The real watcher on a (fake) metadata service, the supervisor's signed line, the
     launcher's check: the listener hears the notice, the output never shows it, and a
     worker stopped because its host left counts as stopped."""
-    from spotring.providers.local_metadata import FakeImds
+    from spotring.providers.local.metadata import FakeImds
     from spotring.worker_image.notices import MESSAGE_MARKER, PREEMPT
     from spotring.worker_image.peer_abort import JOB_KEY_ENV
 
@@ -327,7 +327,7 @@ def test_a_line_without_end_is_cut_in_bounded_memory_and_what_follows_still_arri
     import tracemalloc
 
     from spotring.driver.launcher import MAX_LINE_CHARS
-    from spotring.providers.local_metadata import FakeImds
+    from spotring.providers.local.metadata import FakeImds
     from spotring.worker_image.peer_abort import JOB_KEY_ENV
 
     class Heard(Listener):
@@ -399,7 +399,7 @@ def test_a_script_printing_a_crafted_notice_line_cannot_stop_the_drivers_reading
     """A notice whose kind is a JSON list (unhashable) is refused like any malformed one,
     and the worker's output keeps arriving (it once ended the reader thread: the worker
     would then block on a full pipe)."""
-    from spotring.providers.local_metadata import FakeImds
+    from spotring.providers.local.metadata import FakeImds
     from spotring.worker_image.notices import MESSAGE_MARKER
     from spotring.worker_image.peer_abort import JOB_KEY_ENV
 

@@ -20,7 +20,7 @@ from spotring.autoscaler.controller import Controller
 from spotring.driver.launcher import WorkerSpec, _NoticeReader
 from spotring.providers.base import InterruptionNotice
 from spotring.providers.local import LocalProvider
-from spotring.providers.local_metadata import FakeImds
+from spotring.providers.local.metadata import FakeImds
 from spotring.worker_image.notices import (
     MAX_MESSAGE_BYTES,
     MESSAGE_MARKER,

@@ -1,22 +1,6 @@
-"""The embedded ``local`` provider: a simulated instance group on this machine.
-
-Hosts are named ``host-0``, ``host-1``, ... and their workers run as local processes
-(the launcher tells the provider which process groups run on which host). Like a cloud
-group, it keeps a desired size: a host that is preempted or replaced is followed by a
-new one that boots for ``--boot-seconds``. Chaos options script what a spot group does
-to a job: a scale-up at a given time, hard preemptions that kill a host's workers with
-SIGKILL and then report the host GONE, and noticed preemptions: the host announces its
-interruption through an EC2-style metadata service on loopback
-(``providers/local_metadata.py``, read by the real AWS notice watcher on the host)
-``--notice-lead`` seconds before the same hard preemption.
-
-A local group is two groups in one simulated pool, as a job spanning a spot group and an
-on-demand group sees them (:meth:`LocalProvider.groups_from_options`): ``local-spot``
-(``host-0``, ``host-1``, ...), which chaos acts on and which ``--spot-capacity N``
-limits (a launch beyond N fails with the capacity error an Auto Scaling activity
-reports, which :meth:`LocalProvider.capacity_shortage` returns), and ``local-on-demand``
-(``od-0``, ``od-1``, ...), unlimited and never preempted, which starts empty.
-"""
+"""The local pool and its two groups: :class:`LocalProvider` (the simulated hosts, the
+spot group, its chaos and its spot capacity) and :class:`LocalOnDemandGroup` (the
+on-demand group behind it), and the provider's registration."""
 
 from __future__ import annotations
 
@@ -45,7 +29,8 @@ from spotring.providers.base import (
     ShortageCause,
     hosts_for_slots,
 )
-from spotring.providers.local_metadata import FakeImds
+from spotring.providers.local.control import ControlFile
+from spotring.providers.local.metadata import FakeImds
 from spotring.providers.options import non_negative_int, non_negative_seconds
 
 DEFAULT_NOTICE_LEAD_SECONDS = 10.0
@@ -61,7 +46,7 @@ group reports its own shortage the same way."""
 _HOST_PREFIX = {Lifecycle.SPOT: "host-", Lifecycle.ON_DEMAND: "od-"}
 _GROUP_NAME = {Lifecycle.SPOT: SPOT_GROUP, Lifecycle.ON_DEMAND: ON_DEMAND_GROUP}
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)
 
 
 @dataclass
@@ -144,8 +129,7 @@ class LocalProvider(Provider):
             threading.Timer(delay, self.notice, kwargs={"name": preempt_host})
             for delay in sorted(notice_at)
         ]
-        self._control = Path(control) if control else None
-        self._control_offset = 0
+        self._control = ControlFile(Path(control)) if control else None
         self.events: list[tuple[float, str]] = []
         """(seconds since start, what happened), for summaries and tests: the pool's
         chaos and the spot group's hosts (the on-demand group keeps its own)."""
@@ -439,15 +423,7 @@ class LocalProvider(Provider):
         """Run the lines appended to the ``--control`` file since the last refresh."""
         if self._control is None:
             return
-        try:
-            with self._control.open("rb") as stream:
-                stream.seek(self._control_offset)
-                data = stream.read()
-        except FileNotFoundError:
-            return
-        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
-        self._control_offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
+        for line in self._control.new_lines():
             words = line.split()
             if not words:
                 continue
