@@ -183,6 +183,7 @@ def run_elastic(
 
     def create_worker(slot_info: Any, events: Sequence[threading.Event]) -> tuple[int, float]:
         host, local_rank = slot_info.hostname, slot_info.local_rank
+        rendezvous.worker_launched(host, local_rank)
         spec = worker_spec(host, local_rank, slot_info.rank, create_slot_env_vars(slot_info))
         warm = warm_pool.take(host, local_rank) if warm_pool is not None else None
         return launcher(spec, events, warm)

@@ -581,3 +581,30 @@ def test_a_first_init_asks_about_its_own_slot(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("HOROVOD_HOSTNAME", "host-11")
     monkeypatch.setenv("HOROVOD_LOCAL_RANK", "0")
     assert _abandoned_key() == f"{ABANDONED_KEY}.host-11:0"
+
+
+def test_a_worker_launched_into_a_ring_hears_it_was_abandoned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker launched (or started ahead and joined) into a ring takes its rank from
+    its environment and sends no rank request; in its first ``init`` the driver cannot
+    message it either. When a member dies while that ring forms, the ring's abandoned
+    key for its slot is what frees it: without it, it waited out Gloo's timeout (found by
+    bench/kills: a member killed 25 ms after a ring with a joining warm worker was
+    planned, the newcomer failed after 30 s)."""
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    from spotring.driver.elastic import RingTracker
+    from spotring.worker_image.peer_abort import ABANDONED_KEY, read_generation_key
+
+    tracker = RingTracker()
+    port = tracker.start(address="127.0.0.1", job_key=JOB_KEY)
+    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
+    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", str(port))
+    try:
+        tracker.init([SlotInfo(f"host-{i}", i, 0, i, 3, 1, 3) for i in range(3)])
+        tracker.worker_launched("host-2", 0)  # the newcomer, as run_elastic launches it
+        tracker.abandon(tracker.generation)  # host-1 died while the ring formed
+        assert read_generation_key(f"{ABANDONED_KEY}.host-2:0") == tracker.generation
+    finally:
+        tracker.stop()

@@ -91,6 +91,14 @@ class RingTracker(RendezvousServer):
         if generation == self.generation:
             self.httpd.abandon()
 
+    def worker_launched(self, host: str, local_rank: int) -> None:
+        """A worker was launched into the current ring with its rank (its environment
+        names it: it sends no rank request). It forms this ring like a member told its
+        rank: it may ask whether the ring was abandoned (its first ``init`` has no
+        notification service for the driver to tell it), and a rank request of its
+        slot later in this ring means it left it."""
+        self.httpd.rank_given((host, local_rank))
+
     def request_flush(self) -> None:
         """After a notice, nobody would carry the current ring's state on: ask its rank
         0 to write the commit at which it stops to durable storage before it goes. The
