@@ -35,7 +35,6 @@ import queue
 import random
 import threading
 import time
-import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -202,13 +201,6 @@ class Controller:
     def describe(self) -> str:
         """The job's groups in a few words, for progress lines and logs."""
         return describe_groups(self.groups)
-
-    @property
-    def provider(self) -> Provider:
-        """The first (most preferred) group's provider. Deprecated: :attr:`groups`."""
-        warnings.warn("Controller.provider is deprecated: use Controller.groups",
-                      DeprecationWarning, stacklevel=2)  # fmt: skip
-        return self.groups[0]
 
     def instance_id(self, address: str) -> str | None:
         """The id of the member at ``address`` (for ssh host-key pinning)."""

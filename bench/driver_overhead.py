@@ -116,7 +116,7 @@ def child(
         manager.update_available_hosts()
         stats["hosts"] = len(manager.current_hosts.available_hosts)
     refreshes = controller.refreshes if controller else 0
-    calls = controller.provider.api_calls if controller else 0
+    calls = sum(g.api_calls for g in controller.groups) if controller else 0
 
     print("START", flush=True)
     cpu_self, cpu_children = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
@@ -158,7 +158,7 @@ def child(
     }
     if controller is not None:
         stats["refreshes"] = controller.refreshes - refreshes
-        stats["provider_calls"] = controller.provider.api_calls - calls
+        stats["provider_calls"] = sum(g.api_calls for g in controller.groups) - calls
     print(json.dumps(stats), flush=True)
     # Do not wait for a refresh in flight (seconds at 1,000 hosts on moto): nothing to save.
     os._exit(0)
