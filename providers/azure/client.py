@@ -1,8 +1,8 @@
-"""The management clients: made (options, credential, a sovereign cloud's token scope, a
-loopback test server), shared by the scale sets of a job, and the calls made through
-them that the SDK's models do not shape: paged lists, plain-JSON lists, an operation's
-status. Every call goes through the provider's ``call_api`` (retries, counting, error
-translation)."""
+"""The management clients, made (options, credential, a sovereign cloud's token scope, a
+loopback test server) and shared by the scale sets of a job, and :class:`ScaleSetApi`,
+the calls about one set: each page of a list, the VM list read as plain JSON, an
+operation's status, deletes and capacity changes, each through the provider's
+``call_api`` (retries, counting, error translation)."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def _default_credential() -> Any:
             "the azure provider needs azure-identity: pip install 'spotring[azure]'"
         ) from None
     # On failure it logs every credential it tried, over many lines; spotring says
-    # it in one (see translate_error).
+    # it in one (see errors.translate_arm_error).
     logging.getLogger("azure.identity").setLevel(logging.ERROR)
     # No browser prompt: spotring runs unattended.
     return DefaultAzureCredential(exclude_interactive_browser_credential=True)
@@ -151,7 +151,7 @@ def same_origin(url: str, endpoint: str | None) -> bool:
     return (given.scheme, given.netloc.lower()) == (base.scheme, base.netloc.lower())
 
 
-def pages(call_api: CallApi, call_name: str, make_pager: Callable[[], Any]) -> list[Any]:
+def _pages(call_api: CallApi, call_name: str, make_pager: Callable[[], Any]) -> list[Any]:
     """Every item of a paged list, one retried call per page."""
     items: list[Any] = []
     token: str | None = None
@@ -168,7 +168,7 @@ def pages(call_api: CallApi, call_name: str, make_pager: Callable[[], Any]) -> l
             return items
 
 
-def json_pages(
+def _json_pages(
     call_api: CallApi, compute: Any, call_name: str, path: str, params: dict[str, str]
 ) -> list[dict]:
     """Every item of a paged ARM list as plain JSON, one retried call per page.
@@ -203,7 +203,7 @@ def json_pages(
         request = HttpRequest("GET", str(next_link))
 
 
-def operation_status(compute: Any, url: str) -> Mapping[str, Any]:
+def _operation_status(compute: Any, url: str) -> Mapping[str, Any]:
     """The status document of a long-running operation at ``url`` (one request; a
     404, the operation expired, reads as ``Canceled``)."""
     from azure.core.exceptions import HttpResponseError
@@ -264,14 +264,14 @@ class ScaleSetApi:
         group += quote(self.resource_group, safe="")
         if flexible_set_id:
             set_filter = f"'virtualMachineScaleSet/id' eq '{flexible_set_id}'"
-            return json_pages(
+            return _json_pages(
                 self._call_api,
                 self._compute,
                 vm_list_call(flexible=True),
                 f"{group}/providers/Microsoft.Compute/virtualMachines",
                 {"$filter": set_filter, "$expand": "instanceView"},
             )
-        return json_pages(
+        return _json_pages(
             self._call_api,
             self._compute,
             vm_list_call(flexible=False),
@@ -283,12 +283,12 @@ class ScaleSetApi:
     def network_interfaces(self, flexible: bool) -> list[Any]:
         """The set's network interfaces (a Flexible set's: the resource group's)."""
         if flexible:
-            return pages(
+            return _pages(
                 self._call_api,
                 "networkInterfaces.list",
                 lambda: self._network.network_interfaces.list(self.resource_group),
             )
-        return pages(
+        return _pages(
             self._call_api,
             "networkInterfaces.listVirtualMachineScaleSetNetworkInterfaces",
             lambda: (
@@ -300,7 +300,7 @@ class ScaleSetApi:
 
     def resource_skus(self, location: str) -> list[Any]:
         """The resource SKUs (VM sizes and their capabilities) of ``location``."""
-        return pages(
+        return _pages(
             self._call_api,
             "resourceSkus.list",
             lambda: self._compute.resource_skus.list(filter=f"location eq '{location}'"),
@@ -308,7 +308,7 @@ class ScaleSetApi:
 
     def operation_status(self, url: str) -> Mapping[str, Any]:
         """The status document of the long-running operation at ``url``."""
-        return self._call_api("operations.get", lambda: operation_status(self._compute, url))
+        return self._call_api("operations.get", lambda: _operation_status(self._compute, url))
 
     def delete(self, member: Member, flexible: bool) -> None:
         """Start deleting ``member``; one already gone (a 404) is deleted already."""
