@@ -256,3 +256,16 @@ def test_the_launcher_tells_only_a_provider_that_declares_it_tracks_workers(
     assert outcome.exit_code == 0
     wanted = [("started", "host-0", 4242), ("exited", "host-0", 4242)]
     assert provider.heard == (wanted if provider_class.tracks_worker_processes else [])
+
+
+def test_the_control_file_is_read_a_bounded_amount_at_a_time(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from spotring.providers.local.control import MAX_READ_BYTES, ControlFile
+
+    path = tmp_path / "control"
+    path.write_bytes(b"x" * (MAX_READ_BYTES + 10) + b"\nscale 3\n")
+    control = ControlFile(path)
+    assert control.new_lines() == []  # the overlong line is skipped, not held whole
+    assert control.new_lines() == []  # ... up to its newline
+    assert control.new_lines() == ["scale 3"]
+    path.write_bytes(path.read_bytes() + b"preempt host-1\n")
+    assert control.new_lines() == ["preempt host-1"]
