@@ -1,11 +1,12 @@
 """``spotring run --events FILE``: what the job did, one JSON object per line.
 
 Every line has ``v`` (the format's version, :data:`VERSION`), ``t`` (epoch seconds) and
-``event``; the rest depends on the event (README.md lists them all). The file is
-line-buffered: a crash loses at most the line being written. The log is a plugin: it
-hears the job's, the controller's and the rings' events through the same hooks a
-third-party plugin would; they come on several threads, and each line is written whole
-under a lock.
+``event``; the rest depends on the event: :data:`EVENTS` declares every event and its
+fields (the docs' events page is made from it, and a test checks what the log writes
+against it). The file is line-buffered: a crash loses at most the line being written.
+The log is a plugin: it hears the job's, the controller's and the rings' events through
+the same hooks a third-party plugin would; they come on several threads, and each line
+is written whole under a lock.
 
 ``spotring report FILE`` (``spotring.autoscaler.report``) reads it back.
 """
@@ -16,7 +17,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,6 +33,177 @@ VERSION = 1
 """Bumped when a field changes meaning or goes away; new fields do not bump it."""
 
 PROVIDER_LOGGER = "spotring.providers"
+
+
+@dataclass(frozen=True)
+class EventKind:
+    """One kind of line of the events file: when it is written, and each field it may
+    have besides ``v``, ``t`` and ``event``, with what the field holds."""
+
+    when: str
+    fields: Mapping[str, str]
+
+
+EVENTS: Mapping[str, EventKind] = {
+    "job_started": EventKind(
+        "once, as a run starts",
+        {
+            "provider": "the provider's name",
+            "np": "worker processes to start with (`-np`)",
+            "min_np": "fewest workers to keep training (`--min-np`)",
+            "max_np": "most workers to scale up to (`--max-np`)",
+            "progress": "true: the file has `progress` and `stall` records",
+            "groups": "a job of several groups only: their names, most preferred first",
+        },
+    ),
+    "refresh": EventKind(
+        "after every listing of the group, successful or not",
+        {
+            "seconds": "how long the listing took",
+            "calls": "cloud API requests it made, where the provider counts them, else null",
+            "error": "the failure's message; null when the listing worked",
+            "hosts": "members by state (`{state: count}`)",
+            "ready": "members Horovod may use",
+            "target": "the group size spotring asks for; null before it asked",
+        },
+    ),
+    "instance_state": EventKind(
+        "a member's state changed (one no longer listed has only `id` and `state: gone`)",
+        {
+            "id": "the cloud's id of the member",
+            "address": "the address workers are reached at",
+            "state": "`pending`, `ready`, `draining`, `terminating` or `gone`",
+            "lifecycle": "`spot` or `on-demand`",
+            "group": "the group it belongs to (empty for a job of one group)",
+            "slots": "worker processes it runs",
+            "zone": "its zone, where the cloud says",
+            "instance_type": "its instance type, where the cloud says",
+        },
+    ),
+    "membership": EventKind(
+        "the set of READY hosts changed",
+        {
+            "added": "addresses that became READY",
+            "removed": "addresses that stopped being READY",
+            "ready": "every READY address after the change",
+        },
+    ),
+    "notice": EventKind(
+        "a host announced its interruption",
+        {
+            "host": "its address",
+            "id": "its instance id",
+            "kind": "`preempt`, `terminate` or `rebalance`",
+            "deadline": "epoch seconds the cloud gave, or null",
+            "draining": "whether the host left the job at once",
+        },
+    ),
+    "host_failed": EventKind(
+        "a host was taken out of the job",
+        {
+            "host": "its address",
+            "id": "its instance id",
+            "reason": "why, e.g. `worker rank 2 exited with -9` (`hung: ...` after a `hang`)",
+        },
+    ),
+    "provider_warning": EventKind(
+        "the provider warned (a capacity shortage, an eviction, ...)",
+        {"source": "the logger that warned", "message": "the warning"},
+    ),
+    "ring_formed": EventKind(
+        "Horovod assigned ranks: the first ring, and one per reset",
+        {
+            "size": "the ring's workers",
+            "hosts": "its hosts' addresses",
+            "since_change_s": "seconds from the last membership change, failure or notice to"
+            " this ring (the old ring may have trained meanwhile: see `stall`); null if none",
+        },
+    ),
+    "progress": EventKind(
+        "the current ring's progress, as it forms and every 10 s",
+        {
+            "ring": "its generation: 1, then +1 per reset",
+            "size": "its workers",
+            "steps": "the most commits any member made since it formed",
+            "idle_s": "seconds since its last commit (or its formation)",
+            "slowest": "`host[local_rank]` of the member whose last commit is oldest",
+        },
+    ),
+    "stall": EventKind(
+        "once per reset, once the new ring commits: its longest time without any commit",
+        {
+            "ring": "the generation whose first commit ended it",
+            "start": "epoch seconds it began",
+            "end": "epoch seconds it ended",
+            "seconds": "how long it lasted",
+        },
+    ),
+    "hang": EventKind(
+        "`--hang-timeout` ran out: the member that holds the ring up is failed",
+        {
+            "ring": "the ring's generation",
+            "host": "the member's host",
+            "local_rank": "the member's local rank on it",
+            "idle_s": "the ring's seconds without progress",
+            "member_idle_s": "the member's",
+            "reason": "also the `host_failed` reason, which starts `hung:`",
+        },
+    ),
+    "ring_lost": EventKind(
+        "with `--checkpoint`, every worker of the ring was lost: a new ring resumes from"
+        " durable storage",
+        {
+            "size": "workers the lost ring had",
+            "why": "what ended it, in a few words",
+            "resumed_from": "the checkpoint resumed from (`commits`, `age_seconds`, `name`);"
+            " null when there is none or the store could not be read",
+            "lost": "what the resume loses: `commits` and `seconds` (null when no commit was"
+            " reported)",
+        },
+    ),
+    "job_finished": EventKind(
+        "once, after the job ended and everything stopped",
+        {
+            "ok": "whether the job succeeded",
+            "exit_code": "the exit status of `spotring run`",
+            "seconds": "how long the run took",
+            "world_sizes": "the size of every ring Horovod formed, in order",
+            "resets": "rings formed after the first",
+        },
+    ),
+    "capacity_shortage": EventKind(
+        "a group of the job was found short",
+        {
+            "group": "the group's name",
+            "cause": "`capacity`, `quota`, `price` or `other`",
+            "code": "the cloud's code (`BelowTarget`: below its size too long, no code)",
+            "message": "the cloud's message",
+            "at": "epoch seconds the cloud reported it, or null",
+        },
+    ),
+    "fell_back": EventKind(
+        "a short group's shortfall is asked of a later group",
+        {
+            "from": "the short group",
+            "to": "the group asked instead",
+            "hosts": "how many hosts of the short group's share it is asked for",
+        },
+    ),
+    "returned": EventKind(
+        "a fallback host left the ring and was handed back",
+        {
+            "host": "its address",
+            "id": "its instance id",
+            "group": "the group it left",
+            "in_group_s": "how long it had been in that group",
+        },
+    ),
+    "group_demoted": EventKind(
+        "a group was preempted 3 times within an hour: it is asked after the others",
+        {"group": "the group's name", "until": "epoch seconds the demotion ends"},
+    ),
+}
+"""Every event the log writes, by name."""
 
 
 def host_record(instance: Instance) -> dict[str, Any]:
