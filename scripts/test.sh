@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up .venv with every extra (once) and runs the checks: ruff, mypy, then pytest.
+# Sets up .venv with every extra (once) and runs the checks: ruff, mypy, the docs
+# build, then pytest.
 # Extra arguments go to pytest.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,4 +25,7 @@ mkdir -p build/mypy/spotring
 sed -n 's/^"spotring\.\([a-z_]*\)" = "\([a-z_]*\)"$/\1 \2/p' pyproject.toml \
   | while read -r name folder; do ln -sfn "../../../$folder" "build/mypy/spotring/$name"; done
 .venv/bin/python -m mypy
+# The docs site into build/site, strictly (a broken link or anchor fails), with its
+# reference pages generated from the code (docs/gen_reference.py).
+NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict
 exec .venv/bin/python -m pytest "$@"
