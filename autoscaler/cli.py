@@ -355,10 +355,11 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "--hang-timeout",
         type=positive_seconds,
         metavar="SECONDS",
-        help="treat a ring that made no progress (no commit) for this long, since its last "
-        "commit or its formation, as failed on the member whose last commit is the "
-        "oldest: that worker is stopped and its host replaced (default: off; set it above "
-        "the longest gap between commits, and a ring's formation and first step)",
+        help="a ring that made no progress (no commit) for this long, since its last "
+        "commit or its planning, has the member that holds it up (stopped beating, never "
+        "joined the ring's reset, fewer commits) stopped and its host replaced (default: "
+        "off; set it above the longest gap between commits, and a ring's formation and "
+        "first step)",
     )
     capacity = run.add_argument_group(
         "when spot runs out (a job of several groups: --group given more than once)"

@@ -484,14 +484,15 @@ def spotring_ring_lost(
 
 @event
 def spotring_ring_hung(hang: Hang) -> None:
-    """A ring made no progress for ``--hang-timeout``: its slowest member is failed.
+    """A ring made no progress for ``--hang-timeout``: the member that holds it up is
+    failed.
 
-    Called on the progress tracker's thread (``spotring-progress``), at most once per
-    ring, just before that member's worker is failed (its host then takes the path of
-    a failed host: ``spotring_host_failed`` follows on the controller's thread). Return
-    values are ignored.
+    Called on the progress tracker's thread (``spotring-progress``), once per member
+    failed, just before its worker is failed (its host then takes the path of a failed
+    host: ``spotring_host_failed`` follows on the controller's thread). Return values
+    are ignored.
 
     :param hang: ``ring``, ``host`` and ``local_rank`` of the member failed,
-        ``idle_s`` (the ring's time without progress), ``member_idle_s`` (the member's)
-        and ``reason``.
+        ``idle_s`` (the ring's time without progress), ``member_idle_s`` (the member's),
+        ``why`` (what set it apart from its peers) and ``reason``.
     """

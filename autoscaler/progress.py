@@ -120,8 +120,7 @@ class ProgressReporter:
         """A ring made no progress for ``--hang-timeout``."""
         self.say(
             f"ring made no progress for {hang.idle_s:.1f} s: failing the worker on "
-            f"{hang.host}[{hang.local_rank}] (its last commit is the oldest, "
-            f"{hang.member_idle_s:.1f} s ago)"
+            f"{hang.host}[{hang.local_rank}] ({hang.why})"
         )
 
     @hookimpl

@@ -26,9 +26,11 @@ blacklisting and resets. What we do instead of ``horovod.runner.gloo_run`` and w
 * A host that announced its interruption leaves discovery at once; Horovod re-forms
   the ring without it at the next commit (nothing restored), and only then are its
   workers stopped: a worker stopped mid-collective would force a rollback.
-* Every ring member's commits reach the driver (:mod:`spotring.driver.ring_progress`):
-  the run records when a ring stood still, and with ``hang_timeout`` a ring that made
-  no progress for that long has its slowest member failed like one that died.
+* Every ring member's commits and heartbeats reach the driver, and so does each rank
+  request as it arrives (:mod:`spotring.driver.ring_progress`): the run records when a
+  ring stood still, and with ``hang_timeout`` a ring that made no progress for that
+  long, training or in a reset, has the member that holds it up failed like one that
+  died.
 """
 
 from __future__ import annotations
@@ -156,6 +158,7 @@ def run_elastic(
         launcher.add_listener(judge)
         resume_lost_rings(driver, judge, on_ring_lost or _log_ring_loss)
     notices.hold_rank_answers(driver)
+    _tell_rank_requests(driver, progress.slot_asked)
     _quiet_exits_after_stop(driver)
     use_safe_worker_clients(driver)
     port = rendezvous.start(rendezvous_handler(driver), address, job_key=job_key)
@@ -374,6 +377,18 @@ def _wait_for_results(driver: ElasticDriver, stopper: _Stopper) -> Any:
     except KeyboardInterrupt as interrupt:
         stopper.stop("interrupted", interrupt)
         return driver.get_results()
+
+
+def _tell_rank_requests(driver: ElasticDriver, asked: Callable[[str, int], None]) -> None:
+    """Call ``asked(host, slot)`` for each worker's rank request as it arrives, before
+    Horovod holds it at the reset's barrier (which a member that never asks holds up)."""
+    record_ready = driver.record_ready
+
+    def record_asked(host: str, slot: int) -> None:
+        asked(host, slot)
+        record_ready(host, slot)
+
+    horovod_internals.replace_record_ready(driver, record_asked)
 
 
 def _announce_joins_as_additions(driver: ElasticDriver) -> None:

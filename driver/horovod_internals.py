@@ -34,6 +34,7 @@ INTERNALS: tuple[tuple[str, str], ...] = (
     (_DRIVER, "_handle_worker_exit"),
     (_DRIVER, "register_worker_server"),
     (_DRIVER, "get_slot_info"),
+    (_DRIVER, "record_ready"),
     (_DRIVER, "_verbose"),
     (_DRIVER, "_worker_clients"),
     # ... and its public calls spotring makes.
@@ -227,6 +228,12 @@ def replace_notify_workers_host_changes(driver: Any, notify: Callable[[Any, Any]
 def replace_get_slot_info(driver: Any, get_slot_info: Callable[[str, int], Any]) -> None:
     """Make ``driver`` answer each rank request (``host, slot``) with ``get_slot_info``."""
     driver.get_slot_info = get_slot_info
+
+
+def replace_record_ready(driver: Any, record_ready: Callable[[str, int], None]) -> None:
+    """Make ``driver`` record each rank request (``host, slot``: the worker waits at the
+    reset's barrier in it) with ``record_ready``."""
+    driver.record_ready = record_ready
 
 
 def driver_verbose(driver: Any) -> int:

@@ -129,7 +129,8 @@ class WorkerListener(Protocol):
     including workers started ahead of their join (``process_started(host, pid)``,
     ``process_exited(host, pid)``), of the slot a worker runs
     (``slot_started(host, local_rank)``, with ``worker_started``) and of its verified
-    progress (``worker_progress(host, local_rank, commits, age_seconds)``)."""
+    progress (``worker_progress(host, local_rank, commits, age_seconds, beat_seconds)``,
+    ``beat_seconds`` None for a worker that never beat)."""
 
     def worker_started(self, host: str, process_group: int) -> None: ...
 
@@ -731,7 +732,9 @@ class _ProgressReader:
                 )
             return
         spec = self._launch.spec  # a warm worker's slot once it joined
-        self._tell("worker_progress", spec.host, spec.local_rank, message.count, message.age)
+        self._tell(
+            "worker_progress", spec.host, spec.local_rank, message.count, message.age, message.beat
+        )
 
 
 def _stop(launch: _Launch) -> None:

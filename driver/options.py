@@ -46,8 +46,8 @@ class ElasticOptions:
     warm_start: bool = True
     """Start a READY host's workers before it joins (:mod:`spotring.driver.warm_pool`)."""
     hang_timeout: float | None = None
-    """``--hang-timeout``: fail the slowest member of a ring that made no progress (no
-    commit) for this many seconds since its last commit or its formation; None: off."""
+    """``--hang-timeout``: fail the member that holds up a ring that made no progress
+    (no commit) for this many seconds since its last commit or its planning; None: off."""
     durable: DurableOptions | None = None
     """``--checkpoint``: durable copies of the commits, and a ring that lost every
     member starts again from the newest (:mod:`spotring.driver.durable`)."""

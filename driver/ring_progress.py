@@ -13,13 +13,18 @@ with any of these methods (each optional, called on the tracker's own thread):
   ring's longest time without any commit around that reset, from the last commit before
   it to the first commit after it;
 * ``ring_hung(hang: Hang)``: with ``hang_timeout``, a ring that made no progress for
-  that long, measured from its formation or its last commit, whichever is later (a new
-  ring's rendezvous, state sync and first step count: keep the timeout above them and
-  above the longest gap between commits the script has, an evaluation, a checkpoint).
-  The member whose last commit is oldest (a worker stuck on a filesystem or a GPU,
-  while its peers wait in a collective) is then failed through ``on_hang``, which takes
-  the same path as a worker that died (its host leaves, the peers are told, Horovod
-  blacklists it and the controller replaces it). At most once per ring.
+  that long, measured from its planning or its members' last commit, whichever is later
+  (a new ring's rendezvous, state sync and first step count: keep the timeout above
+  them and above the longest gap between commits the script has, an evaluation, a
+  checkpoint). The clock runs through resets too: a ring whose reset never ends (a
+  member that never joins it) hangs like one that stopped training. The member that
+  holds the ring up is then failed through ``on_hang``, which takes the same path as a
+  worker that died (its host leaves, the peers are told, Horovod blacklists it and the
+  controller replaces it). It is told from the peers that wait for it by, in turn: a
+  heartbeat that stopped while theirs go on (a worker stopped or wedged); not joining
+  a reset they joined (asking the driver for its rank); fewer commits in this ring;
+  being the ring's only member. Nobody is failed when no member stands out; a member
+  is failed once, and the next judgment waits another ``hang_timeout``.
 
 Times are the driver's monotonic clock; the ages the supervisors send are turned into
 times on it, so hosts' clocks never matter. Epoch seconds (``wall``) only for records.
@@ -28,11 +33,14 @@ times on it, so hosts' clocks never matter. Epoch seconds (``wall``) only for re
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from spotring.worker_image.progress import KEEPALIVE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,9 @@ RECORD_INTERVAL_SECONDS = 10.0
 SETTLE_SECONDS = 1.0
 """How long a stall's end waits for late reports of commits before it (supervisors
 report every 0.5 s) before the stall is told."""
+STALE_BEAT_SECONDS = 3 * KEEPALIVE_SECONDS
+"""A member whose last heartbeat the driver knows of is this old has stopped beating
+(a live worker's supervisor reports one at least every ``KEEPALIVE_SECONDS``)."""
 
 Slot = tuple[str, int]
 
@@ -50,6 +61,16 @@ class _Member:
     commits: int = 0
     at_formation: int = 0  # its count when the current ring formed
     last_commit: float | None = None
+    beat: float | None = None  # its last heartbeat, as reported; None: none reported
+    asked: float | None = None  # when it last asked the driver for its rank (a reset)
+
+    @property
+    def resetting(self) -> bool:
+        """It asked for its rank after its last commit: it is in a reset (or joins its
+        first ring). Its own two times: no other worker's pace or clock in between."""
+        if self.asked is None:
+            return False
+        return self.last_commit is None or self.asked > self.last_commit
 
 
 @dataclass(frozen=True)
@@ -89,23 +110,22 @@ class Hang:
     host: str
     local_rank: int
     idle_s: float
-    """Seconds since the ring's last commit or its formation."""
+    """Seconds since the ring's last commit or its planning."""
     member_idle_s: float
     """Seconds since the chosen member's last commit (or the ring's formation)."""
+    why: str = "its last commit is the oldest"
+    """What sets this member apart from the peers that wait for it."""
 
     @property
     def reason(self) -> str:
-        return (
-            f"hung: the ring made no progress for {self.idle_s:.1f} s; this worker's last "
-            f"commit is the oldest ({self.member_idle_s:.1f} s ago)"
-        )
+        return f"hung: the ring made no progress for {self.idle_s:.1f} s; {self.why}"
 
 
 class RingProgress:
     """Tracks each ring member's progress; reports stalls; fails a hung member.
 
-    :param hang_timeout: seconds without progress after which a ring's slowest member is
-        failed (None: never).
+    :param hang_timeout: seconds without progress after which the member that holds the
+        ring up is failed (None: never).
     :param listeners: objects with any of the methods in the module's docstring.
     :param clock: monotonic seconds; :param wall: epoch seconds (tests pass fakes).
     """
@@ -135,6 +155,9 @@ class RingProgress:
         self._next_record = 0.0
         self._job_commits = 0  # the job's commits when the current ring formed
         self._ring_commits = 0  # the most commits a member made since it formed
+        self._failed: set[Slot] = set()  # members failed as hung, until they exit
+        self._judged_at: float | None = None  # when the last hung member was failed
+        self._undecided_since: float | None = None  # a hang no member stood out in, told
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -163,34 +186,54 @@ class RingProgress:
         """A worker took slot ``host[local_rank]`` (the launcher's listener)."""
         with self._lock:
             self._members[(host, local_rank)] = _Member()
+            self._failed.discard((host, local_rank))
+
+    def slot_asked(self, host: str, local_rank: int) -> None:
+        """The worker of slot ``host[local_rank]`` asked the driver for its rank: it
+        has left its ring's training for a reset (or it joins its first ring)."""
+        now = self._clock()
+        with self._lock:
+            member = self._members.get((host, local_rank))
+            if member is not None:
+                member.asked = now
 
     def worker_started(self, host: str, process_group: int) -> None:
         pass
 
     def worker_exited(self, exit: Any, process_group: int) -> None:
         """A member left: its ring is about to reset (or the job ends); until the next
-        ring forms, the lack of progress is no hang."""
+        ring forms, no stall records are made."""
         with self._lock:
             self._members.pop((exit.host, exit.local_rank), None)
+            self._failed.discard((exit.host, exit.local_rank))
             if exit.host in self._hosts:
                 self._standing = False
                 if self._stall_start is None and self._stall_end is None:
                     self._stall_start = self._last_commit
 
-    def worker_progress(self, host: str, local_rank: int, commits: int, age: float) -> None:
-        """A verified progress report: ``commits`` so far, the last ``age`` s ago."""
+    def worker_progress(
+        self, host: str, local_rank: int, commits: int, age: float, beat: float | None = None
+    ) -> None:
+        """A verified progress report: ``commits`` so far, the last ``age`` s ago; the
+        worker's last heartbeat ``beat`` s ago (None: it never beat)."""
         now = self._clock()
         at = now - max(0.0, age)
         with self._lock:
             member = self._members.get((host, local_rank))
-            if member is None or commits <= member.commits:
-                return  # not a member now, or nothing new
+            if member is None:
+                return  # not a member now
+            if beat is not None:
+                member.beat = max(member.beat or -math.inf, now - max(0.0, beat))
+            if commits <= member.commits:
+                return  # nothing new
             member.commits, member.last_commit = commits, at
+            formed = self._formed_at
+            if formed is not None and at <= formed:
+                member.at_formation = commits  # a late report of a commit before it
             if host in self._hosts:
                 self._ring_commits = max(self._ring_commits, commits - member.at_formation)
             if self._last_commit is None or at > self._last_commit:
                 self._last_commit = at
-            formed = self._formed_at
             if formed is not None and at <= formed and self._stall_start is not None:
                 self._stall_start = max(self._stall_start, at)  # a late report
             ends_stall = formed is not None and at > formed and self._stall_start is not None
@@ -234,9 +277,9 @@ class RingProgress:
                     log.exception("ring progress tracker failed (%d times)", failures)
 
     def tick(self) -> None:
-        """One look: tell stalls, records and idle time; fail a hung ring's slowest member."""
+        """One look: tell stalls, records and idle time; fail a hung ring's member."""
         now = self._clock()
-        stall = status = hang = None
+        stall = status = None
         with self._lock:
             if self._stall_end is not None and now >= self._stall_end + SETTLE_SECONDS:
                 if self._stall_start is not None:
@@ -247,16 +290,13 @@ class RingProgress:
             if self._standing and now >= self._next_record:
                 self._next_record = now + RECORD_INTERVAL_SECONDS
                 status = self._status(now, idle or 0.0)
-            timeout = self.hang_timeout
-            if self._standing and timeout is not None and idle is not None and idle >= timeout:
-                hang = self._slowest_hang(now, idle)
-                self._standing = False  # once per ring: the next ring is watched anew
+            hangs = self._judge_hang(now)
         self._tell("ring_idle", idle or 0.0)
         if stall is not None:
             self._tell("ring_stalled", stall)
         if status is not None:
             self._tell("ring_progress", status)
-        if hang is not None:
+        for hang in hangs:
             log.warning("ring %d: %s: failing %s[%d]", hang.ring, hang.reason, hang.host,
                         hang.local_rank)  # fmt: skip
             self._tell("ring_hung", hang)
@@ -268,11 +308,13 @@ class RingProgress:
     def _idle(self, now: float) -> float | None:
         if not self._standing or self._formed_at is None:
             return None
-        latest = max(
-            [self._formed_at]
-            + [m.last_commit for s, m in self._ring_members() if m.last_commit is not None]
-        )
-        return max(0.0, now - latest)
+        return max(0.0, now - self._last_ring_event(self._ring_members()))
+
+    def _last_ring_event(self, members: list[tuple[Slot, _Member]]) -> float:
+        """The ring's planning or its members' last commit, whichever is later."""
+        assert self._formed_at is not None
+        commits = [m.last_commit for _, m in members if m.last_commit is not None]
+        return max([self._formed_at, *commits])
 
     def _ring_members(self) -> list[tuple[Slot, _Member]]:
         return sorted((s, m) for s, m in self._members.items() if s[0] in self._hosts)
@@ -292,19 +334,100 @@ class RingProgress:
             slowest = f"{host}[{slot}]"
         return RingStatus(self._ring, self._size, steps, round(idle, 3), slowest)
 
-    def _slowest_hang(self, now: float, idle: float) -> Hang | None:
+    def _judge_hang(self, now: float) -> list[Hang]:
+        """The members to fail now, if the ring (training, resetting or forming) made no
+        progress for ``hang_timeout``; each is failed once."""
+        timeout = self.hang_timeout
         members = self._ring_members()
-        if not members:
-            return None
-        (host, slot), member = min(members, key=lambda i: (self._member_since(i[1]), i[0]))
-        member_idle = now - self._member_since(member)
-        return Hang(self._ring, host, slot, round(idle, 3), round(member_idle, 3))
+        if timeout is None or self._formed_at is None or not members:
+            return []
+        since = self._last_ring_event(members)
+        if self._judged_at is not None:
+            since = max(since, self._judged_at)
+        idle = now - since
+        suspects = [(s, m) for s, m in members if s not in self._failed]
+        if idle < timeout or not suspects:
+            return []
+        hung = _hung_members(suspects, now)
+        if not hung:
+            stopping = len(suspects) < len(members)  # a member failed already, not gone yet
+            self._tell_undecided(suspects, since, idle, stopping)
+            return []
+        self._judged_at = now
+        self._failed.update(slot for slot, _, _ in hung)
+        return [
+            Hang(self._ring, host, slot, round(idle, 3),
+                 round(now - self._member_since(member), 3), why)
+            for (host, slot), member, why in hung
+        ]  # fmt: skip
+
+    def _tell_undecided(
+        self, suspects: list[tuple[Slot, _Member]], since: float, idle: float, stopping: bool
+    ) -> None:
+        """Say once per hang that no member stands out, unless the ring waits for the
+        driver (every member in a reset: hosts below --min-np, a resume) or for a member
+        failed already to stop."""
+        waiting = all(m.resetting for _, m in suspects)
+        if stopping or waiting or self._undecided_since == since:
+            return
+        self._undecided_since = since
+        log.warning(
+            "ring %d made no progress for %.1f s, but no member stands out (every one is "
+            "alive and made as many commits); none is failed",
+            self._ring,
+            idle,
+        )
 
     def _to_wall(self, at: float, now: float) -> float:
         return round(self._wall() - (now - at), 3)
 
     def _tell(self, method: str, *args: Any) -> None:
         tell_listeners(self._listeners, method, args, log, "ring progress listener")
+
+
+def _hung_members(
+    members: Sequence[tuple[Slot, _Member]], now: float
+) -> list[tuple[Slot, _Member, str]]:
+    """The members of a ring that made no progress that hold it up, and why; none when
+    none stands out. In a collective that hangs every member's last commit is the same,
+    so the commits come last:
+
+    1. members whose heartbeat stopped (a process stopped or wedged) while another
+       member's goes on (the driver still hears from the ring);
+    2. in a reset or formation that some members joined (they asked for their rank
+       after their last commit), the members that did not;
+    3. members that made fewer commits in this ring than the others;
+    4. the member of a ring of one.
+    """
+    silent = {slot: now - m.beat for slot, m in members if m.beat is not None}
+    stale = [(slot, m) for slot, m in members if silent.get(slot, 0.0) >= STALE_BEAT_SECONDS]
+    if stale and (len(stale) < len(silent) or len(members) == 1):
+        return [
+            (slot, m, f"its worker stopped beating {silent[slot]:.1f} s ago (stopped or "
+                      "wedged, while its peers beat)")
+            for slot, m in stale
+        ]  # fmt: skip
+    asked = [m.asked for _, m in members if m.resetting and m.asked is not None]
+    if asked:
+        return [
+            (slot, m, f"its worker never asked for its rank (its peers did, "
+                      f"{now - max(asked):.1f} s ago)")
+            for slot, m in members
+            if not m.resetting
+        ]  # fmt: skip
+    made = {slot: m.commits - m.at_formation for slot, m in members}
+    most = max(made.values(), default=0)
+    behind = [
+        (slot, m, f"it made {made[slot]} commits in this ring, its peers {most}")
+        for slot, m in members
+        if made[slot] < most
+    ]
+    if behind:
+        return behind
+    if len(members) == 1:
+        ((slot, m),) = members
+        return [(slot, m, "it is the ring's only member")]
+    return []
 
 
 def tell_listeners(

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
-from spotring.driver.ring_progress import Hang, RingProgress, Stall
+from spotring.driver.ring_progress import STALE_BEAT_SECONDS, Hang, RingProgress, Stall
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
 from spotring.worker_image.progress import MESSAGE_MARKER, ProgressMessage
 
@@ -52,10 +55,12 @@ time.sleep(1.5)  # the supervisor reads the page every 0.5 s
 
 class Heard:
     def __init__(self) -> None:
-        self.progress: list[tuple[str, int, int, float]] = []
+        self.progress: list[tuple[str, int, int, float, float | None]] = []
 
-    def worker_progress(self, host: str, local_rank: int, commits: int, age: float) -> None:
-        self.progress.append((host, local_rank, commits, age))
+    def worker_progress(
+        self, host: str, local_rank: int, commits: int, age: float, beat: float | None
+    ) -> None:
+        self.progress.append((host, local_rank, commits, age, beat))
 
 
 def test_a_real_workers_commits_reach_the_driver_signed(
@@ -75,28 +80,82 @@ def test_a_real_workers_commits_reach_the_driver_signed(
     code, _ = launcher(spec, [threading.Event()])
     assert code == 0, out.getvalue()
     assert heard.progress, out.getvalue()
-    host, local_rank, commits, age = heard.progress[-1]
+    host, local_rank, commits, age, _ = heard.progress[-1]
     assert (host, local_rank, commits) == ("host-1", 0, 4)  # 3 overridden + 1 plain
     assert 0 <= age < 5
-    assert all(c <= 4 for _, _, c, _ in heard.progress)  # the forged 1000 was dropped
+    assert all(c <= 4 for _, _, c, _, _ in heard.progress)  # the forged 1000 was dropped
+    assert all(b is not None and b < STALE_BEAT_SECONDS for *_, b in heard.progress)
     assert "rejected a progress line from host-1" in caplog.text
     assert "spotring-progress" not in out.getvalue()  # neither shown nor taken
     assert "env: None" in out.getvalue()  # the descriptor's name is gone...
     assert "fds: []" in out.getvalue()  # ...and no child can inherit the page
 
 
+STOPS = """\
+import os, sys, time
+from horovod.common import elastic
+
+state = elastic.ObjectState(bcast_object=lambda o, **k: o, get_rank=lambda: 0, step=0)
+state.commit()
+print("pid", os.getpid(), flush=True)
+time.sleep(120)  # until stopped, then killed
+"""
+
+
+def test_a_stopped_workers_heartbeat_ages_while_its_supervisor_reports_and_it_is_killed(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP: the process lives and holds its sockets, but its heartbeat thread stops
+    with it; the supervisor, not stopped, goes on reporting the beat's age. Failing it
+    kills it (SIGKILL reaches a stopped process)."""
+    script = tmp_path / "stops.py"
+    script.write_text(STOPS)
+    out, heard = io.StringIO(), Heard()
+    spec = WorkerSpec(
+        "host-1", 0, 0, (sys.executable, str(script)), {**ENV, JOB_KEY_ENV: KEY.hex()}
+    )
+    launcher = ProcessLauncher(remote=False, output=out, listeners=[heard])
+    result: list[tuple[int, float]] = []
+    runs = threading.Thread(target=lambda: result.append(launcher(spec, [threading.Event()])))
+    runs.start()
+    try:
+        wait_until(lambda: "pid " in out.getvalue() and heard.progress, "a report")
+        pid = int(out.getvalue().split("pid ")[1].split()[0])
+        os.kill(pid, signal.SIGSTOP)
+        wait_until(lambda: (heard.progress[-1][4] or 0) >= STALE_BEAT_SECONDS, "a stale beat")
+        assert heard.progress[-1][2] == 1  # no commit since, and still reported
+        assert launcher.fail_worker("host-1", 0, "hung: stopped")
+    finally:
+        runs.join(timeout=30)
+    assert result and result[0][0] == -signal.SIGKILL, out.getvalue()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def wait_until(condition: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} after {timeout:.0f} s"
+        time.sleep(0.05)
+
+
 def test_progress_lines_are_rejected_when_forged_replayed_or_foreign() -> None:
-    good = ProgressMessage("launch-1", 1, 5, 0.25).signed(KEY)
+    good = ProgressMessage("launch-1", 1, 5, 0.25, 0.1).signed(KEY)
     parsed = ProgressMessage.parse(good.line().rstrip("\n"))
     assert parsed == good and parsed.verify(KEY)
-    assert not ProgressMessage("launch-1", 1, 6, 0.25, good.mac).verify(KEY)
+    assert not ProgressMessage("launch-1", 1, 6, 0.25, 0.1, good.mac).verify(KEY)
+    assert not ProgressMessage("launch-1", 1, 5, 0.25, 9.0, good.mac).verify(KEY)
     assert not ProgressMessage("launch-1", 1, 5, 0.25).signed(os.urandom(32)).verify(KEY)
+    never = ProgressMessage("launch-1", 1, 0, 0.0, None).signed(KEY)  # a worker that never beat
+    assert ProgressMessage.parse(never.line().rstrip("\n")) == never
     for bad in (
-        '{"launch":"l","seq":0,"count":1,"age":0,"mac":""}',
-        '{"launch":"l","seq":1,"count":-1,"age":0,"mac":""}',
-        '{"launch":"l","seq":1,"count":1,"age":-1,"mac":""}',
-        '{"launch":"l","seq":1,"count":1,"age":NaN,"mac":""}',
-        '{"launch":"l","seq":1,"count":true,"age":0,"mac":""}',
+        '{"launch":"l","seq":0,"count":1,"age":0,"beat":0,"mac":""}',
+        '{"launch":"l","seq":1,"count":-1,"age":0,"beat":0,"mac":""}',
+        '{"launch":"l","seq":1,"count":1,"age":-1,"beat":0,"mac":""}',
+        '{"launch":"l","seq":1,"count":1,"age":NaN,"beat":0,"mac":""}',
+        '{"launch":"l","seq":1,"count":true,"age":0,"beat":0,"mac":""}',
+        '{"launch":"l","seq":1,"count":1,"age":0,"mac":""}',
+        '{"launch":"l","seq":1,"count":1,"age":0,"beat":-1,"mac":""}',
+        '{"launch":"l","seq":1,"count":1,"age":0,"beat":"1","mac":""}',
         "[1]",
         "x" * 600,
     ):
@@ -142,17 +201,6 @@ def tracker(hang_timeout: float | None = None) -> tuple[RingProgress, Clock, Rec
     return progress, clock, recorder
 
 
-def train(progress: RingProgress, clock: Clock, slots: list[tuple[str, int]], steps: int,
-          counts: dict[tuple[str, int], int], step: float = 0.1) -> None:  # fmt: skip
-    """Every slot commits once per ``step`` s, reported at once."""
-    for _ in range(steps):
-        clock.now += step
-        for slot in slots:
-            counts[slot] = counts.get(slot, 0) + 1
-            progress.worker_progress(*slot, counts[slot], 0.0)
-        progress.tick()
-
-
 def test_a_stall_is_the_time_without_commits_around_a_reset_not_the_time_to_a_ring() -> None:
     progress, clock, recorder = tracker()
     a, b, c = ("a", 0), ("b", 0), ("c", 0)
@@ -186,44 +234,123 @@ def test_a_stall_is_the_time_without_commits_around_a_reset_not_the_time_to_a_ri
     assert recorder.records[0].ring == 1 and recorder.records[-1].ring == 2
 
 
-def test_a_hung_member_is_the_one_whose_last_commit_is_oldest() -> None:
-    progress, clock, recorder = tracker(hang_timeout=5.0)
+def train(progress: RingProgress, clock: Clock, slots: list[tuple[str, int]], steps: int,
+          counts: dict[tuple[str, int], int], step: float = 0.1) -> None:  # fmt: skip
+    """Every slot commits once per ``step`` s and beats, reported at once."""
+    for _ in range(steps):
+        clock.now += step
+        for slot in slots:
+            counts[slot] = counts.get(slot, 0) + 1
+            progress.worker_progress(*slot, counts[slot], 0.0, 0.0)
+        progress.tick()
+
+
+def wait(progress: RingProgress, clock: Clock, seconds: float, beating: list[tuple[str, int]],
+         counts: dict[tuple[str, int], int]) -> None:  # fmt: skip
+    """``seconds`` pass without a commit; the ``beating`` slots' supervisors report a
+    fresh beat twice a second; the tracker ticks."""
+    for _ in range(round(seconds / 0.5)):
+        clock.now += 0.5
+        for slot in beating:
+            progress.worker_progress(*slot, counts.get(slot, 0), 0.0, 0.1)
+        progress.tick()
+
+
+def hung_ring(slots: list[tuple[str, int]], hang_timeout: float = 5.0) -> tuple[
+    RingProgress, Clock, Recorder, list[Hang], dict[tuple[str, int], int]
+]:  # fmt: skip
+    """A ring of ``slots`` that trained 20 steps."""
+    progress, clock, recorder = tracker(hang_timeout)
     hung: list[Hang] = []
     progress._on_hang = hung.append
-    slots = [("a", 0), ("b", 0), ("b", 1)]
     counts: dict[tuple[str, int], int] = {}
     for slot in slots:
         progress.slot_started(*slot)
-    progress.ring_formed(3, ["a", "b"])
+    progress.ring_formed(len(slots), sorted({host for host, _ in slots}))
     train(progress, clock, slots, 20, counts)
-    # b[1] hangs before its commit; the others commit once more, then wait on it.
-    clock.now += 0.1
-    for slot in (("a", 0), ("b", 0)):
-        counts[slot] += 1
-        progress.worker_progress(*slot, counts[slot], 0.0)
-    for _ in range(9):
-        clock.now += 0.5
-        progress.tick()
+    return progress, clock, recorder, hung, counts
+
+
+def test_in_a_collective_that_hangs_the_member_that_stopped_beating_is_failed() -> None:
+    """Every member's last commit is the same; b[1] was stopped (SIGSTOP), its peers
+    wait in the step's allreduce and beat on: b[1], and only it, is failed."""
+    slots = [("a", 0), ("b", 0), ("b", 1)]
+    progress, clock, recorder, hung, counts = hung_ring(slots)
+    wait(progress, clock, 4.5, [("a", 0), ("b", 0)], counts)
     assert hung == [] and recorder.idle[-1] == pytest.approx(4.5)
-    clock.now += 0.6
-    progress.tick()
+    wait(progress, clock, 0.5, [("a", 0), ("b", 0)], counts)
     assert [(h.host, h.local_rank) for h in hung] == [("b", 1)]
-    assert hung[0].idle_s == pytest.approx(5.1) and hung[0].member_idle_s == pytest.approx(5.2)
-    assert "no progress for 5.1 s" in hung[0].reason
+    assert hung[0].idle_s == pytest.approx(5.0)
+    assert "stopped beating 5.0 s ago" in hung[0].reason
     assert recorder.hangs == hung
-    clock.now += 30
-    progress.tick()
-    assert len(hung) == 1  # once per ring
-    # Its exit and the next ring: watched anew, from the ring's formation.
-    progress.worker_exited(WorkerExit("b", 1, 2, -15, False, hung[0].reason), 0)
-    progress.slot_started("c", 0)
-    progress.ring_formed(3, ["a", "b", "c"])
-    clock.now += 4.9
-    progress.tick()
+    # It is being stopped: failed once; the others are judged again only after another
+    # timeout, and nothing sets them apart.
+    wait(progress, clock, 30, [("a", 0), ("b", 0)], counts)
     assert len(hung) == 1
+
+
+def test_a_member_that_never_joins_a_reset_or_a_formation_is_failed() -> None:
+    """A reset that one member never joins (stopped before its supervisor could tell a
+    beat) holds Horovod's barrier for good; a ring planned with a new member that never
+    asks for its rank never forms. Each such member is failed after the timeout."""
+    slots = [("a", 0), ("b", 0), ("c", 0)]
+    progress, clock, _, hung, counts = hung_ring(slots)
+    for slot in slots:
+        progress._members[slot].beat = None  # never beat (no sitecustomize)
+    # c dies; a asks for its rank in the reset, b never does.
+    progress.worker_exited(WorkerExit("c", 0, 2, -9, False), 0)
     clock.now += 0.2
-    progress.tick()
-    assert len(hung) == 2 and hung[1].ring == 2
+    progress.slot_asked("a", 0)
+    wait(progress, clock, 4.5, [], counts)
+    assert hung == []
+    wait(progress, clock, 0.5, [], counts)
+    assert [(h.host, h.local_rank) for h in hung] == [("b", 0)]
+    assert "its worker never asked for its rank (its peers did, 5.0 s ago)" in hung[0].reason
+    progress.worker_exited(WorkerExit("b", 0, 1, -15, False, hung[0].reason), 0)
+    # The next ring: a, and d, which never asks for its rank; a asked again.
+    progress.slot_started("d", 0)
+    progress.slot_asked("a", 0)
+    progress.ring_formed(2, ["a", "d"])
+    wait(progress, clock, 5.0, [], counts)
+    assert [(h.host, h.local_rank, h.ring) for h in hung[1:]] == [("d", 0, 2)]
+
+
+def test_a_member_behind_its_peers_is_failed_and_nobody_when_none_stands_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """b[1] hangs (alive, beating) before its commit while the others made theirs: it
+    made fewer. Then every member is alive with as many commits: nobody is failed
+    (said once), nor while they all wait for the driver in a reset."""
+    slots = [("a", 0), ("b", 0), ("b", 1)]
+    progress, clock, _, hung, counts = hung_ring(slots)
+    train(progress, clock, [("a", 0), ("b", 0)], 1, counts)
+    wait(progress, clock, 5.0, slots, counts)
+    assert [(h.host, h.local_rank) for h in hung] == [("b", 1)]
+    assert "it made 20 commits in this ring, its peers 21" in hung[0].reason
+    progress.worker_exited(WorkerExit("b", 1, 2, -15, False, hung[0].reason), 0)
+    progress.ring_formed(2, ["a", "b"])
+    train(progress, clock, [("a", 0), ("b", 0)], 3, counts)
+    wait(progress, clock, 20, [("a", 0), ("b", 0)], counts)
+    assert len(hung) == 1
+    assert caplog.text.count("no member stands out") == 1
+    for slot in (("a", 0), ("b", 0)):  # a reset: both wait for hosts below --min-np
+        progress.slot_asked(*slot)
+    train(progress, clock, [], 0, counts)
+    caplog.clear()
+    wait(progress, clock, 20, [("a", 0), ("b", 0)], counts)
+    assert len(hung) == 1 and "no member stands out" not in caplog.text
+
+
+def test_the_driver_hearing_nobody_fails_nobody_but_a_ring_of_one_fails_its_member() -> None:
+    """No member's beat reached the driver for a while (its own reader stalled):
+    nothing sets one apart. A ring of one that makes no progress: its member."""
+    slots = [("a", 0), ("b", 0)]
+    progress, clock, _, hung, counts = hung_ring(slots)
+    wait(progress, clock, 10, [], counts)
+    assert hung == []
+    progress, clock, _, hung, counts = hung_ring([("a", 0)])
+    wait(progress, clock, 5, [("a", 0)], counts)
+    assert [(h.host, h.why) for h in hung] == [("a", "it is the ring's only member")]
 
 
 def test_no_hang_without_a_timeout_or_while_no_ring_stands() -> None:

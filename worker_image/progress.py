@@ -1,9 +1,17 @@
-"""Training progress, from a worker to the driver: how many commits, and how long ago.
+"""Training progress, from a worker to the driver: how many commits, and how long ago;
+and whether the worker process still runs at all.
 
 The driver cannot see whether a ring trains: a ring whose members all live can still
 stand still (a reset, a rendezvous, a hung rank). Each worker counts its state's
 ``commit`` calls; the driver learns the count, and the age of the last commit, per
 ring member, and from that when and for how long a ring made no progress.
+
+When a ring stands still, the driver must also tell the member that holds it up from
+the ones that wait for it. The commits cannot: in a collective that hangs, every
+member's last commit is the same one. So a thread of the worker's own beats: it stores
+the time in the page every :data:`BEAT_SECONDS`. A member stopped (SIGSTOP) or wedged
+(a call that never gives the interpreter back) stops beating; its peers, blocked in a
+collective (Horovod's waits release the interpreter's lock), keep beating.
 
 How it travels, and what it costs:
 
@@ -14,14 +22,16 @@ How it travels, and what it costs:
   runs, and wraps ``commit`` of ``horovod.common.elastic.State`` (and of any subclass
   that overrides it, as spotring's ``TorchState`` does) so that each outermost call
   stores its count and ``time.monotonic()`` in the page as it starts: two stores into
-  memory.
+  memory. The heartbeat thread starts there too, before the script runs.
 * **Supervisor -> driver: a signed line.** The supervisor reads the page every
-  :data:`INTERVAL_SECONDS` and, when the count has changed, writes a
+  :data:`INTERVAL_SECONDS` and, when the count has changed or
+  :data:`KEEPALIVE_SECONDS` have passed since its last line, writes a
   :class:`ProgressMessage` line on its stdout (the pipe or ssh channel the driver reads
-  the worker's output from): count and the last commit's age in seconds (ages, not
-  clock readings: hosts' clocks differ), HMAC-SHA256 under the job key, bound to the
-  worker launch, with a sequence number, exactly as interruption notices are
-  (:mod:`spotring.worker_image.notices`). At most two lines a second per worker.
+  the worker's output from): count, the last commit's age and the last beat's age in
+  seconds (ages, not clock readings: hosts' clocks differ), HMAC-SHA256 under the job
+  key, bound to the worker launch, with a sequence number, exactly as interruption
+  notices are (:mod:`spotring.worker_image.notices`). Two lines a second per worker at
+  most, one at least: a host that stops sending (frozen whole) ages the same way.
 
 Who can forge what: the training script prints on the same stdout, but a progress line
 it prints fails the MAC and is dropped, so printing can neither fake progress nor hide
@@ -60,8 +70,16 @@ MAX_MESSAGE_BYTES = 512
 INTERVAL_SECONDS = 0.5
 """How often the supervisor reads the page (and at most how often it writes a line)."""
 
+KEEPALIVE_SECONDS = 1.0
+"""The longest the supervisor goes without a line: the driver keeps each beat's age fresh."""
+
+BEAT_SECONDS = 0.25
+"""How often the worker's heartbeat thread stores the time in the page."""
+
 MAX_AGE_SECONDS = 1e7
-_RECORD = struct.Struct("=dQ")  # last commit's time.monotonic(), commits so far
+_COMMIT = struct.Struct("=dQ")  # last commit's time.monotonic(), commits so far
+_BEAT = struct.Struct("=d")  # last beat's time.monotonic() (0: none), written apart
+_RECORD = struct.Struct("=dQd")  # both, as read
 PAGE_BYTES = mmap.PAGESIZE
 
 
@@ -74,8 +92,10 @@ class ProgressMessage(SignedLine):
     (:mod:`spotring.worker_image.signed_lines`).
 
     ``count``: the worker's ``commit`` calls since it started; ``age``: seconds since
-    the last of them, when the supervisor wrote the line. ``launch`` and ``sequence``
-    as for notices; the MAC covers everything else.
+    the last of them, when the supervisor wrote the line; ``beat``: seconds since the
+    worker's heartbeat thread last stored the time (None: it never did, e.g. a script
+    run without spotring's ``sitecustomize``). ``launch`` and ``sequence`` as for
+    notices; the MAC covers everything else.
     """
 
     MARKER = MESSAGE_MARKER
@@ -86,15 +106,16 @@ class ProgressMessage(SignedLine):
     sequence: int
     count: int
     age: float
+    beat: float | None = None
     mac: str = ""
 
     def fields(self) -> dict[str, Any]:
-        return {"count": self.count, "age": self.age}
+        return {"count": self.count, "age": self.age, "beat": self.beat}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ProgressMessage:
         launch, sequence, count = body.get("launch"), body.get("seq"), body.get("count")
-        age, mac = body.get("age"), body.get("mac")
+        age, beat, mac = body.get("age"), body.get("beat"), body.get("mac")
         if not (isinstance(launch, str) and isinstance(mac, str)):
             raise ValueError("missing launch or mac")
         for name, value in (("sequence", sequence), ("count", count)):
@@ -103,18 +124,26 @@ class ProgressMessage(SignedLine):
         sequence, count = cast(int, sequence), cast(int, count)  # checked just above
         if sequence < 1:
             raise ValueError("bad sequence")
-        if not isinstance(age, (int, float)) or isinstance(age, bool):
-            raise ValueError("bad age")
-        if not (math.isfinite(age) and 0 <= age <= MAX_AGE_SECONDS):
-            raise ValueError("bad age")
-        return cls(launch, sequence, count, float(age), mac)
+        if "beat" not in body:
+            raise ValueError("missing beat")
+        beat_s = None if beat is None else _seconds(beat, "beat")
+        return cls(launch, sequence, count, _seconds(age, "age"), beat_s, mac)
+
+
+def _seconds(value: Any, name: str) -> float:
+    """An age on a line: a finite number of seconds in [0, MAX_AGE_SECONDS]."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"bad {name}")
+    if not (math.isfinite(value) and 0 <= value <= MAX_AGE_SECONDS):
+        raise ValueError(f"bad {name}")
+    return float(value)
 
 
 # ------------------------------------------------------------------ the page
 
 
 class ProgressPage:
-    """A worker's commit count and last commit time in shared memory."""
+    """A worker's commit count, last commit time and last beat in shared memory."""
 
     def __init__(self, memory: mmap.mmap) -> None:
         self._memory = memory
@@ -144,16 +173,21 @@ class ProgressPage:
 
     def record(self, count: int, at: float) -> None:
         """Store a commit: its time, then the count (the reader checks the count)."""
-        _RECORD.pack_into(self._memory, 0, at, count)
+        _COMMIT.pack_into(self._memory, 0, at, count)
 
-    def read(self) -> tuple[int, float]:
-        """(count, time of the last commit); a torn read is read again."""
+    def beat(self, at: float) -> None:
+        """Store a heartbeat's time (a field of its own: no writer waits for the other)."""
+        _BEAT.pack_into(self._memory, _COMMIT.size, at)
+
+    def read(self) -> tuple[int, float, float]:
+        """(count, time of the last commit, time of the last beat: 0 for none); a torn
+        read is read again."""
         for _ in range(100):
-            at, count = _RECORD.unpack_from(self._memory, 0)
+            at, count, beat = _RECORD.unpack_from(self._memory, 0)
             again = _RECORD.unpack_from(self._memory, 0)
-            if again == (at, count):
-                return count, at
-        return again[1], again[0]
+            if again == (at, count, beat):
+                return count, at, beat
+        return again[1], again[0], again[2]
 
 
 # ------------------------------------------------------------------ in the worker
@@ -209,14 +243,38 @@ def take_progress_page() -> ProgressPage | None:
     return ProgressPage.attach(int(fd_text))
 
 
+def start_heartbeat(
+    page: ProgressPage,
+    every: float = BEAT_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> threading.Thread:
+    """Store the time in ``page`` every ``every`` seconds, on a daemon thread of this
+    process, for as long as the process runs and the interpreter lets the thread run.
+    It takes the interpreter's lock for a moment per beat: a process that holds it for
+    good (a wedged extension call) stops beating, as a stopped one does."""
+
+    def beat() -> None:
+        try:
+            while True:
+                page.beat(clock())
+                time.sleep(every)
+        except Exception as error:  # the driver will take the silence for a hang: say why
+            print(f"spotring: heartbeat stopped: {error!r}", file=sys.stderr)
+
+    thread = threading.Thread(target=beat, name="spotring-heartbeat", daemon=True)
+    thread.start()
+    return thread
+
+
 def install_when_imported() -> CommitCounter | None:
-    """In a worker: count commits into the supervisor's page, once
-    ``horovod.common.elastic`` is imported. None without a page."""
+    """In a worker: beat into the supervisor's page from now on, and count commits
+    into it once ``horovod.common.elastic`` is imported. None without a page."""
     from spotring.worker_image.after_import import call_after_import
 
     page = take_progress_page()
     if page is None:
         return None
+    start_heartbeat(page)
     counter = CommitCounter(page)
 
     def install(module: ModuleType) -> None:
@@ -234,7 +292,7 @@ def install_when_imported() -> CommitCounter | None:
 
 class ProgressForwarder:
     """Reads a worker's page every :data:`INTERVAL_SECONDS`; writes a signed line
-    when the count has changed.
+    when the count has changed, or :data:`KEEPALIVE_SECONDS` after its last line.
 
     :param write: writes one line to the driver (the supervisor's stdout).
     """
@@ -254,6 +312,7 @@ class ProgressForwarder:
         self._clock = clock
         self._sequence = 0
         self._sent = 0
+        self._sent_at: float | None = None
         self._stop = threading.Event()
 
     def start(self) -> None:
@@ -264,13 +323,15 @@ class ProgressForwarder:
 
     def forward(self) -> bool:
         """One look at the page; whether a line was written."""
-        count, at = self._page.read()
-        if count == self._sent:
+        count, at, beat_at = self._page.read()
+        now = self._clock()
+        quiet = self._sent_at is not None and now - self._sent_at < KEEPALIVE_SECONDS
+        if count == self._sent and quiet:
             return False
-        self._sent = count
+        self._sent, self._sent_at = count, now
         self._sequence += 1
-        age = min(MAX_AGE_SECONDS, max(0.0, self._clock() - at))
-        message = ProgressMessage(self._launch, self._sequence, count, round(age, 3))
+        beat = None if beat_at == 0 else _age(now, beat_at)
+        message = ProgressMessage(self._launch, self._sequence, count, _age(now, at), beat)
         self._write(message.signed(self._key).line())
         return True
 
@@ -284,3 +345,7 @@ class ProgressForwarder:
                 if failures in (1, 10) or failures % 100 == 0:
                     with contextlib.suppress(OSError, ValueError):
                         print(f"spotring supervisor: progress: {error!r}", file=sys.stderr)
+
+
+def _age(now: float, at: float) -> float:
+    return round(min(MAX_AGE_SECONDS, max(0.0, now - at)), 3)
