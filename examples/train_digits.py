@@ -211,12 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         emit(
             "done",
             step=state.step,
-            epochs=args.epochs,
+            epochs=state.epoch,
             resets=resets,
             accuracy=round(accuracy, 4),
         )
         print(
-            f"training done: {state.step} steps, {args.epochs} epochs, "
+            f"training done: {state.step} steps, {state.epoch} epochs, "
             f"{resets} resets seen by rank 0, final world size {hvd.size()}, "
             f"test accuracy {accuracy:.3f}",
             flush=True,
