@@ -370,16 +370,20 @@ def spotring_group_demoted(group: str, until: float) -> None:
 
 
 @event(historic=True)
-def spotring_job_started(provider: Provider, job: JobShape) -> None:
-    """A job starts on ``provider``'s group.
+def spotring_job_started(provider: Provider, job: JobShape, groups: Sequence[Provider]) -> None:
+    """A job starts on ``groups``, ``provider``'s the preferred one.
 
     Called once per run (``spotring run``), on the thread that runs the job, after the
     run's own plugins (the events file, the metrics) are registered and before the
-    controller first lists the group. Historic: a plugin registered later in the run
+    controller first lists the groups. Historic: a plugin registered later in the run
     hears it at its registration, on the registering thread. Return values are ignored.
 
-    :param provider: the group's provider (``provider.name``, ``provider.describe()``).
+    :param provider: the preferred group's provider (``provider.name``,
+        ``provider.describe()``): the job's provider.
     :param job: the job's elastic limits and steering options.
+    :param groups: every group of the job, one provider each, most preferred first
+        (``group_name()``, ``describe()``); one for a job of one group. An
+        implementation that does not name it is called as before.
     """
 
 

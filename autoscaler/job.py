@@ -21,8 +21,8 @@ import pluggy
 
 from spotring.autoscaler.capacity import CapacityOptions
 from spotring.autoscaler.controller import Controller
-from spotring.autoscaler.groups import group_events, group_names, job_groups
-from spotring.autoscaler.progress import ProgressReporter
+from spotring.autoscaler.groups import group_events, job_groups
+from spotring.autoscaler.observers.progress import ProgressReporter
 from spotring.core import ConfigurationError, ProviderError
 from spotring.core.job import JobShape
 from spotring.driver.launcher import SshOptions
@@ -151,7 +151,9 @@ def _run_locked(
         plugins.close()
         raise
     # The preferred group's provider (its name is the job's provider's).
-    pm.hook.spotring_job_started.call_historic(kwargs={"provider": groups[0], "job": shape})
+    pm.hook.spotring_job_started.call_historic(
+        kwargs={"provider": groups[0], "job": shape, "groups": groups}
+    )
     elastic = dataclasses.replace(
         config.elastic,
         nics=config.elastic.nics or (("lo",) if local else ()),
@@ -167,7 +169,7 @@ def _run_locked(
     outcome: JobOutcome | None = None
     try:
         inventory = controller.wait_for_inventory(elastic.start_timeout)
-        reporter.started(controller.describe(), inventory)
+        reporter.started(inventory)
         try:
             run_elastic(
                 config.command, controller, launcher, shape, elastic, rings, progress,
@@ -225,14 +227,14 @@ def _register_run_plugins(
     option = "--events"
     try:
         if config.events_path is not None:
-            from spotring.autoscaler.events import EventLog
+            from spotring.autoscaler.observers.events import EventLog
 
-            events = EventLog(config.events_path, group_names(groups))
+            events = EventLog(config.events_path)
             stack.enter_context(contextlib.closing(events))
             _register(stack, pm, events, "spotring.events")
         option = "--metrics-port"
         if config.metrics_port is not None:
-            from spotring.autoscaler.metrics import Metrics
+            from spotring.autoscaler.observers.metrics import Metrics
 
             capacity = (lambda: controller.capacity_status) if controller is not None else None
             metrics = Metrics(config.metrics_port, config.metrics_addr, groups[0].name, capacity)

@@ -28,7 +28,7 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
 from spotring.autoscaler import cli, events, hookspecs
-from spotring.autoscaler.metrics import Metrics
+from spotring.autoscaler.observers.metrics import run_series
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.providers import permissions
 
@@ -313,23 +313,14 @@ def permissions_markdown() -> str:
 
 def _metric_rows() -> list[tuple[str, str, str, tuple[str, ...]]]:
     """``(name as exposed, type, help, labels)`` of every series of the run's registry."""
-    from prometheus_client.metrics import MetricWrapperBase
-
-    # The registry is built by Metrics itself; it serves on a free loopback port, closed at once.
-    metrics = Metrics(0)
-    try:
-        rows = []
-        for collector in vars(metrics).values():
-            if not isinstance(collector, MetricWrapperBase):
-                continue
-            family = next(iter(collector.describe()))
-            exposed = f"{family.name}_total" if family.type == "counter" else family.name
-            # prometheus_client keeps a series' label names only here.
-            labels = tuple(collector._labelnames)
-            rows.append((exposed, family.type, family.documentation, labels))
-        return rows
-    finally:
-        metrics.close()
+    rows = []
+    for collector in run_series().collectors():  # built as a run builds them, unserved
+        family = next(iter(collector.describe()))
+        exposed = f"{family.name}_total" if family.type == "counter" else family.name
+        # prometheus_client keeps a series' label names only here.
+        labels = tuple(collector._labelnames)
+        rows.append((exposed, family.type, family.documentation, labels))
+    return rows
 
 
 def metrics_markdown() -> str:
@@ -339,8 +330,8 @@ def metrics_markdown() -> str:
         "",
         "Served by `spotring run --metrics-port PORT` (on `--metrics-addr`, default",
         "127.0.0.1) while the job runs; generated from the run's Prometheus registry",
-        "(`spotring.autoscaler.metrics`). A histogram also has `_bucket`, `_sum` and",
-        "`_count` series, a counter a `_created` one.",
+        "(`spotring.autoscaler.observers.metrics.run_series`). A histogram also has",
+        "`_bucket`, `_sum` and `_count` series, a counter a `_created` one.",
         "",
     ]
     rows = [

@@ -291,7 +291,9 @@ def test_a_broken_wrapper_or_late_historic_plugin_is_isolated_too(
     controller._take_failed_hosts()
     assert recorder.changes == [(["a", "b"], [])]
     assert recorder.failed == [("a", "worker rank 0 exited with 1")]
-    pm.hook.spotring_job_started.call_historic(kwargs={"provider": provider, "job": JOB})
+    pm.hook.spotring_job_started.call_historic(
+        kwargs={"provider": provider, "job": JOB, "groups": [provider]}
+    )
     pm.register(BrokenLate())  # hears the job's start now, and fails: logged, not raised
     assert "failed in spotring_inventory_changed: KeyError" in caplog.text
     assert "failed in spotring_host_failed: KeyError" in caplog.text

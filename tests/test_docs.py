@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from spotring.autoscaler import cli, hookspecs
-from spotring.autoscaler.events import EVENTS, EventLog
-from spotring.autoscaler.metrics import Metrics
+from spotring.autoscaler.observers.events import EVENTS, EventLog
+from spotring.autoscaler.observers.metrics import run_series
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.core import (
     CapacityShortage,
@@ -162,11 +162,7 @@ def test_each_clouds_permissions_are_on_the_permissions_page(site: Path, cloud: 
 
 def test_every_metric_is_on_the_metrics_page(site: Path) -> None:
     text = page(site, "reference/metrics")
-    metrics = Metrics(0)
-    try:
-        families = list(metrics.registry.collect())
-    finally:
-        metrics.close()
+    families = list(run_series().registry.collect())
     assert len(families) > 10
     for family in families:
         exposed = f"{family.name}_total" if family.type == "counter" else family.name
@@ -192,13 +188,16 @@ def test_every_event_and_field_is_on_the_events_page(site: Path) -> None:
 
 def write_every_event(path: Path) -> list[dict]:
     """Every event the log hears, through the plugin manager as in a run; its lines."""
-    log = EventLog(path, groups=["spot", "od"])
+    log = EventLog(path)
     pm = get_plugin_manager(load_entry_points=False)
     pm.register(log)
     hook = pm.hook
     host = Instance("i-a", "a", InstanceState.READY, 2, Lifecycle.SPOT, "z", "t", group="spot")
     job = JobShape(num_proc=4, min_num_proc=2, max_num_proc=8)
-    hook.spotring_job_started.call_historic(kwargs={"provider": ScriptedProvider(), "job": job})
+    groups = [ScriptedProvider(), ScriptedProvider()]  # a job of several: `groups` written
+    hook.spotring_job_started.call_historic(
+        kwargs={"provider": groups[0], "job": job, "groups": groups}
+    )
     listed = Inventory(instances=(host,), generation=1)
     hook.spotring_refreshed(inventory=listed, seconds=0.1, calls=1, error=None, target=1)
     hook.spotring_refreshed(inventory=Inventory(), seconds=0.1, calls=1, error=None, target=1)

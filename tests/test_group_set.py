@@ -13,8 +13,8 @@ import pytest
 from spotring.autoscaler import hookimpl
 from spotring.autoscaler.capacity import CapacityOptions, ShortageBackoff
 from spotring.autoscaler.controller import Controller
-from spotring.autoscaler.events import EventLog
 from spotring.autoscaler.groups import describe_groups, job_groups, list_members
+from spotring.autoscaler.observers.events import EventLog
 from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.core import (
     CapacityShortage,
@@ -221,12 +221,14 @@ def test_group_names_must_differ() -> None:
 
 
 def test_the_events_file_lists_the_groups_of_a_job_of_several(tmp_path: Path) -> None:
+    """It hears them with the job's start (``spotring_job_started``'s ``groups``)."""
     for names, listed in ((["spot", "od"], ["spot", "od"]), (["spot"], None)):
         path = tmp_path / f"{len(names)}.jsonl"
         pm = get_plugin_manager(load_entry_points=False)
-        pm.register(EventLog(path, names))
+        pm.register(EventLog(path))
+        groups = [Pool(name, Lifecycle.SPOT, 1) for name in names]
         pm.hook.spotring_job_started.call_historic(
-            kwargs={"provider": Pool("spot", Lifecycle.SPOT, 1), "job": JOB}
+            kwargs={"provider": groups[0], "job": JOB, "groups": groups}
         )
         started = json.loads(path.read_text().splitlines()[0])
         assert started["provider"] == "pool" and started.get("groups") == listed
@@ -406,7 +408,7 @@ def test_the_events_file_records_groups_shortages_fallbacks_and_returns(tmp_path
 def test_metrics_count_hosts_by_group_shortages_fallbacks_and_returns() -> None:
     import urllib.request
 
-    from spotring.autoscaler.metrics import Metrics
+    from spotring.autoscaler.observers.metrics import Metrics
 
     holder: list[Controller] = []
     metrics = Metrics(0, capacity=lambda: holder[0].capacity_status)
@@ -437,7 +439,7 @@ def test_metrics_count_hosts_by_group_shortages_fallbacks_and_returns() -> None:
 def test_report_shows_hours_and_cost_by_group_time_below_target_and_each_swap(
     tmp_path: Path,
 ) -> None:
-    from spotring.autoscaler.report import read_events, write_report
+    from spotring.autoscaler.observers.report import read_events, write_report
 
     path = tmp_path / "events.jsonl"
     log = EventLog(path)
@@ -463,7 +465,7 @@ def test_report_shows_hours_and_cost_by_group_time_below_target_and_each_swap(
 
 
 def test_report_counts_the_time_below_target(tmp_path: Path) -> None:
-    from spotring.autoscaler.report import read_events
+    from spotring.autoscaler.observers.report import read_events
 
     t0 = 1_800_000_000.0
     records = [
@@ -480,7 +482,7 @@ def test_report_counts_the_time_below_target(tmp_path: Path) -> None:
 def test_progress_lines_name_groups_and_swaps() -> None:
     import io
 
-    from spotring.autoscaler.progress import ProgressReporter
+    from spotring.autoscaler.observers.progress import ProgressReporter
 
     stream = io.StringIO()
     reporter = ProgressReporter(stream)

@@ -15,8 +15,8 @@ import pytest
 from spotring.autoscaler.cli import build_parser
 from spotring.autoscaler.controller import Controller, ControllerError
 from spotring.autoscaler.hookspecs import hookimpl
+from spotring.autoscaler.observers.progress import ProgressReporter
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
-from spotring.autoscaler.progress import ProgressReporter
 from spotring.core import Instance, InterruptionNotice, JobShape
 from spotring.driver.options import ElasticOptions
 from tests.fakes import ScriptedProvider, instance

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from spotring.autoscaler.events import EventLog
+from spotring.autoscaler.observers.events import EventLog
 from spotring.core.inventory import Inventory
 from spotring.providers.base import (
     ConfigurationError,

@@ -231,8 +231,8 @@ def test_the_launcher_tells_only_a_provider_that_declares_it_tracks_workers(
 
     import spotring.driver.elastic
     from spotring.autoscaler.job import JobConfig, run_job
+    from spotring.autoscaler.observers.progress import ProgressReporter
     from spotring.autoscaler.plugins import get_plugin_manager
-    from spotring.autoscaler.progress import ProgressReporter
     from spotring.core import JobShape
     from spotring.driver.options import ElasticOptions
 

@@ -13,10 +13,10 @@ import pytest
 
 from spotring.autoscaler.cli import main
 from spotring.autoscaler.controller import Controller
-from spotring.autoscaler.events import VERSION, EventLog
-from spotring.autoscaler.metrics import Metrics
+from spotring.autoscaler.observers.events import VERSION, EventLog
+from spotring.autoscaler.observers.metrics import Metrics, run_series
+from spotring.autoscaler.observers.report import ReportError, read_events, write_report
 from spotring.autoscaler.plugins import get_plugin_manager
-from spotring.autoscaler.report import ReportError, read_events, write_report
 from spotring.core.job import JobShape
 from spotring.driver.ring_progress import Hang, RingStatus, Stall
 from spotring.providers.base import InstanceState, InterruptionNotice
@@ -78,6 +78,23 @@ def test_events_are_versioned_lines_written_as_they_happen(tmp_path: Path) -> No
     assert finished["event"] == "job_finished" and finished["resets"] == 1
 
 
+def test_the_registry_the_docs_read_is_the_one_a_run_serves() -> None:
+    """``run_series`` builds every series without a port: what a run serves, no more."""
+    listed = {
+        f"{family.name}_total" if family.type == "counter" else family.name
+        for family in run_series().registry.collect()
+    }
+    metrics = Metrics(0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics") as answer:
+            text = answer.read().decode()
+    finally:
+        metrics.close()
+    served = set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
+    assert len(listed) > 10
+    assert {name for name in served if not name.endswith("_created")} == listed
+
+
 def test_metrics_serve_the_documented_series(tmp_path: Path) -> None:
     provider = ScriptedProvider([instance("a"), instance("b", InstanceState.PENDING)])
     metrics = Metrics(0)
@@ -119,7 +136,10 @@ def test_the_jobs_and_the_rings_events_are_lines_written_through_the_hooks(
     path = tmp_path / "events.jsonl"
     pm = get_plugin_manager(load_entry_points=False)
     job = JobShape(num_proc=4, min_num_proc=2, max_num_proc=8)
-    pm.hook.spotring_job_started.call_historic(kwargs={"provider": ScriptedProvider(), "job": job})
+    provider = ScriptedProvider()
+    pm.hook.spotring_job_started.call_historic(
+        kwargs={"provider": provider, "job": job, "groups": [provider]}
+    )
     log = EventLog(path)
     pm.register(log)  # after the job started: the historic hook is replayed to it
     hang = Hang(2, "a", 1, 30.0, 31.0)

@@ -7,9 +7,12 @@ import time
 
 import pluggy
 
+from spotring.autoscaler.groups import describe_groups
+from spotring.autoscaler.observers.progress import ProgressReporter
 from spotring.autoscaler.plugins import get_plugin_manager
-from spotring.autoscaler.progress import ProgressReporter
+from spotring.core import Inventory, JobShape
 from spotring.providers.base import Instance, InstanceState, InterruptionNotice
+from tests.fakes import ScriptedProvider
 
 
 def host(name: str) -> Instance:
@@ -60,3 +63,17 @@ def test_a_host_that_died_first_or_a_failure_meanwhile_is_not_called_clean() -> 
     assert "s ahead: left)" in line  # h2: the ring restored its last commit anyway
     assert "h3 (preempt" in line and "kept" in line
     assert "0 steps rolled back" not in out.getvalue()
+
+
+def test_the_first_inventory_names_the_groups_the_job_started_on() -> None:
+    """The reporter hears the job's groups with ``spotring_job_started``."""
+    out = io.StringIO()
+    reporter = ProgressReporter(out)
+    hook = plugged(reporter)
+    groups = [ScriptedProvider(), ScriptedProvider()]
+    job = JobShape(num_proc=1, min_num_proc=1, max_num_proc=1)
+    hook.spotring_job_started.call_historic(
+        kwargs={"provider": groups[0], "job": job, "groups": groups}
+    )
+    reporter.started(Inventory(instances=(host("h0"),)))
+    assert f"] {describe_groups(groups)}: 1 members, 1 ready (h0:1)\n" in out.getvalue()
