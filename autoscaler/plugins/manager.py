@@ -2,46 +2,34 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
+import importlib
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Generator, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 import pluggy
 
-from spotring.autoscaler import hookspecs, policy
-from spotring.core.hooks import hookimpl
-from spotring.providers.base import Provider, ProviderRegistry
+from spotring.autoscaler import hookspecs
+from spotring.autoscaler.plugins.builtins import BUILTIN_PLUGINS, OWN_PLUGINS
+from spotring.autoscaler.plugins.isolation import isolated, isolated_wrapper
+from spotring.providers.base import ProviderRegistry
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("spotring.autoscaler.plugins")  # the name it always logged under
 
 __all__ = [
-    "BUILTIN_PLUGINS",
     "DISABLE_ENV",
     "ENTRY_POINT_GROUP",
     "TRACE_ENV",
-    "ProviderRegistry",
     "SpotringPluginManager",
     "get_plugin_manager",
-    "hookimpl",
     "provider_registry",
 ]
 
 ENTRY_POINT_GROUP = "spotring.providers"
 """Entry-point group third-party provider plugins register under."""
-
-BUILTIN_PLUGINS: tuple[str, ...] = (
-    "spotring.providers.local",
-    "spotring.providers.aws",
-    "spotring.providers.gcp",
-    "spotring.providers.azure",
-    "spotring.providers.script",
-)
-"""Modules of the built-in plugins, registered exactly as entry-point plugins are."""
 
 TRACE_ENV = "SPOTRING_TRACE_HOOKS"
 """Set to 1 to print every hook call and result to stderr."""
@@ -90,9 +78,9 @@ class SpotringPluginManager(pluggy.PluginManager):
             return
         report = functools.partial(self._report, hookimpl.plugin_name, hook.name)
         if hookimpl.wrapper or hookimpl.hookwrapper:
-            hookimpl.function = _isolated_wrapper(hookimpl.function, report)  # type: ignore[misc]  # pluggy's Final
+            hookimpl.function = isolated_wrapper(hookimpl.function, report)  # type: ignore[misc]  # pluggy's Final
         else:
-            hookimpl.function = _isolated(hookimpl.function, report)  # type: ignore[misc]  # pluggy's Final
+            hookimpl.function = isolated(hookimpl.function, report)  # type: ignore[misc]  # pluggy's Final
 
     def _report(self, plugin_name: str, hook_name: str, error: Exception) -> None:
         with self._broken_lock:
@@ -107,57 +95,6 @@ class SpotringPluginManager(pluggy.PluginManager):
                 error,
             )
         log.debug("plugin %s failed in %s", plugin_name, hook_name, exc_info=error)
-
-
-def _isolated(function: Callable[..., Any], report: Callable[[Exception], None]) -> Any:
-    """``function``, reporting an exception instead of raising it (result: None)."""
-
-    @functools.wraps(function)
-    def isolated(*args: Any) -> Any:
-        try:
-            return function(*args)
-        except Exception as error:
-            report(error)
-            return None
-
-    isolated.spotring_isolated = True  # type: ignore[attr-defined]  # a marker on the wrapper
-    return isolated
-
-
-def _isolated_wrapper(function: Callable[..., Any], report: Callable[[Exception], None]) -> Any:
-    """A wrapper implementation (a generator) whose own failures are reported: one that
-    fails before its ``yield`` is left out of the call; one that fails after it leaves
-    the result as the inner implementations made it."""
-
-    @functools.wraps(function)
-    def isolated(*args: Any) -> Generator[None, Any, Any]:
-        try:
-            inner = function(*args)
-            next(inner)
-        except Exception as error:  # StopIteration too: a wrapper that did not yield
-            report(error)
-            return (yield)
-        try:
-            result = yield
-        except BaseException as error:  # the inner call failed: the wrapper may handle it
-            try:
-                inner.throw(error)
-            except StopIteration as stop:
-                return stop.value
-            raise RuntimeError(f"{function.__qualname__} did not stop after its yield") from None
-        try:
-            inner.send(result)
-        except StopIteration as stop:
-            return stop.value
-        except Exception as error:
-            report(error)
-            return result
-        inner.close()
-        report(RuntimeError("a wrapper must yield once"))
-        return result
-
-    isolated.spotring_isolated = True  # type: ignore[attr-defined]  # a marker on the wrapper
-    return isolated
 
 
 def get_plugin_manager(
@@ -177,13 +114,12 @@ def get_plugin_manager(
     disabled = {name.strip() for name in disable if name.strip()} | {
         name.strip() for name in os.environ.get(DISABLE_ENV, "").split(",") if name.strip()
     }
-    # spotring's own hook implementations (below, and its default policy) cannot be
-    # disabled; the policy's are trylast, so a plugin's answer comes first.
-    own = (sys.modules[__name__], policy)
-    for name in disabled - {plugin.__name__ for plugin in own}:
+    # spotring's own hook implementations cannot be disabled; its policy's are
+    # trylast, so a plugin's answer comes first.
+    for name in disabled - {name for name, _ in OWN_PLUGINS}:
         pm.set_blocked(name)
-    for plugin in own:
-        pm.register(plugin, name=plugin.__name__)
+    for name, module_name in OWN_PLUGINS:
+        pm.register(importlib.import_module(module_name), name=name)
     for module_name in BUILTIN_PLUGINS:
         if pm.is_blocked(module_name):
             continue
@@ -226,9 +162,3 @@ def provider_registry(pm: pluggy.PluginManager) -> ProviderRegistry:
         if provider.name not in disabled:
             kept.add(provider)
     return kept
-
-
-@hookimpl
-def spotring_add_provider_options(provider: type[Provider], group: argparse._ArgumentGroup) -> None:
-    """spotring's own implementation: the provider's ``add_arguments``."""
-    provider.add_arguments(group)
