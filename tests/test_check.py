@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spotring.autoscaler.check import Finding, check_provider
+from spotring.autoscaler.cli.check import Finding, check_provider
 from spotring.providers.azure import AzureProvider
 from spotring.providers.base import Provider
 from spotring.providers.gcp import GcpProvider

@@ -84,6 +84,13 @@ def spotring(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
             ["run", "--provider", "local", "-np", "1", "--checkpoint", "ftp://x/y", "--", "true"],
             "--checkpoint",
         ),
+        (
+            [
+                *("run", "--provider", "script", "--list-command", "true", "-np", "1"),
+                *("--on-demand-base", "1", "--", "true"),
+            ],
+            "spotring run: error: --on-demand-base needs a job of several groups",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

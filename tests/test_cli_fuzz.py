@@ -28,8 +28,8 @@ TOKENS = [
 
 @pytest.fixture(autouse=True)
 def carry_nothing_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "_run", lambda options, provider, pm: 0)
-    monkeypatch.setattr(cli, "_discover", lambda provider: 0)
+    monkeypatch.setattr(cli.run, "run_command", lambda options, groups, pm: 0)
+    monkeypatch.setattr(cli.discover, "discover", lambda groups: 0)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,0 +1,7 @@
+"""``python -m spotring.autoscaler.cli``: the ``spotring`` command."""
+
+import sys
+
+from spotring.autoscaler.cli.entry import main
+
+sys.exit(main())

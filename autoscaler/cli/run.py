@@ -1,0 +1,420 @@
+"""``spotring run``: its options, their checks, and the job made of them.
+
+The options are turned into a typed :class:`~spotring.autoscaler.job.JobConfig`; the
+job's composition (groups, durable checkpoints) is
+:mod:`spotring.autoscaler.composition`'s and its run :func:`~spotring.autoscaler.job.run_job`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import pluggy
+
+from spotring.autoscaler.capacity import (
+    DEFAULT_FALLBACK_AFTER,
+    DEFAULT_ON_DEMAND_BASE,
+    DEFAULT_PROBE_AFTER,
+    DEFAULT_RETURN_AFTER,
+    CapacityOptions,
+)
+from spotring.autoscaler.cli.options import add_provider_options
+from spotring.autoscaler.cli.usage import PROG, AddCommand, UsageError, print_error
+from spotring.autoscaler.composition import check_capacity, durable_options
+from spotring.autoscaler.job import JobConfig, run_job
+from spotring.autoscaler.observers.progress import ProgressReporter
+from spotring.core import ConfigurationError
+from spotring.core.job import JobShape
+from spotring.driver.launcher import SshOptions
+from spotring.driver.options import ElasticOptions
+from spotring.driver.worker_env import parse_forwarded
+from spotring.providers.base import Provider
+from spotring.providers.options import (
+    non_negative_int,
+    non_negative_seconds,
+    port_number,
+    positive_int,
+    positive_seconds,
+)
+
+DEFAULT_REFRESH_INTERVAL = 10.0
+"""Seconds between refreshes: one cloud call each for a steady group, 0.1 calls/s."""
+
+
+def add_parser(
+    add_command: AddCommand,
+    pm: pluggy.PluginManager | None,
+    provider: type[Provider] | None,
+    command_after_dashes: bool,
+) -> None:
+    """The ``run`` command's parser; ``command_after_dashes``: see
+    :func:`~spotring.autoscaler.cli.parser.build_parser`."""
+    run = add_command(
+        "run",
+        help="run an elastic Horovod job on a provider's hosts",
+        description="Run COMMAND as an elastic Horovod job on the hosts of a spot group. "
+        "Use --provider NAME --help to see that provider's options.",
+        usage="%(prog)s --provider NAME [options] -- COMMAND...",
+    )
+    add_provider_options(run, pm, provider)
+    _add_elastic_options(run)
+    observe = run.add_argument_group("what the job did")
+    observe.add_argument(
+        "--events",
+        metavar="FILE",
+        help="append one JSON object per line for every membership change, instance state "
+        "change, notice, host failure, ring, refresh and the job's end (spotring report "
+        "FILE draws it)",
+    )
+    observe.add_argument(
+        "--metrics-port",
+        type=port_number,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port while the job runs",
+    )
+    observe.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics listen on (default: 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    run.add_argument(
+        "job",
+        nargs="*" if command_after_dashes else argparse.REMAINDER,
+        metavar="COMMAND",
+        help="the training command",
+    )
+
+
+def _add_elastic_options(run: argparse.ArgumentParser) -> None:
+    elastic = run.add_argument_group("elastic options (as in horovodrun)")
+    elastic.add_argument(
+        "-np",
+        "--num-proc",
+        dest="num_proc",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="worker processes to start with",
+    )
+    elastic.add_argument(
+        "--min-np",
+        "--min-num-proc",
+        dest="min_num_proc",
+        type=positive_int,
+        metavar="N",
+        help="fewest workers to keep training (default: -np)",
+    )
+    elastic.add_argument(
+        "--max-np",
+        "--max-num-proc",
+        dest="max_num_proc",
+        type=positive_int,
+        metavar="N",
+        help="most workers to scale up to (default: -np)",
+    )
+    elastic.add_argument(
+        "--slots-per-host",
+        "--slots",
+        dest="slots_per_host",
+        type=positive_int,
+        metavar="N",
+        help="workers per host (default: from the provider)",
+    )
+    elastic.add_argument(
+        "--reset-limit",
+        type=non_negative_int,
+        metavar="N",
+        help="end the job after N resets (default: no limit)",
+    )
+    elastic.add_argument(
+        "--blacklist-cooldown-range",
+        type=non_negative_int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="seconds a failed host stays blacklisted, growing from MIN to MAX",
+    )
+    elastic.add_argument(
+        "--elastic-timeout",
+        type=positive_int,
+        default=600,
+        metavar="SECONDS",
+        help="how long to wait for enough hosts after a reset (default: 600)",
+    )
+    elastic.add_argument(
+        "--start-timeout",
+        type=positive_int,
+        default=120,
+        metavar="SECONDS",
+        help="how long to wait for the group's first inventory and network checks (default: 120)",
+    )
+    elastic.add_argument(
+        "--network-interface",
+        "--network-interfaces",
+        dest="nics",
+        metavar="NICS",
+        help="comma-separated interfaces for Gloo/NCCL (default: detect; 'lo' for local workers)",
+    )
+    elastic.add_argument("--verbose", "-v", action="count", default=0, help="Horovod verbosity")
+
+    control = run.add_argument_group("spotring options")
+    control.add_argument(
+        "--refresh-interval",
+        type=positive_seconds,
+        default=DEFAULT_REFRESH_INTERVAL,
+        metavar="SECONDS",
+        help="seconds between inventory refreshes (default: 10; a worker failure is "
+        "acted on at once, whatever the interval)",
+    )
+    control.add_argument(
+        "--target-hosts",
+        type=non_negative_int,
+        metavar="N",
+        help="hosts to ask the group for at start (default: enough for -np)",
+    )
+    control.add_argument("--no-resize", action="store_true", help="never change the group's size")
+    control.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="start a host's workers when Horovod places it in a ring, as horovodrun "
+        "does (default: start them as soon as the host is READY and offer the host "
+        "once they wait in hvd.init, so a join stalls the ring for the join only)",
+    )
+    control.add_argument(
+        "--hang-timeout",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="a ring that made no progress (no commit) for this long, since its last "
+        "commit or its planning, has the member that holds it up (stopped beating, never "
+        "joined the ring's reset, fewer commits) stopped and its host replaced (default: "
+        "off; set it above the longest gap between commits, and a ring's formation and "
+        "first step)",
+    )
+    capacity = run.add_argument_group(
+        "when spot runs out (a job of several groups: --group given more than once)"
+    )
+    capacity.add_argument(
+        "--fallback-after",
+        type=non_negative_seconds,
+        default=DEFAULT_FALLBACK_AFTER,
+        metavar="SECONDS",
+        help="a group below its target this long with no error from its cloud counts as "
+        "short, and the next group is asked for its shortfall (default: %(default).0f; a "
+        "capacity or quota error from the cloud counts at once)",
+    )
+    capacity.add_argument(
+        "--probe-after",
+        type=positive_seconds,
+        default=DEFAULT_PROBE_AFTER,
+        metavar="SECONDS",
+        help="a short group is asked again this long after its shortage, 1.6 times longer "
+        "for each shortage in a row, at most five times this, +-40%% jitter (default: "
+        "%(default).0f; a quota shortage: 5 to 30 minutes)",
+    )
+    capacity.add_argument(
+        "--on-demand-base",
+        type=non_negative_int,
+        default=DEFAULT_ON_DEMAND_BASE,
+        metavar="N",
+        help="keep N hosts in the last group (the on-demand one) always (default: 0)",
+    )
+    capacity.add_argument(
+        "--return-after",
+        type=non_negative_seconds,
+        default=DEFAULT_RETURN_AFTER,
+        metavar="SECONDS",
+        help="a host that fell back to a later group is handed back (at a commit, one at "
+        "a time) once a preferred group has capacity again, not before it has been there "
+        "this long (default: %(default).0f)",
+    )
+    durable = run.add_argument_group("durable checkpoints")
+    durable.add_argument(
+        "--checkpoint",
+        metavar="URI",
+        help="write durable copies of the committed state, in the background, to URI: a "
+        "directory, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or "
+        "https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX; a ring that lost every "
+        "worker, or the same command run again, resumes from the newest",
+    )
+    durable.add_argument(
+        "--checkpoint-every",
+        type=positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="at most one durable copy per SECONDS, of the first commit after them (default: 60)",
+    )
+    durable.add_argument(
+        "--checkpoint-keep",
+        type=positive_int,
+        default=3,
+        metavar="K",
+        help="complete checkpoints kept; older ones are deleted (default: 3)",
+    )
+    control.add_argument(
+        "--no-replace",
+        action="store_true",
+        help="do not ask the provider to replace hosts whose workers failed",
+    )
+    control.add_argument(
+        "--drain-on-rebalance",
+        action="store_true",
+        help="leave a host at a rebalance recommendation already, not only at a notice",
+    )
+    control.add_argument(
+        "--launcher",
+        choices=["auto", "local", "ssh"],
+        default="auto",
+        help="how workers start: local processes or ssh (default: local for "
+        "providers that simulate hosts, ssh otherwise)",
+    )
+    control.add_argument(
+        "--ssh-port", type=positive_int, metavar="PORT", help="ssh port on the hosts"
+    )
+    control.add_argument("--ssh-identity-file", metavar="FILE", help="ssh private key")
+    control.add_argument(
+        "--ssh-host-key-checking",
+        choices=["accept-new", "yes", "no"],
+        default="accept-new",
+        help="accept-new (default): trust a host's key on first use, in a known_hosts "
+        "file of the job's own, and refuse a changed one; yes: only keys already known; "
+        "no: check nothing",
+    )
+    control.add_argument(
+        "--ssh-known-hosts",
+        metavar="FILE",
+        help="known_hosts file to check host keys against (default: the job's own for "
+        "accept-new, ssh's usual files for yes)",
+    )
+    control.add_argument(
+        "--worker-python",
+        default=sys.executable,
+        metavar="PATH",
+        help="the Python on the hosts that has spotring installed (default: this one, %(default)s)",
+    )
+    control.add_argument(
+        "-x",
+        "--env",
+        dest="forward_env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="forward the driver's NAME to the workers, or set NAME=VALUE (repeatable). "
+        "Workers get only HOROVOD_*, PYTHON*, locale, PATH/HOME/USER, CUDA/NCCL/GLOO/OMP/"
+        "TORCH settings and these; cloud credentials stay on the driver. A VALUE given "
+        "here shows on spotring's own command line: prefer exporting NAME",
+    )
+
+
+def finish_options(options: argparse.Namespace, after_dashes: list[str] | None) -> None:
+    """What argparse cannot check of ``run``'s options: the training command (given
+    after ``--``, or positionally), -np within its bounds, the cooldown range, and
+    ``--checkpoint`` naming a store. Fills in the defaults that depend on others."""
+    options.job = _job_command(options.job, after_dashes)
+    _check_elastic(options)
+    try:
+        options.durable = durable_options(
+            options.checkpoint, options.checkpoint_every, options.checkpoint_keep, options.job
+        )
+    except ConfigurationError as error:
+        raise UsageError(f"{PROG} run: error: {error}") from None
+
+
+def _job_command(positional: list[str], after_dashes: list[str] | None) -> list[str]:
+    command = after_dashes if after_dashes is not None else positional
+    if after_dashes is not None and positional:
+        raise UsageError(
+            f"{PROG} run: error: unexpected arguments before '--': {' '.join(positional)}"
+        )
+    if not command:
+        raise UsageError(f"{PROG} run: error: missing the training command after '--'")
+    return command
+
+
+def _check_elastic(options: argparse.Namespace) -> None:
+    options.min_num_proc = options.min_num_proc or options.num_proc
+    options.max_num_proc = options.max_num_proc or options.num_proc
+    if not options.min_num_proc <= options.num_proc <= options.max_num_proc:
+        raise UsageError(
+            f"{PROG} run: error: need --min-np <= -np <= --max-np, got "
+            f"{options.min_num_proc} <= {options.num_proc} <= {options.max_num_proc}"
+        )
+    cooldown = options.blacklist_cooldown_range
+    if cooldown is not None and cooldown[0] > cooldown[1]:
+        raise UsageError(f"{PROG} run: error: --blacklist-cooldown-range needs MIN <= MAX")
+    options.nics = tuple(n for n in (options.nics or "").split(",") if n)
+
+
+def job_config(options: argparse.Namespace) -> JobConfig:
+    """The typed configuration of the job ``options`` describe (parsed by
+    :func:`~spotring.autoscaler.cli.parsing.parse`)."""
+    try:
+        forwarded = parse_forwarded(options.forward_env, os.environ)
+    except ValueError as error:
+        raise UsageError(f"{PROG} run: error: {error}") from None
+    return JobConfig(
+        command=tuple(options.job),
+        shape=JobShape(
+            num_proc=options.num_proc,
+            min_num_proc=options.min_num_proc,
+            max_num_proc=options.max_num_proc,
+            slots_per_host=options.slots_per_host,
+            target_hosts=options.target_hosts,
+            resize=not options.no_resize,
+            replace_failed=not options.no_replace,
+            drain_on_rebalance=options.drain_on_rebalance,
+        ),
+        elastic=ElasticOptions(
+            reset_limit=options.reset_limit,
+            cooldown_range=tuple(options.blacklist_cooldown_range)
+            if options.blacklist_cooldown_range
+            else None,
+            elastic_timeout=options.elastic_timeout,
+            start_timeout=options.start_timeout,
+            nics=options.nics,
+            verbose=options.verbose,
+            warm_start=not options.cold_start,
+            hang_timeout=options.hang_timeout,
+            durable=options.durable,
+        ),
+        refresh_interval=options.refresh_interval,
+        launcher=options.launcher,
+        ssh=SshOptions(
+            port=options.ssh_port,
+            identity_file=options.ssh_identity_file,
+            host_key_checking=options.ssh_host_key_checking,
+            known_hosts=options.ssh_known_hosts,
+        ),
+        worker_python=options.worker_python,
+        forwarded_env=forwarded,
+        events_path=options.events,
+        metrics_port=options.metrics_port,
+        metrics_addr=options.metrics_addr,
+        capacity=CapacityOptions.probing_after(
+            options.probe_after,
+            fallback_after=options.fallback_after,
+            on_demand_base=options.on_demand_base,
+            return_after=options.return_after,
+        ),
+    )
+
+
+def run_command(
+    options: argparse.Namespace, groups: Sequence[Provider], pm: pluggy.PluginManager
+) -> int:
+    """Run the job on ``groups`` until it ends; its exit status."""
+    config = job_config(options)
+    check_capacity(config.capacity, groups)
+    # SIGTERM (a scheduler, `kill`) stops the job like Ctrl-C: workers first.
+    signal.signal(signal.SIGTERM, _interrupt)
+    outcome = run_job(config, groups, pm, ProgressReporter())
+    if outcome.exit_code:
+        print_error(f"{PROG} run: job failed: {outcome.message}")
+    return outcome.exit_code
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)

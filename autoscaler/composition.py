@@ -1,0 +1,63 @@
+"""What a job is made of, from typed options, before it runs: its groups, its durable
+checkpoints, and the rules that span them.
+
+The CLI parses argv into these options and reports what comes back;
+:mod:`spotring.autoscaler.job` runs what is composed here (the controller, the
+launcher and Horovod, wired once). Nothing here reads argv, so all of it is testable
+without a command line. Each function raises :class:`ConfigurationError` for what the
+user must fix, with a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from collections.abc import Sequence
+
+from spotring.autoscaler.capacity import CapacityOptions
+from spotring.autoscaler.groups import job_groups
+from spotring.core import ConfigurationError, CoreOptions
+from spotring.driver.options import DurableOptions
+from spotring.providers.base import Provider
+
+__all__ = ["check_capacity", "compose_groups", "durable_options", "job_id"]
+
+
+def compose_groups(
+    provider: type[Provider], options: argparse.Namespace, core: CoreOptions
+) -> tuple[Provider, ...]:
+    """The job's groups, one provider each (``provider.groups_from_options``: one per
+    ``--group``, in the user's order), made from the provider's own ``options`` and
+    the typed ``core`` ones, never the whole command line."""
+    return job_groups(provider.groups_from_options(options, core))
+
+
+def check_capacity(capacity: CapacityOptions, groups: Sequence[Provider]) -> None:
+    """The capacity options ``groups`` can honour: ``--on-demand-base`` keeps hosts in
+    the last of several groups."""
+    if capacity.on_demand_base and len(groups) == 1:
+        raise ConfigurationError(
+            "--on-demand-base needs a job of several groups (the last one on-demand): "
+            "give --group more than once"
+        )
+
+
+def durable_options(
+    uri: str | None, every: float, keep: int, command: Sequence[str]
+) -> DurableOptions | None:
+    """``--checkpoint URI`` and its settings, None without one; a URI that cannot name
+    a store (a bad form, a missing SDK) is refused now, before anything starts."""
+    if uri is None:
+        return None
+    from spotring.checkpoint import CheckpointError, open_store
+
+    try:
+        store = open_store(uri)
+    except CheckpointError as error:
+        raise ConfigurationError(f"--checkpoint: {error}") from None
+    return DurableOptions(uri=store.uri, every=every, keep=keep, job_id=job_id(command))
+
+
+def job_id(command: Sequence[str]) -> str:
+    """The job's name in its checkpoints: the same training command is the same job."""
+    return hashlib.sha256("\0".join(command).encode()).hexdigest()[:16]
