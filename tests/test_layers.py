@@ -1,6 +1,7 @@
 """The floors: every import of spotring points down (or stays in its own package).
 
-    autoscaler                  the controller, on top
+    plugin                      the one import for plugin authors, on top
+    autoscaler                  the controller
     driver                      the Horovod side
     torch                       the training scripts' public import (TorchState)
     providers | worker_image    beside each other: neither imports the other
@@ -32,6 +33,7 @@ FLOORS: dict[str, int] = {
     "spotring.torch": 3,
     "spotring.driver": 4,
     "spotring.autoscaler": 5,
+    "spotring.plugin": 6,
 }
 """Each top-level package of spotring and its floor: a package imports only its own
 modules and those of packages on lower floors."""
@@ -44,6 +46,7 @@ FOLDERS: dict[str, str] = {
     "spotring.torch": "torch_state",
     "spotring.driver": "driver",
     "spotring.autoscaler": "autoscaler",
+    "spotring.plugin": "plugin",
 }
 
 
@@ -197,6 +200,35 @@ def test_the_public_import_paths_still_work() -> None:
     assert ProviderRegistry is base.ProviderRegistry
     for name in ("Instance", "InstanceState", "InterruptionNotice", "ProviderError"):
         assert getattr(base, name) is getattr(core, name)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "names"),
+    [
+        ("cli", "cli.entry", ["main"]),  # the console script: spotring.autoscaler.cli:main
+        ("cli", "cli.parser", ["build_parser"]),
+        ("cli", "cli.parsing", ["parse"]),
+        ("cli", "cli.options", ["core_options", "make_groups", "make_provider"]),
+        ("cli", "cli.run", ["DEFAULT_REFRESH_INTERVAL"]),
+        ("cli", "cli.usage", ["PROG", "UsageError"]),
+        ("check", "cli.check", ["Finding", "check_provider", "run_check"]),
+        ("events", "observers.events", ["EVENTS", "VERSION", "EventLog"]),
+        ("metrics", "observers.metrics", ["Metrics"]),
+        ("progress", "observers.progress", ["ProgressReporter"]),
+        ("report", "observers.report", ["ReportError", "read_events", "write_report"]),
+        ("plugins", "plugins.manager", ["get_plugin_manager", "provider_registry"]),
+        ("plugins", "plugins.builtins", ["BUILTIN_PLUGINS"]),
+        ("policy", "plugins.policy", ["JobShape", "size_bounds", "spotring_target_size"]),
+    ],
+)
+def test_the_old_module_paths_still_work(old: str, new: str, names: list[str]) -> None:
+    """The autoscaler's rooms moved modules; their old paths re-export the same objects."""
+    import importlib
+
+    moved = importlib.import_module(f"spotring.autoscaler.{old}")
+    home = importlib.import_module(f"spotring.autoscaler.{new}")
+    for name in names:
+        assert getattr(moved, name) is getattr(home, name), f"{old}.{name}"
 
 
 def test_torch_state_has_a_short_public_import() -> None:

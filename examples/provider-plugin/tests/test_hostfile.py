@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 from spotring_hostfile import HostFileProvider
 
-from spotring.providers.base import CoreOptions
-from spotring.providers.conformance import ProviderContract
+from spotring.plugin import CoreOptions, ProviderContract
 
 
 class TestHostFileContract(ProviderContract):

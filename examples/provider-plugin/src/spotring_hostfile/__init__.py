@@ -15,14 +15,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from spotring.core import hookimpl
-from spotring.providers.base import (
+from spotring.plugin import (
     ConfigurationError,
     CoreOptions,
     Instance,
     InstanceState,
     Provider,
     ProviderError,
+    ProviderRegistry,
+    hookimpl,
     is_valid_address,
 )
 
@@ -82,5 +83,5 @@ class HostFileProvider(Provider):
 
 
 @hookimpl
-def spotring_register_providers(registry) -> None:  # type: ignore[no-untyped-def]
+def spotring_register_providers(registry: ProviderRegistry) -> None:
     registry.add(HostFileProvider)
