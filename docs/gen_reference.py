@@ -27,7 +27,8 @@ from typing import NamedTuple
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
-from spotring.autoscaler import cli, events, hookspecs
+from spotring.autoscaler import cli, hookspecs
+from spotring.autoscaler.observers import events
 from spotring.autoscaler.observers.metrics import run_series
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.providers import permissions
@@ -353,7 +354,7 @@ def events_markdown() -> str:
         "crash loses at most the line being written); `spotring report FILE` draws it.",
         f"Every line has `v` (the format's version, now {events.VERSION}: a new field does",
         "not change it, a changed or removed one does), `t` (epoch seconds) and `event`,",
-        "one of those below. Generated from `spotring.autoscaler.events.EVENTS`.",
+        "one of those below. Generated from `spotring.autoscaler.observers.events.EVENTS`.",
         "",
     ]
     for name, kind in events.EVENTS.items():
