@@ -58,8 +58,7 @@ def _on_groups(
     try:
         groups = make_groups(provider_cls, options)
     except ConfigurationError as error:
-        print_error(f"{PROG} {command}: error: {error}")
-        return EXIT_USAGE
+        return _failed(command, error)
     try:
         if command == "discover":
             return discover.discover(groups)
@@ -67,15 +66,18 @@ def _on_groups(
     except UsageError as error:
         print_error(error)
         return EXIT_USAGE
-    except ConfigurationError as error:
-        print_error(f"{PROG} {command}: error: {error}")
-        return EXIT_USAGE
     except (ProviderError, HorovodSetupError) as error:
-        print_error(f"{PROG} {command}: error: {error}")
-        return EXIT_FAILURE
+        return _failed(command, error)
     except KeyboardInterrupt:
         print_error(f"{PROG}: interrupted")
         return 130
     finally:
         for group in groups:
             group.close()
+
+
+def _failed(command: str, error: Exception) -> int:
+    """One line for ``error``; exit 2 for what the user must fix
+    (:class:`ConfigurationError`), 1 for the rest."""
+    print_error(f"{PROG} {command}: error: {error}")
+    return EXIT_USAGE if isinstance(error, ConfigurationError) else EXIT_FAILURE

@@ -1,8 +1,9 @@
 """``spotring run``: its options, their checks, and the job made of them.
 
-The options are turned into a typed :class:`~spotring.autoscaler.job.JobConfig`; the
-job's composition (groups, durable checkpoints) is
-:mod:`spotring.autoscaler.composition`'s and its run :func:`~spotring.autoscaler.job.run_job`'s.
+The options become a typed :class:`~spotring.autoscaler.job.JobConfig`; what the job is
+made of (groups, durable checkpoints) is composed in
+:mod:`spotring.autoscaler.composition`, and :func:`~spotring.autoscaler.job.run_job`
+runs it.
 """
 
 from __future__ import annotations
