@@ -18,7 +18,6 @@ from spotring.autoscaler.groups import describe_groups
 from spotring.core import CapacityShortage, Instance, InterruptionNotice
 from spotring.core.hooks import hookimpl
 from spotring.core.inventory import Inventory
-from spotring.core.job import JobShape
 from spotring.driver.ring_progress import Hang
 from spotring.providers.base import Provider
 
@@ -48,9 +47,7 @@ class ProgressReporter:
             self._stream.flush()
 
     @hookimpl
-    def spotring_job_started(
-        self, provider: Provider, job: JobShape, groups: Sequence[Provider]
-    ) -> None:
+    def spotring_job_started(self, groups: Sequence[Provider]) -> None:
         self._groups = describe_groups(groups)
 
     def started(self, inventory: Inventory) -> None:
