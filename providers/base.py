@@ -50,6 +50,7 @@ from spotring.core.instance import (
 )
 from spotring.core.job import hosts_for_slots
 from spotring.core.options import CoreOptions
+from spotring.core.prices import HourlyPrice
 
 __all__ = [
     "CapacityShortage",
@@ -209,6 +210,13 @@ class Provider(abc.ABC):
         size by one (a fallback host handed back). Idempotent: a member already gone is
         not an error. Only called when :attr:`can_remove` is set."""
         raise NotImplementedError(f"{self.name} cannot remove a single member")
+
+    def hourly_price(self) -> HourlyPrice | None:
+        """The price of one of the group's members for one hour, read from the
+        cloud's price API, or None when unknown (the default). Reads only; called
+        on the controller's thread at most once per price refresh; may raise (the
+        job's :class:`~spotring.core.prices.PriceBook` keeps its last good answer)."""
+        return None
 
     def size_limits(self) -> tuple[int, int] | None:
         """The group's own (min, max) size, if it has one. Optional."""
