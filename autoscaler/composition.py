@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from spotring.autoscaler.capacity import CapacityOptions
-from spotring.autoscaler.groups import job_groups
-from spotring.core import ConfigurationError, CoreOptions
+from spotring.autoscaler.groups import group_names, job_groups
+from spotring.core import ConfigurationError, CoreOptions, Lifecycle
 from spotring.driver.options import DurableOptions
 from spotring.providers.base import Provider
 
-__all__ = ["check_capacity", "compose_groups", "durable_options", "job_id"]
+__all__ = ["check_capacity", "check_prices", "compose_groups", "durable_options", "job_id"]
 
 
 def compose_groups(
@@ -40,6 +40,18 @@ def check_capacity(capacity: CapacityOptions, groups: Sequence[Provider]) -> Non
             "--on-demand-base needs a job of several groups (the last one on-demand): "
             "give --group more than once"
         )
+
+
+def check_prices(prices: Mapping[str, float], groups: Sequence[Provider]) -> None:
+    """``--price NAME=USD`` names one of ``groups`` or a lifecycle (``spot``,
+    ``on-demand``): a misspelt name would silently price nothing."""
+    known = set(group_names(groups)) | {lifecycle.value for lifecycle in Lifecycle}
+    for name in prices:
+        if name not in known:
+            raise ConfigurationError(
+                f"--price {name}=...: no group or lifecycle of that name "
+                f"(one of: {', '.join(sorted(known))})"
+            )
 
 
 def durable_options(

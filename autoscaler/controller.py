@@ -35,7 +35,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -64,6 +64,7 @@ from spotring.core import (
 )
 from spotring.core.inventory import Inventory
 from spotring.core.job import JobShape
+from spotring.core.prices import HourlyPrice, PriceBook
 from spotring.providers.base import Provider
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,10 @@ class Controller:
         again (:class:`Steering`).
     :param capacity_clock: the capacity policy's clock (seconds, monotonic): tests
         pass a fake one to pass its backoffs and waits without sleeping.
+    :param prices: ``--price``: USD per member-hour by group name or lifecycle, over
+        what the groups' clouds say (:attr:`prices`).
+    :param price_refresh: seconds between two readings of a group's price from its
+        cloud.
     """
 
     def __init__(
@@ -124,6 +129,8 @@ class Controller:
         readmit_after: float | None = None,
         capacity: CapacityOptions | None = None,
         capacity_clock: Callable[[], float] = time.monotonic,
+        prices: Mapping[str, float] | None = None,
+        price_refresh: float = 3600.0,
     ) -> None:
         if hook is None:
             from spotring.autoscaler.plugins import get_plugin_manager
@@ -132,6 +139,9 @@ class Controller:
         self.groups: tuple[Provider, ...] = job_groups(groups)
         """The job's groups, in the user's order of preference."""
         self._by_name = dict(zip(group_names(self.groups), self.groups, strict=True))
+        self.prices = PriceBook(self.groups, prices or {}, refresh_s=price_refresh)
+        """The job's prices, per group: read after each listing of a job's groups."""
+        self._prices_told: dict[str, HourlyPrice | None] = {}  # group -> as last emitted
         self._lifecycles: dict[str, Lifecycle | None] = {}  # group -> as it says, asked once
         self._hook = hook
         self._job = job
@@ -370,7 +380,27 @@ class Controller:
         self._membership.listed(instances)
         self.refreshes += 1
         self._first.set()
+        if self._job is not None:  # a listing only (discover) reads no prices
+            self._read_prices(instances)
         return True
+
+    def _read_prices(self, instances: tuple[Instance, ...]) -> None:
+        """Tell the price book the groups' slots per host, read each group's price (the
+        book asks its cloud at most once per price refresh) and announce a change."""
+        for instance in instances:
+            group = self._group_of(instance)
+            if group is not None:
+                self.prices.note_slots(group.group_name(), instance.slots)
+        for name, group in self._by_name.items():
+            price = self.prices.price(name)
+            told = self._prices_told.get(name)
+            if name in self._prices_told and _same_price(told, price):
+                continue
+            self._prices_told[name] = price
+            lifecycle = self._lifecycles.get(name) if len(self.groups) > 1 else None
+            if lifecycle is None:
+                lifecycle = group.group_lifecycle()
+            self._emit("spotring_price_changed", group=name, lifecycle=lifecycle, price=price)
 
     def _warn_invalid_addresses(self, instances: tuple[Instance, ...]) -> None:
         for instance in instances:
@@ -567,6 +597,13 @@ class Controller:
 
     def _emit(self, name: str, **kwargs: Any) -> None:
         emit(self._hook, name, **kwargs)
+
+
+def _same_price(told: HourlyPrice | None, price: HourlyPrice | None) -> bool:
+    """Whether ``price`` says what ``told`` said (the time it was read aside)."""
+    if told is None or price is None:
+        return told is price
+    return (told.usd, told.source) == (price.usd, price.source)
 
 
 def _taken(reported: queue.SimpleQueue[T]) -> Iterator[T]:

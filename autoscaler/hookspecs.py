@@ -53,7 +53,15 @@ from spotring.core.hooks import hookspec
 
 if TYPE_CHECKING:
     from spotring.autoscaler.capacity import GroupStatus
-    from spotring.core import CapacityShortage, Instance, InterruptionNotice, Inventory, JobShape
+    from spotring.core import (
+        CapacityShortage,
+        Instance,
+        InterruptionNotice,
+        Inventory,
+        JobShape,
+        Lifecycle,
+    )
+    from spotring.core.prices import HourlyPrice
     from spotring.driver.ring_progress import Hang, RingStatus, Stall
     from spotring.providers.base import Provider, ProviderRegistry
 
@@ -363,6 +371,23 @@ def spotring_group_demoted(group: str, until: float) -> None:
 
     :param group: the group's name.
     :param until: epoch seconds at which the demotion ends.
+    """
+
+
+@event
+def spotring_price_changed(
+    group: str, lifecycle: Lifecycle | None, price: HourlyPrice | None
+) -> None:
+    """A group's price for one member-hour was first read, or changed (its cloud's
+    price API, or ``--price``): what the job's cost counts from now on.
+
+    Called on the controller thread after a refresh, at most once per group and price
+    refresh. Return values are ignored.
+
+    :param group: the group's name.
+    :param lifecycle: what the group launches (spot or on-demand), where it says.
+    :param price: the price (``usd``, ``source``, ``read_at``), or None when it is
+        unknown (the controller warned once).
     """
 
 

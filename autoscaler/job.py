@@ -63,6 +63,8 @@ class JobConfig:
     """``--metrics-port``: serve Prometheus metrics there (0: a free port)."""
     metrics_addr: str = "127.0.0.1"
     capacity: CapacityOptions = field(default_factory=CapacityOptions)
+    prices: Mapping[str, float] = field(default_factory=dict)
+    """``--price``: USD per member-hour by group name or lifecycle, over the clouds'."""
     """``--fallback-after``, ``--on-demand-base``, ``--return-after``: the capacity
     policy of a job that spans several groups."""
 
@@ -123,6 +125,7 @@ def _run_locked(
         refresh_interval=config.refresh_interval,
         readmit_after=readmit_after,
         capacity=config.capacity,
+        prices=config.prices,
     )
     if durable is not None:  # a lost checkpoint lock stops the job
         durable.stop_job_with(controller.fail)

@@ -31,7 +31,7 @@ def add_parser(add_command: AddCommand) -> None:
     report.add_argument(
         "--price",
         dest="prices",
-        type=_price,
+        type=price_override,
         action="append",
         default=[],
         metavar="GROUP_OR_LIFECYCLE=USD_PER_HOUR",
@@ -46,8 +46,9 @@ def add_parser(add_command: AddCommand) -> None:
     )
 
 
-def _price(text: str) -> tuple[str, float]:
-    """``NAME=USD``: a group's or a lifecycle's price of an instance-hour."""
+def price_override(text: str) -> tuple[str, float]:
+    """``NAME=USD``: a group's or a lifecycle's price of an instance-hour (``--price`` of
+    ``report`` and ``run``)."""
     name, equals, value = text.partition("=")
     if not equals or not name.strip():
         raise argparse.ArgumentTypeError(f"expected GROUP_OR_LIFECYCLE=USD_PER_HOUR, got {text!r}")

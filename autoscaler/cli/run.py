@@ -12,6 +12,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 import pluggy
@@ -24,8 +25,10 @@ from spotring.autoscaler.capacity import (
     CapacityOptions,
 )
 from spotring.autoscaler.cli.options import add_provider_options
+from spotring.autoscaler.cli.report import price_override
 from spotring.autoscaler.cli.usage import PROG, AddCommand, UsageError, print_error
-from spotring.autoscaler.composition import check_capacity, durable_options
+from spotring.autoscaler.composition import check_capacity, check_prices, durable_options
+from spotring.autoscaler.deadline import DEFAULT_RESTART_COST, deadline_plugin, parse_deadline
 from spotring.autoscaler.job import JobConfig, run_job
 from spotring.autoscaler.observers.progress import ProgressReporter
 from spotring.core import ConfigurationError
@@ -224,6 +227,17 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         help="keep N hosts in the last group (the on-demand one) always (default: 0)",
     )
     capacity.add_argument(
+        "--price",
+        dest="prices",
+        type=price_override,
+        action="append",
+        default=[],
+        metavar="GROUP_OR_LIFECYCLE=USD_PER_HOUR",
+        help="price of an instance-hour of a group (by name) or a lifecycle (spot, "
+        "on-demand), over what the group's cloud says (repeatable; a group's price wins; "
+        "the local provider's groups have no other price)",
+    )
+    capacity.add_argument(
         "--return-after",
         type=non_negative_seconds,
         default=DEFAULT_RETURN_AFTER,
@@ -231,6 +245,31 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         help="a host that fell back to a later group is handed back (at a commit, one at "
         "a time) once a preferred group has capacity again, not before it has been there "
         "this long (default: %(default).0f)",
+    )
+    deadline = run.add_argument_group(
+        "deadline mode (a job of several groups, the last on-demand: docs/cost.md)"
+    )
+    deadline.add_argument(
+        "--deadline",
+        metavar="WHEN",
+        help="finish by WHEN (a duration: 90s, 45m, 2h; or an ISO 8601 time), buying "
+        "on-demand hosts only when the job falls behind uniform progress towards it; "
+        "needs --total-steps",
+    )
+    deadline.add_argument(
+        "--total-steps",
+        type=positive_int,
+        metavar="N",
+        help="the commits the job makes in all (its progress is what the rings commit)",
+    )
+    deadline.add_argument(
+        "--restart-cost",
+        type=non_negative_seconds,
+        default=DEFAULT_RESTART_COST,
+        metavar="SECONDS",
+        help="what a change of hosts costs the job (a VM's boot, a ring's formation): "
+        "on-demand hosts stay until the job is twice this ahead, and with no more than "
+        "twice this of slack left the job goes on-demand for good (default: %(default).0f)",
     )
     durable = run.add_argument_group("durable checkpoints")
     durable.add_argument(
@@ -316,11 +355,26 @@ def finish_options(options: argparse.Namespace, after_dashes: list[str] | None) 
     ``--checkpoint`` naming a store. Fills in the defaults that depend on others."""
     options.job = _job_command(options.job, after_dashes)
     _check_elastic(options)
+    options.deadline_at = _deadline(options)
     try:
         options.durable = durable_options(
             options.checkpoint, options.checkpoint_every, options.checkpoint_keep, options.job
         )
     except ConfigurationError as error:
+        raise UsageError(f"{PROG} run: error: {error}") from None
+
+
+def _deadline(options: argparse.Namespace) -> float | None:
+    """``--deadline WHEN`` as epoch seconds, with the ``--total-steps`` it needs."""
+    if options.deadline is None:
+        if options.total_steps is not None:
+            raise UsageError(f"{PROG} run: error: --total-steps is for --deadline WHEN")
+        return None
+    if options.total_steps is None:
+        raise UsageError(f"{PROG} run: error: --deadline needs --total-steps N")
+    try:
+        return parse_deadline(options.deadline, time.time())
+    except ValueError as error:
         raise UsageError(f"{PROG} run: error: {error}") from None
 
 
@@ -394,6 +448,7 @@ def job_config(options: argparse.Namespace) -> JobConfig:
         events_path=options.events,
         metrics_port=options.metrics_port,
         metrics_addr=options.metrics_addr,
+        prices=dict(options.prices),
         capacity=CapacityOptions.probing_after(
             options.probe_after,
             fallback_after=options.fallback_after,
@@ -409,9 +464,14 @@ def run_command(
     """Run the job on ``groups`` until it ends; its exit status."""
     config = job_config(options)
     check_capacity(config.capacity, groups)
+    check_prices(config.prices, groups)
+    policy = deadline_policy(
+        options.deadline_at, options.total_steps, options.restart_cost, config.shape, groups
+    )
     # SIGTERM (a scheduler, `kill`) stops the job like Ctrl-C: workers first.
     signal.signal(signal.SIGTERM, _interrupt)
-    outcome = run_job(config, groups, pm, ProgressReporter())
+    with deadline_plugin(pm, policy):
+        outcome = run_job(config, groups, pm, ProgressReporter())
     if outcome.exit_code:
         print_error(f"{PROG} run: job failed: {outcome.message}")
     return outcome.exit_code
