@@ -15,12 +15,21 @@ import hashlib
 from collections.abc import Mapping, Sequence
 
 from spotring.autoscaler.capacity import CapacityOptions
+from spotring.autoscaler.deadline import DeadlineOptions, DeadlinePolicy
 from spotring.autoscaler.groups import group_names, job_groups
 from spotring.core import ConfigurationError, CoreOptions, Lifecycle
+from spotring.core.job import JobShape
 from spotring.driver.options import DurableOptions
 from spotring.providers.base import Provider
 
-__all__ = ["check_capacity", "check_prices", "compose_groups", "durable_options", "job_id"]
+__all__ = [
+    "check_capacity",
+    "check_prices",
+    "compose_groups",
+    "deadline_policy",
+    "durable_options",
+    "job_id",
+]
 
 
 def compose_groups(
@@ -52,6 +61,30 @@ def check_prices(prices: Mapping[str, float], groups: Sequence[Provider]) -> Non
                 f"--price {name}=...: no group or lifecycle of that name "
                 f"(one of: {', '.join(sorted(known))})"
             )
+
+
+def deadline_policy(
+    deadline: float | None,
+    total_steps: int | None,
+    restart_cost: float,
+    shape: JobShape,
+    groups: Sequence[Provider],
+) -> DeadlinePolicy | None:
+    """The deadline policy of ``--deadline`` (epoch seconds; None: no deadline mode),
+    starting now: it steers what falls back to the last group, so a job of one group
+    cannot have it."""
+    if deadline is None or total_steps is None:
+        return None
+    if len(groups) == 1:
+        raise ConfigurationError(
+            "--deadline needs a job of several groups (spot first, the last on-demand): "
+            "give --group more than once"
+        )
+    options = DeadlineOptions(deadline, total_steps, shape.num_proc, restart_cost)
+    try:
+        return DeadlinePolicy(options)
+    except ValueError as error:  # the deadline passed while the job was composed
+        raise ConfigurationError(f"--deadline: {error}") from None
 
 
 def durable_options(

@@ -19,7 +19,7 @@ Threads: each hook's docstring says which thread calls it. In short:
   ``spotring_host_noticed``, ``spotring_host_failed``, and the capacity ones:
   ``spotring_order_groups``, ``spotring_fall_back``, ``spotring_return_to_spot``,
   ``spotring_capacity_shortage``, ``spotring_fell_back``, ``spotring_returned``,
-  ``spotring_group_demoted``): the controller's thread
+  ``spotring_group_demoted``, ``spotring_deadline_decided``): the controller's thread
   (``spotring-controller``), one call at a time, in the order things happened;
 * ``spotring_drain_on_notice``: the launcher's thread that read the notice from the
   worker (``spotring-output``), at once and synchronously, so that a draining host
@@ -359,6 +359,34 @@ def spotring_returned(instance: Instance, group: str, seconds: float) -> None:
     :param instance: the host, as last listed.
     :param group: the group it left.
     :param seconds: how long it had been in that group (at least ``--return-after``).
+    """
+
+
+@event
+def spotring_deadline_decided(
+    mode: str,
+    reason: str,
+    done: int,
+    total: int,
+    projected_finish: float | None,
+    slack_s: float | None,
+    deadline: float,
+) -> None:
+    """The deadline policy (``spotring run --deadline``) changed its mode.
+
+    Called on the controller thread, as a decision hook asks the policy. Return values
+    are ignored.
+
+    :param mode: ``spot`` (ahead: wait for spot), ``catch-up`` (behind: a short spot
+        group falls back to on-demand, whose hosts stay until the job is ahead),
+        ``safety-net`` (on-demand for the rest) or ``done``.
+    :param reason: why, in a few words.
+    :param done: steps the rings committed so far; ``total``: ``--total-steps``.
+    :param projected_finish: epoch seconds the rest is done at the current ring's
+        size; None when no ring makes progress.
+    :param slack_s: seconds the job can still make no progress and finish on a full
+        ring; None before the first commit.
+    :param deadline: epoch seconds.
     """
 
 

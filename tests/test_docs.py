@@ -224,6 +224,10 @@ def write_every_event(path: Path) -> list[dict]:
     hook.spotring_fell_back(from_group="spot", to_group="od", hosts=1)
     hook.spotring_returned(instance=host, group="od", seconds=600.0)
     hook.spotring_group_demoted(group="spot", until=2000.0)
+    hook.spotring_deadline_decided(
+        mode="catch-up", reason="behind", done=5, total=100, projected_finish=3000.0,
+        slack_s=60.0, deadline=4000.0,
+    )  # fmt: skip
     hook.spotring_job_finished(ok=True, exit_code=0, seconds=9.0, world_sizes=[2, 1])
     log.close()
     return [json.loads(line) for line in path.read_text().splitlines()]

@@ -27,7 +27,12 @@ from spotring.autoscaler.capacity import (
 from spotring.autoscaler.cli.options import add_provider_options
 from spotring.autoscaler.cli.report import price_override
 from spotring.autoscaler.cli.usage import PROG, AddCommand, UsageError, print_error
-from spotring.autoscaler.composition import check_capacity, check_prices, durable_options
+from spotring.autoscaler.composition import (
+    check_capacity,
+    check_prices,
+    deadline_policy,
+    durable_options,
+)
 from spotring.autoscaler.deadline import DEFAULT_RESTART_COST, deadline_plugin, parse_deadline
 from spotring.autoscaler.job import JobConfig, run_job
 from spotring.autoscaler.observers.progress import ProgressReporter

@@ -203,6 +203,20 @@ EVENTS: Mapping[str, EventKind] = {
         "a group was preempted 3 times within an hour: it is asked after the others",
         {"group": "the group's name", "until": "epoch seconds the demotion ends"},
     ),
+    "deadline": EventKind(
+        "the deadline policy (`--deadline`) changed its mode",
+        {
+            "mode": "`spot`, `catch-up`, `safety-net` or `done`",
+            "reason": "why, in a few words",
+            "done": "steps the rings committed so far",
+            "total": "`--total-steps`",
+            "projected_finish": "epoch seconds the rest is done at the ring's size; null: "
+            "no progress",
+            "slack_s": "seconds the job may still stand still and finish on a full ring; null: "
+            "rate unknown yet",
+            "deadline": "epoch seconds",
+        },
+    ),
 }
 """Every event the log writes, by name."""
 
@@ -426,6 +440,28 @@ class EventLog:
     @hookimpl
     def spotring_group_demoted(self, group: str, until: float) -> None:
         self.write("group_demoted", group=group, until=round(until, 3))
+
+    @hookimpl
+    def spotring_deadline_decided(
+        self,
+        mode: str,
+        reason: str,
+        done: int,
+        total: int,
+        projected_finish: float | None,
+        slack_s: float | None,
+        deadline: float,
+    ) -> None:
+        self.write(
+            "deadline",
+            mode=mode,
+            reason=reason,
+            done=done,
+            total=total,
+            projected_finish=projected_finish,
+            slack_s=slack_s,
+            deadline=round(deadline, 3),
+        )
 
 
 class _ProviderWarnings(logging.Handler):

@@ -1,0 +1,379 @@
+"""``spotring run --deadline WHEN``: buy on-demand hosts only when the job must, to finish
+in time.
+
+The policy is the uniform-progress policy of "Can't Be Late: Optimizing Spot Instance
+Savings under Deadlines" (Wu et al., NSDI '24, section 4; the rules as SkyPilot's
+research simulator states them, ``sky_spot/strategies`` of
+github.com/Michaelvll/skypilot-spot-strategy), stated for a ring of many hosts:
+
+* **Uniform progress.** The job should have done ``ep(t) = W (t - start) / (D - start)``
+  of its ``W`` steps by ``t`` (``D`` the deadline). While it has (``cp(t) >= ep(t)``), a
+  short spot group's shortfall is *not* asked of an on-demand group: the job waits for
+  spot, training smaller or not at all. Once it is behind, it is (mode ``catch-up``).
+* **Hysteresis.** Having fallen behind, the job keeps its on-demand hosts until it is
+  ahead of where it should be ``2d`` later (``cp(t) >= ep(t + 2d)``, ``d`` the cost of a
+  restart: ``--restart-cost``), so a spot pool that flickers does not swap hosts back
+  and forth.
+* **Safety net.** When the time left is down to the time the rest needs on a full ring
+  plus ``2d`` (``D - t < C(t) + 2d``), the job goes on-demand for the rest (mode
+  ``safety-net``, for good): the on-demand groups are asked first, and spot hosts are
+  handed back once they are replaced.
+
+``C(t)``, the time the rest needs, is projected from the measured rate: steps per
+slot-second over the job so far (a ring of more slots makes more steps; a ring's
+formation and stalls count against it), times the job's ``-np`` slots. Progress is what
+the rings commit (:class:`~spotring.driver.ring_progress.RingStatus`: a ring's steps
+since it formed, summed over the rings). Before the first commit the rate is unknown:
+the safety net waits for it, and uniform progress still counts the job behind once
+``ep(t)`` passes 0.
+
+The policy is spotring's own answer to the decision hooks when ``--deadline`` is
+given (:class:`DeadlinePlugin`): it is asked after any other plugin, before spotring's
+default answers, so a plugin's answer still wins. Each change of mode is an event
+(``spotring_deadline_decided``) with its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import enum
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pluggy
+
+from spotring.autoscaler.calls import emit
+from spotring.autoscaler.capacity import GroupStatus, default_order
+from spotring.core.hooks import hookimpl
+from spotring.core.instance import Instance, Lifecycle
+from spotring.core.job import JobShape
+from spotring.driver.ring_progress import RingStatus
+
+__all__ = [
+    "DEFAULT_RESTART_COST",
+    "DeadlineOptions",
+    "DeadlinePlugin",
+    "DeadlinePolicy",
+    "Mode",
+    "Projection",
+    "deadline_plugin",
+    "parse_deadline",
+]
+
+DEFAULT_RESTART_COST = 300.0
+"""``--restart-cost``: seconds a change of hosts costs the job (``d`` in the paper): a
+VM's boot and its worker joining the ring. Five minutes, as ``--fallback-after``."""
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smh])")
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_deadline(when: str, now: float) -> float:
+    """``--deadline WHEN`` as epoch seconds: a duration from ``now`` (``90s``, ``45m``,
+    ``2h``) or an ISO 8601 time (``2026-11-28T18:00Z``; one without an offset is local
+    time). Raises ValueError with a one-line message for anything else, or a time that
+    is not in the future."""
+    text = when.strip()
+    match = _DURATION.fullmatch(text)
+    if match is not None:
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        if seconds <= 0:
+            raise ValueError(f"--deadline {when!r}: a duration must be more than 0")
+        return now + seconds
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"--deadline {when!r}: give a duration (90s, 45m, 2h) or an ISO 8601 time "
+            "(2026-11-28T18:00Z)"
+        ) from None
+    deadline = moment.timestamp()  # a naive time is local time
+    if deadline <= now:
+        raise ValueError(f"--deadline {when!r} is not in the future")
+    return deadline
+
+
+@dataclass(frozen=True)
+class DeadlineOptions:
+    """What ``--deadline`` mode needs: when, how much work, what a restart costs."""
+
+    deadline: float
+    """Epoch seconds."""
+    total_steps: int
+    """Commits the job makes in all (``--total-steps``)."""
+    slots: int
+    """The slots the job trains on at full size (``-np``): the projection's ring."""
+    restart_cost: float = DEFAULT_RESTART_COST
+
+
+class Mode(enum.Enum):
+    """Where the deadline policy wants the job's hosts."""
+
+    SPOT = "spot"
+    """Ahead of uniform progress: wait for spot, no on-demand host for a short spot group."""
+    CATCH_UP = "catch-up"
+    """Behind: a short spot group's shortfall is asked of the on-demand group; its hosts
+    are kept until the job is ``2d`` ahead."""
+    SAFETY_NET = "safety-net"
+    """Too little slack left for another restart: on-demand for the rest."""
+    DONE = "done"
+    """Every step is made: nothing to decide."""
+
+
+@dataclass(frozen=True)
+class Projection:
+    """The job's progress against its deadline at one moment (epoch seconds)."""
+
+    at: float
+    done: int
+    total: int
+    expected: float
+    """``ep(t)``: the steps uniform progress would have made by now."""
+    rate_per_slot: float | None
+    """Steps per slot-second so far; None before the first commit."""
+    ring_slots: int
+    """The current ring's size (0: none stands)."""
+    projected_finish: float | None
+    """When the rest is done at the current ring's size; None when it makes no progress."""
+    needed_s: float | None
+    """``C(t)``: seconds the rest needs on a full ring (``-np`` slots); None: rate unknown."""
+    slack_s: float | None
+    """Seconds the job can still make no progress and finish on a full ring
+    (``D - t - C(t)``); None: rate unknown."""
+
+
+class DeadlinePolicy:
+    """The deadline policy as pure logic over the rings' progress and a clock.
+
+    Feed it each ring's progress (:meth:`ring_progress`); :meth:`decide` returns the
+    mode and the projection it was decided on. Thread-safe: the progress comes on the
+    progress tracker's thread, the decisions are asked on the controller's.
+    """
+
+    def __init__(self, options: DeadlineOptions, *, clock: Callable[[], float] = time.time) -> None:
+        if options.total_steps < 1:
+            raise ValueError("--total-steps must be at least 1")
+        self.options = options
+        self._clock = clock
+        self._start = clock()
+        if options.deadline <= self._start:
+            raise ValueError("the deadline is not in the future")
+        self._lock = threading.Lock()
+        self._mode = Mode.SPOT
+        self._rings_done = 0  # steps of the rings before the current one
+        self._ring = 0
+        self._ring_steps = 0
+        self._ring_slots = 0
+        self._seen_at: float | None = None
+        self._slot_seconds = 0.0
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    def ring_progress(self, ring: int, size: int, steps: int) -> None:
+        """A ring's progress (``RingStatus``): its generation, size (slots) and steps
+        since it formed. The slot-seconds since the last report are counted at the size
+        the ring had then."""
+        now = self._clock()
+        with self._lock:
+            if self._seen_at is not None:
+                self._slot_seconds += max(0.0, now - self._seen_at) * self._ring_slots
+            self._seen_at = now
+            if ring != self._ring:
+                self._rings_done += self._ring_steps
+                self._ring, self._ring_steps = ring, 0
+            self._ring_steps = max(self._ring_steps, steps)
+            self._ring_slots = size
+
+    def ring_lost(self) -> None:
+        """No ring stands (every worker lost): no progress until the next forms."""
+        self.ring_progress(self._ring + 1, 0, 0)
+
+    def project(self) -> Projection:
+        """Where the job stands now."""
+        now = self._clock()
+        with self._lock:
+            return self._project(now)
+
+    def decide(self) -> tuple[Mode, Projection]:
+        """The mode now (the paper's rules: see the module's docstring), and the
+        projection it was decided on."""
+        now = self._clock()
+        with self._lock:
+            projection = self._project(now)
+            self._mode = self._next_mode(projection)
+            return self._mode, projection
+
+    # ---------------------------------------------------------------- helpers
+
+    def _project(self, now: float) -> Projection:
+        options = self.options
+        slot_seconds = self._slot_seconds
+        if self._seen_at is not None:
+            slot_seconds += max(0.0, now - self._seen_at) * self._ring_slots
+        done = self._rings_done + self._ring_steps
+        remaining = max(0, options.total_steps - done)
+        rate = done / slot_seconds if done > 0 and slot_seconds > 0 else None
+        finish = needed = slack = None
+        if rate is not None:
+            if self._ring_slots > 0:
+                finish = now + remaining / (rate * self._ring_slots)
+            needed = remaining / (rate * options.slots)
+            slack = options.deadline - now - needed
+        return Projection(
+            at=now,
+            done=done,
+            total=options.total_steps,
+            expected=self._expected(now),
+            rate_per_slot=rate,
+            ring_slots=self._ring_slots,
+            projected_finish=finish,
+            needed_s=needed,
+            slack_s=slack,
+        )
+
+    def _expected(self, at: float) -> float:
+        """``ep(at)``: the steps uniform progress makes by ``at``."""
+        span = self.options.deadline - self._start
+        share = min(1.0, max(0.0, (at - self._start) / span))
+        return self.options.total_steps * share
+
+    def _next_mode(self, projection: Projection) -> Mode:
+        restart = self.options.restart_cost
+        if projection.done >= projection.total:
+            return Mode.DONE
+        if self._mode is Mode.SAFETY_NET:
+            return Mode.SAFETY_NET  # for the rest of the job
+        if projection.slack_s is not None and projection.slack_s < 2 * restart:
+            return Mode.SAFETY_NET
+        if self._mode is Mode.CATCH_UP:
+            ahead = projection.done >= self._expected(projection.at + 2 * restart)
+            return Mode.SPOT if ahead else Mode.CATCH_UP
+        return Mode.CATCH_UP if projection.done < projection.expected else Mode.SPOT
+
+
+def describe(mode: Mode, projection: Projection) -> str:
+    """Why the policy is in ``mode``, in a few words (the event's and the log's reason)."""
+    steps = f"{projection.done} of {projection.total} steps, {projection.expected:.0f} due by now"
+    if mode is Mode.DONE:
+        return f"{projection.done} of {projection.total} steps made"
+    if mode is Mode.SAFETY_NET:
+        return (
+            f"{steps}; {projection.slack_s:.0f}s of slack left, no more than two restarts: "
+            "on-demand for the rest"
+        )
+    if mode is Mode.CATCH_UP:
+        return f"{steps}: behind, a short spot group falls back to on-demand"
+    return f"{steps}: ahead, waiting for spot rather than buying on-demand"
+
+
+class DeadlinePlugin:
+    """The deadline policy as spotring's answer to the decision hooks of a run with
+    ``--deadline``; registered by :func:`deadline_plugin`, so a plugin's answer still
+    comes first.
+
+    :param hook: the plugin manager's hook relay, for the ``spotring_deadline_decided``
+        event.
+    """
+
+    def __init__(self, policy: DeadlinePolicy, hook: pluggy.HookRelay) -> None:
+        self.policy = policy
+        self._hook = hook
+        self._announced: Mode | None = None
+
+    # ------------------------------------------------------------ what it hears
+
+    @hookimpl
+    def spotring_ring_progress(self, status: RingStatus) -> None:
+        self.policy.ring_progress(status.ring, status.size, status.steps)
+
+    @hookimpl
+    def spotring_ring_lost(self) -> None:
+        self.policy.ring_lost()
+
+    # ------------------------------------------------------------ what it answers
+
+    @hookimpl(trylast=True)
+    def spotring_order_groups(
+        self, groups: Sequence[GroupStatus], job: JobShape
+    ) -> list[str] | None:
+        """The safety net asks the on-demand groups first; otherwise spotring's order."""
+        if self._mode() is not Mode.SAFETY_NET:
+            return None
+        order = default_order(groups)
+        lifecycles = {g.name: g.lifecycle for g in groups}
+        first = [name for name in order if lifecycles[name] is Lifecycle.ON_DEMAND]
+        return first + [name for name in order if name not in first]
+
+    @hookimpl(trylast=True)
+    def spotring_fall_back(
+        self, group: GroupStatus, short: GroupStatus, hosts: int, job: JobShape
+    ) -> bool | None:
+        """No on-demand host for a short spot group while the job is ahead."""
+        if group.lifecycle is Lifecycle.ON_DEMAND and self._mode() is Mode.SPOT:
+            return False
+        return None
+
+    @hookimpl(trylast=True)
+    def spotring_return_to_spot(
+        self, instance: Instance, group: GroupStatus, job: JobShape
+    ) -> bool | None:
+        """An on-demand host is kept while the job catches up (hysteresis) and for the
+        rest once the safety net is down; a spot host goes once the safety net is down."""
+        mode = self._mode()
+        if mode is Mode.SAFETY_NET:
+            return instance.lifecycle is not Lifecycle.ON_DEMAND
+        if mode is Mode.CATCH_UP and instance.lifecycle is Lifecycle.ON_DEMAND:
+            return False
+        return None
+
+    def _mode(self) -> Mode:
+        mode, projection = self.policy.decide()
+        if mode is not self._announced:
+            self._announced = mode
+            emit(
+                self._hook,
+                "spotring_deadline_decided",
+                mode=mode.value,
+                reason=describe(mode, projection),
+                done=projection.done,
+                total=projection.total,
+                projected_finish=_finite(projection.projected_finish),
+                slack_s=_finite(projection.slack_s),
+                deadline=self.policy.options.deadline,
+            )
+        return mode
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, 3)
+
+
+@contextlib.contextmanager
+def deadline_plugin(pm: pluggy.PluginManager, policy: DeadlinePolicy | None) -> Iterator[None]:
+    """Register ``policy`` (None: nothing) as a :class:`DeadlinePlugin` for the ``with``
+    block, so that its answers come after every other plugin's and before spotring's
+    default ones: ``trylast`` implementations are asked newest last, so the defaults
+    (which implement no historic hook) are registered again after it."""
+    if policy is None:
+        yield
+        return
+    pm.register(DeadlinePlugin(policy, pm.hook), name=DEADLINE_PLUGIN)
+    defaults = pm.unregister(name=DEFAULT_POLICY)
+    pm.register(defaults, name=DEFAULT_POLICY)
+    try:
+        yield
+    finally:
+        pm.unregister(name=DEADLINE_PLUGIN)
+
+
+DEADLINE_PLUGIN = "spotring.deadline"
+"""The name the deadline plugin is registered under."""
+DEFAULT_POLICY = "spotring.autoscaler.policy"
+"""The name spotring's default answers are registered under (``OWN_PLUGINS``)."""
