@@ -70,9 +70,9 @@ class DurableJob:
     def worker_env(self) -> dict[str, str]:
         """What each worker is told: the checkpoint settings and the lock's generation
         it writes under (once :meth:`locked` holds it)."""
-        from spotring.worker_image.durable import FENCE_ENV
+        from spotring.worker_image.wire import CHECKPOINT_FENCE_ENV
 
-        return {**self.options.worker_env(), FENCE_ENV: self._fence}
+        return {**self.options.worker_env(), CHECKPOINT_FENCE_ENV: self._fence}
 
     def stop_job_with(self, stop: Callable[[ProviderError], None]) -> None:
         """Call ``stop`` (from any thread, once) with the error that says why, should

@@ -59,8 +59,8 @@ from spotring.driver.peer_failure import PeerFailureNotifier
 from spotring.driver.rendezvous import RingTracker, rendezvous_handler, use_safe_worker_clients
 from spotring.driver.ring_progress import Hang, RingProgress
 from spotring.driver.warm_pool import WarmPool
+from spotring.worker_image import wire
 from spotring.worker_image.notices import REBALANCE, Notice
-from spotring.worker_image.peer_abort import JOB_KEY_ENV
 from spotring.worker_image.supervisor import local_address_towards
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ def run_elastic(
         target=_stop_on_fatal_error, args=(controller, stopper), name="spotring-stop", daemon=True
     ).start()
     run_env = _rendezvous_env(options.nics, address, port)
-    run_env[JOB_KEY_ENV] = job_key.hex()
+    run_env[wire.JOB_KEY_ENV] = job_key.hex()
     base = {**options.worker_env, **run_env, "PYTHONUNBUFFERED": "1"}
 
     def worker_spec(host: str, local_rank: int, rank: int, env: dict[str, str]) -> WorkerSpec:
@@ -236,9 +236,9 @@ def warm_worker_env(host: str, local_rank: int) -> dict[str, str]:
     ring of one and training alone as rank 0.
     """
     return {
-        "HOROVOD_HOSTNAME": host,
-        "HOROVOD_LOCAL_RANK": str(local_rank),
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": "0",
+        wire.HOSTNAME_ENV: host,
+        wire.LOCAL_RANK_ENV: str(local_rank),
+        wire.RENDEZVOUS_PORT_ENV: "0",
     }
 
 
@@ -261,8 +261,8 @@ def _driver_address(nics: Sequence[str], controller: JobController, timeout: flo
 def _rendezvous_env(nics: Sequence[str], address: str, port: int) -> dict[str, str]:
     """Where workers find the rendezvous server, and the interfaces they use."""
     env = {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": address,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        wire.RENDEZVOUS_ADDR_ENV: address,
+        wire.RENDEZVOUS_PORT_ENV: str(port),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_ELASTIC": "1",

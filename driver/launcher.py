@@ -61,12 +61,15 @@ from spotring.core import is_valid_address
 from spotring.driver.output_pump import MAX_LINE_CHARS as MAX_LINE_CHARS  # re-exported
 from spotring.driver.output_pump import Pump, Watch
 from spotring.driver.ring_progress import tell_listeners
-from spotring.worker_image.notices import MESSAGE_MARKER, Notice, NoticeMessage
-from spotring.worker_image.peer_abort import JOB_KEY_ENV
-from spotring.worker_image.progress import MESSAGE_MARKER as PROGRESS_MARKER
+from spotring.worker_image.notices import Notice, NoticeMessage
 from spotring.worker_image.progress import ProgressMessage
 from spotring.worker_image.signed_lines import LineAcceptor, Rejected
-from spotring.worker_image.warm_start import READY_MARKER
+from spotring.worker_image.wire import (
+    JOB_KEY_ENV,
+    NOTICE_MARKER,
+    PROGRESS_MARKER,
+    WARM_READY_MARKER,
+)
 
 log = logging.getLogger(__name__)
 
@@ -527,7 +530,7 @@ class ProcessLauncher:
         relayed = []
         for line in lines:
             reader = (
-                notices if notices is not None and line.startswith(MESSAGE_MARKER)
+                notices if notices is not None and line.startswith(NOTICE_MARKER)
                 else progress if progress is not None and line.startswith(PROGRESS_MARKER)
                 else None
             )  # fmt: skip
@@ -543,8 +546,8 @@ class ProcessLauncher:
                             launch.spec.host, type(error).__name__, str(error)[:200],
                         )  # fmt: skip
                 continue
-            if line.startswith(READY_MARKER):
-                if line[len(READY_MARKER) :].strip() == launch.id:
+            if line.startswith(WARM_READY_MARKER):
+                if line[len(WARM_READY_MARKER) :].strip() == launch.id:
                     launch.held.set()
                 else:
                     log.warning("dropped a forged ready line from %s", launch.spec.host)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from spotring.worker_image import wire
+
 
 @dataclass(frozen=True)
 class DurableOptions:
@@ -19,13 +21,13 @@ class DurableOptions:
     again is the same job (it resumes), another command is refused the prefix."""
 
     def worker_env(self) -> dict[str, str]:
-        """What each worker is told (names from :mod:`spotring.worker_image.durable`;
+        """What each worker is told (names from :mod:`spotring.worker_image.wire`;
         nothing secret: the hosts' own identities reach the storage)."""
         return {
-            "SPOTRING_CHECKPOINT_URI": self.uri,
-            "SPOTRING_CHECKPOINT_EVERY": repr(self.every),
-            "SPOTRING_CHECKPOINT_KEEP": str(self.keep),
-            "SPOTRING_JOB_ID": self.job_id,
+            wire.CHECKPOINT_URI_ENV: self.uri,
+            wire.CHECKPOINT_EVERY_ENV: repr(self.every),
+            wire.CHECKPOINT_KEEP_ENV: str(self.keep),
+            wire.JOB_ID_ENV: self.job_id,
         }
 
 

@@ -4,7 +4,7 @@ When a worker dies mid-allreduce, a survivor waiting on *another survivor* (alre
 to the reset) stays blocked in a Gloo recv until ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (30 s).
 The launcher sees the worker's process exit at once; before Horovod records the failure
 (so before any new rendezvous can form), :class:`PeerFailureNotifier` sends every other
-worker of the ring a signed :class:`~spotring.worker_image.peer_abort.PeerFailedRequest`
+worker of the ring a signed :class:`~spotring.worker_image.wire.PeerFailedRequest`
 through Horovod's worker notification service. The worker side
 (``spotring.worker_image.peer_abort``) shuts down its Gloo context's sockets, the hung
 collective fails, and Horovod's normal path follows: restore the last commit,
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from spotring.driver import horovod_internals
-from spotring.worker_image.peer_abort import PeerFailedRequest
+from spotring.worker_image.wire import PeerFailedRequest
 
 log = logging.getLogger(__name__)
 

@@ -50,22 +50,23 @@ from typing import Any
 from spotring.checkpoint.errors import CheckpointLockLost
 from spotring.checkpoint.payload import PayloadBuffers, is_payload
 from spotring.checkpoint.payload import decode as decode_payload
+from spotring.worker_image.wire import (
+    CHECKPOINT_EVERY_ENV,
+    CHECKPOINT_FENCE_ENV,
+    CHECKPOINT_KEEP_ENV,
+    CHECKPOINT_URI_ENV,
+    FLUSH_KEY,
+    JOB_ID_ENV,
+)
 
 log = logging.getLogger(__name__)
 
-URI_ENV = "SPOTRING_CHECKPOINT_URI"
-"""Where durable checkpoints go (not secret: credentials come from the host)."""
-EVERY_ENV = "SPOTRING_CHECKPOINT_EVERY"
-KEEP_ENV = "SPOTRING_CHECKPOINT_KEEP"
-JOB_ID_ENV = "SPOTRING_JOB_ID"
-FENCE_ENV = "SPOTRING_CHECKPOINT_FENCE"
-"""The job lock's generation and holder the driver started this worker under
-(:class:`spotring.checkpoint.lock.Fence`): rank 0 writes only while the lock still says
-so. Not secret: ``lock.json`` says the same to anyone who can read the prefix."""
-
-FLUSH_KEY = "flush"
-"""Under the ``spotring`` scope of the rendezvous server: present while the driver asks
-the current ring to write its next commit durably before it stops."""
+# The names of the settings each worker is told, and of the flush request: the wire
+# protocol's (:mod:`spotring.worker_image.wire`).
+URI_ENV = CHECKPOINT_URI_ENV
+EVERY_ENV = CHECKPOINT_EVERY_ENV
+KEEP_ENV = CHECKPOINT_KEEP_ENV
+FENCE_ENV = CHECKPOINT_FENCE_ENV
 
 MARKER = "spotring durable:"
 """Starts the lines this module prints for the driver's log (informational only)."""

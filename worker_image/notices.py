@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spotring.worker_image.signed_lines import SignedLine, is_int
+from spotring.worker_image.wire import NOTICE_MARKER
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,7 @@ REBALANCE = "rebalance"
 """Elevated risk of a reclaim, no deadline: start a replacement, keep training."""
 KINDS = frozenset({PREEMPT, TERMINATE, REBALANCE})
 
-MESSAGE_MARKER = "\x1espotring-notice "
-"""Starts a notice line on the supervisor's stdout (ASCII record separator first: no
-training script prints that by accident)."""
+MESSAGE_MARKER = NOTICE_MARKER
 MAX_MESSAGE_BYTES = 2048
 """Longer lines with the marker are rejected unread."""
 

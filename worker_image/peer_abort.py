@@ -28,8 +28,6 @@ supervisor on its stdin and the supervisor hands the worker in a pipe it inherit
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import io
 import logging
 import os
@@ -50,30 +48,26 @@ from spotring.worker_image.ring_formation import (
     retry_failed_formation,
     watch_abandoned_formation,
 )
-from spotring.worker_image.store_auth import RING_KEY, parse_ring
+from spotring.worker_image.wire import (  # re-exported: the old import locations
+    ABANDONED_KEY,
+    ABANDONED_SLOT_PREFIX,
+    HOSTNAME_ENV,
+    JOB_KEY_ENV,
+    JOB_KEY_FD_ENV,
+    LOCAL_RANK_ENV,
+    PEER_ABORT_ENV,
+    RING_KEY,
+    PeerFailedRequest,
+    parse_ring,
+)
 
 log = logging.getLogger(__name__)
 
-ENABLE_ENV = "SPOTRING_PEER_ABORT"
-"""Set to ``1`` by spotring's launcher for the workers it starts."""
-
-JOB_KEY_ENV = "SPOTRING_JOB_KEY"
-"""The hex job key's name in the environment the launcher sends the supervisor on its
-stdin. The supervisor takes it out of the worker's environment."""
-
-JOB_KEY_FD_ENV = "SPOTRING_JOB_KEY_FD"
-"""The number of the descriptor from which a worker reads the hex job key (not secret)."""
+ENABLE_ENV = PEER_ABORT_ENV
+"""Set to ``1`` by spotring's supervisor for the workers it starts."""
 
 MAX_JOB_KEY_HEX = 256
 """A job key is 64 hex digits; anything much longer is not one."""
-
-ABANDONED_KEY = "abandoned"
-"""Where the driver's rendezvous server publishes the current ring's generation once a
-member of it died while it formed, as ASCII digits (read-only from outside), beside
-the current ring's (:data:`~spotring.worker_image.store_auth.RING_KEY`)."""
-ABANDONED_SLOT_PREFIX = ABANDONED_KEY + "."
-"""``abandoned.HOST:SLOT``: the current ring's generation if it was abandoned and that
-slot is still forming it (a slot gone on to the next ring gets 404)."""
 
 RING_READ_TIMEOUT_SECONDS = 10.0
 WATCH_READ_TIMEOUT_SECONDS = 2.0
@@ -94,40 +88,6 @@ MAX_NOTIFICATION_CONNECTIONS = 16
 
 _WIRE_LENGTH = struct.Struct("i")
 """The body length after the digest in Horovod's ``Wire`` frame (native int, signed)."""
-
-
-# ------------------------------------------------------------------ the message
-
-
-@dataclass(frozen=True)
-class PeerFailedRequest:
-    """A ring member's process died: the receiver should abort its collective."""
-
-    generation: int
-    """The ring (rendezvous round) the dead worker belonged to."""
-    sequence: int
-    """Increases with every message of the job: a repeat is a replay."""
-    failed: str
-    """``host[local_rank]`` of the dead worker, for logs."""
-    mac: bytes
-
-    @staticmethod
-    def payload(generation: int, sequence: int, failed: str) -> bytes:
-        return f"spotring-peer-failed:{generation}:{sequence}:{failed}".encode()
-
-    @classmethod
-    def sign(cls, key: bytes, generation: int, sequence: int, failed: str) -> PeerFailedRequest:
-        """A request authenticated with ``key`` (the job key)."""
-        mac = hmac.new(key, cls.payload(generation, sequence, failed), hashlib.sha256).digest()
-        return cls(generation, sequence, failed, mac)
-
-    def verify(self, key: bytes) -> bool:
-        """Whether the MAC is valid under ``key``."""
-        fields = (self.generation, self.sequence, self.failed, self.mac)
-        if not all(isinstance(v, t) for v, t in zip(fields, (int, int, str, bytes), strict=True)):
-            return False
-        expected = PeerFailedRequest.sign(key, self.generation, self.sequence, self.failed).mac
-        return hmac.compare_digest(expected, self.mac)
 
 
 # ------------------------------------------------------------- sockets of a context
@@ -477,7 +437,7 @@ def _abandoned_key() -> str:
     slot's own, so that a member already waiting for the next ring is not told about
     the last one (it would abort the next one's formation); the ring's where Horovod
     did not name the slot."""
-    host, local_rank = os.environ.get("HOROVOD_HOSTNAME"), os.environ.get("HOROVOD_LOCAL_RANK")
+    host, local_rank = os.environ.get(HOSTNAME_ENV), os.environ.get(LOCAL_RANK_ENV)
     if not host or not local_rank:
         return ABANDONED_KEY
     return f"{ABANDONED_SLOT_PREFIX}{host}:{local_rank}"
@@ -528,7 +488,7 @@ def install() -> CollectiveAbort:
 
 def sign_store_writes(job_key: bytes | None) -> None:
     """Sign this worker's writes to the driver's rendezvous server with ``job_key``,
-    which the server requires of every one (:mod:`.store_auth`): hand the key to
+    which the server requires of every one (:mod:`spotring.worker_image.wire`): hand the key to
     spotring's Horovod build, which signs Gloo's and the rank request, and send the
     notification service's registration signed. Without a key (a worker not started
     by spotring's driver) nothing is signed, as with Horovod's own server."""

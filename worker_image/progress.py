@@ -57,12 +57,10 @@ from typing import Any, cast
 
 from spotring.worker_image.signed_lines import SignedLine, is_int
 from spotring.worker_image.state_hooks import wrap_in_state_classes
+from spotring.worker_image.wire import PROGRESS_FD_ENV as PROGRESS_FD_ENV  # re-exported
+from spotring.worker_image.wire import PROGRESS_MARKER
 
-PROGRESS_FD_ENV = "SPOTRING_PROGRESS_FD"
-"""The number of the descriptor of the worker's progress page (not secret)."""
-
-MESSAGE_MARKER = "\x1espotring-progress "
-"""Starts a progress line on the supervisor's stdout (ASCII record separator first)."""
+MESSAGE_MARKER = PROGRESS_MARKER
 
 MAX_MESSAGE_BYTES = 512
 """Longer lines with the marker are rejected unread."""

@@ -4,7 +4,7 @@ Two kinds: plain reads of what the driver publishes in the ``spotring`` scope (A
 digits only, nothing unpickled: whoever can reach the server cannot run code in the
 worker), and the worker's registration of its notification service, which Horovod
 sends unsigned (``put_data_into_kvstore``) and spotring sends signed under the job key
-for the current ring (:mod:`spotring.worker_image.store_auth`), as the server
+for the current ring (:mod:`spotring.worker_image.wire`), as the server
 requires of every write.
 """
 
@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from spotring.worker_image import store_auth
+from spotring.worker_image import wire
 
 READ_TIMEOUT_SECONDS = 10.0
 REGISTRATION_TIMEOUT_SECONDS = 60.0
@@ -25,9 +25,7 @@ REGISTRATION_TIMEOUT_SECONDS = 60.0
 def rendezvous_endpoint() -> tuple[str, int] | None:
     """The driver's rendezvous server, as the worker's environment names it."""
     try:
-        return os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(
-            os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]
-        )
+        return os.environ[wire.RENDEZVOUS_ADDR_ENV], int(os.environ[wire.RENDEZVOUS_PORT_ENV])
     except (KeyError, ValueError):
         return None
 
@@ -40,16 +38,16 @@ def read_published_generation(
     ASCII digits or not a 200/404."""
     connection = http.client.HTTPConnection(*endpoint, timeout=timeout)
     try:
-        connection.request("GET", f"/{store_auth.RING_SCOPE}/{key}")
+        connection.request("GET", f"/{wire.RING_SCOPE}/{key}")
         answer = connection.getresponse()
-        body = answer.read(store_auth.MAX_RING_BYTES + 1)
+        body = answer.read(wire.MAX_RING_BYTES + 1)
     finally:
         connection.close()
     if answer.status == 404:
         return None
     if answer.status != 200:
         raise ValueError(f"the rendezvous server answered {answer.status}")
-    generation = store_auth.parse_ring(body)
+    generation = wire.parse_ring(body)
     if generation is None:
         raise ValueError("the ring generation is not a number")
     return generation
@@ -65,15 +63,13 @@ def signed_put(
     """``PUT path`` with ``body``, signed for the ring the server forms now; the
     answer's status. Raises ``OSError`` when the server cannot be reached, and
     ``ValueError`` when it publishes no ring."""
-    ring = read_published_generation(endpoint, store_auth.RING_KEY)
+    ring = read_published_generation(endpoint, wire.RING_KEY)
     if ring is None:
         raise ValueError("the rendezvous server publishes no ring generation")
-    signature = store_auth.sign(job_key, "PUT", path, ring, body)
+    signature = wire.sign(job_key, "PUT", path, ring, body)
     connection = http.client.HTTPConnection(*endpoint, timeout=timeout)
     try:
-        connection.request(
-            "PUT", path, body=body, headers={store_auth.AUTH_HEADER: signature.header()}
-        )
+        connection.request("PUT", path, body=body, headers={wire.AUTH_HEADER: signature.header()})
         answer = connection.getresponse()
         answer.read(4096)
         return answer.status

@@ -57,9 +57,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spotring.worker_image.peer_abort import JOB_KEY_ENV, JOB_KEY_FD_ENV, MAX_JOB_KEY_HEX
-from spotring.worker_image.progress import PROGRESS_FD_ENV, ProgressForwarder, ProgressPage
-from spotring.worker_image.warm_start import READY, READY_MARKER, WARM_FD_ENV
+from spotring.worker_image.peer_abort import MAX_JOB_KEY_HEX
+from spotring.worker_image.progress import ProgressForwarder, ProgressPage
+from spotring.worker_image.warm_start import READY
+from spotring.worker_image.wire import (
+    JOB_KEY_ENV,
+    JOB_KEY_FD_ENV,
+    PEER_ABORT_ENV,
+    PROGRESS_FD_ENV,
+    RENDEZVOUS_ADDR_ENV,
+    WARM_FD_ENV,
+    WARM_READY_MARKER,
+)
 
 if TYPE_CHECKING:
     from spotring.worker_image.notices import NoticeReporter
@@ -80,9 +89,9 @@ def worker_environment(base: Mapping[str, str], given: Mapping[str, str]) -> dic
     env.pop(PROGRESS_FD_ENV, None)
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = SITEHOOK_DIR + (os.pathsep + path if path else "")
-    env.setdefault("SPOTRING_PEER_ABORT", "1")
-    if "HOROVOD_GLOO_IFACE" not in env and "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env:
-        iface = interface_towards(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"])
+    env.setdefault(PEER_ABORT_ENV, "1")
+    if "HOROVOD_GLOO_IFACE" not in env and RENDEZVOUS_ADDR_ENV in env:
+        iface = interface_towards(env[RENDEZVOUS_ADDR_ENV])
         if iface is not None:
             env["HOROVOD_GLOO_IFACE"] = iface
             env.setdefault("NCCL_SOCKET_IFNAME", iface)
@@ -241,7 +250,7 @@ def _report_held(channel: socket.socket, output: _Output, launch: str) -> None:
     """Tell the launcher, by a ready line, once the warm worker holds in ``hvd.init``."""
     with contextlib.suppress(OSError):
         if channel.recv(len(READY), socket.MSG_WAITALL) == READY:
-            output.line(f"{READY_MARKER}{launch}\n")
+            output.line(f"{WARM_READY_MARKER}{launch}\n")
 
 
 def _hand_over_slot(channel: socket.socket) -> None:

@@ -32,19 +32,15 @@ from typing import Any
 
 from spotring.worker_image import horovod_internals
 from spotring.worker_image.after_import import call_after_import
-from spotring.worker_image.peer_abort import JOB_KEY_ENV, JOB_KEY_FD_ENV
+from spotring.worker_image.wire import JOB_KEY_ENV, JOB_KEY_FD_ENV, WARM_READY_MARKER
+from spotring.worker_image.wire import WARM_FD_ENV as WARM_FD_ENV  # re-exported
 
 log = logging.getLogger(__name__)
-
-WARM_FD_ENV = "SPOTRING_WARM_FD"
-"""The descriptor of the channel to the supervisor, in a worker started warm."""
 
 READY = b"ready\n"
 """What a held worker writes on its channel."""
 
-READY_MARKER = "\x1espotring-warm-ready "
-"""Starts the line by which the supervisor tells the launcher its worker is held,
-followed by the launch id (which the worker never sees, so it cannot forge the line)."""
+READY_MARKER = WARM_READY_MARKER
 
 MAX_SLOT_BYTES = 1 << 16
 """The slot's environment is a few hundred bytes: a longer line is not one."""

@@ -20,7 +20,7 @@ clients) with a request handler that:
   to the driver and never stored;
 * takes a write (every ``PUT`` and ``DELETE``, and the rank request, which tells the
   driver a worker is ready) only when it is signed by a worker of the job for the
-  current ring (:mod:`spotring.worker_image.store_auth`: HMAC-SHA256 under the job key
+  current ring (:mod:`spotring.worker_image.wire`: HMAC-SHA256 under the job key
   over the method, path, ring, a nonce and the body): an unsigned one is refused before
   its body is read, a forged, replayed or stale one before anything is stored or
   parked, and the first signed value of a key (a rank's mesh row) is final;
@@ -62,7 +62,7 @@ from spotring.driver.rendezvous.limits import (
     gloo_value_limit,
     store_budget,
 )
-from spotring.driver.rendezvous.mesh import MESH_ABANDONED, MESH_MAGIC, MESH_OK, MeshScope
+from spotring.driver.rendezvous.mesh import MeshScope
 from spotring.driver.rendezvous.pickles import decode_worker_addresses
 from spotring.driver.rendezvous.refusal import HostileInput
 from spotring.driver.rendezvous.tracker import RingTracker
@@ -70,6 +70,7 @@ from spotring.driver.rendezvous.worker_client import (
     SafeWorkerNotificationClient,
     use_safe_worker_clients,
 )
+from spotring.worker_image.wire import MESH_ABANDONED, MESH_MAGIC, MESH_OK
 
 __all__ = [
     "ENTRY_OVERHEAD_BYTES",

@@ -26,20 +26,25 @@ from spotring.driver.rendezvous.mesh import mesh_body_limit, mesh_request
 from spotring.driver.rendezvous.pickles import decode_worker_addresses
 from spotring.driver.rendezvous.refusal import HostileInput, printable
 from spotring.driver.rendezvous.server import PARKED, StoreServer
-from spotring.worker_image import store_auth
-from spotring.worker_image.peer_abort import ABANDONED_SLOT_PREFIX
-from spotring.worker_image.store_auth import RING_SCOPE
+from spotring.worker_image import wire
+from spotring.worker_image.wire import (
+    ABANDONED_SLOT_PREFIX,
+    MESH_KEY_PREFIX,
+    RANK_AND_SIZE_SCOPE,
+    RING_SCOPE,
+    WORKER_ADDRESSES_SCOPE,
+)
 
 log = logging.getLogger(__name__)
 
 
-GET_RANK_AND_SIZE = "rank_and_size"  # horovod.runner.elastic.rendezvous
-PUT_WORKER_ADDRESSES = "worker_addresses"
+GET_RANK_AND_SIZE = RANK_AND_SIZE_SCOPE
+PUT_WORKER_ADDRESSES = WORKER_ADDRESSES_SCOPE
 READ_ONLY_SCOPES = frozenset({RING_SCOPE, GET_RANK_AND_SIZE, PUT_WORKER_ADDRESSES})
 
 PROCESS_SET_SUFFIX = re.compile(r"_process_set_hash_[0-9a-f]{1,64}\Z")
 _SLOT = re.compile(r"[0-9]{1,6}\Z")
-_MESH_KEY = re.compile(r"spotring-mesh-(0|[1-9][0-9]{0,8})\Z")
+_MESH_KEY = re.compile(re.escape(MESH_KEY_PREFIX) + r"(0|[1-9][0-9]{0,8})\Z")
 
 
 class ElasticDriverCalls(Protocol):
@@ -167,22 +172,22 @@ class HardenedRendezvousHandler(RendezvousHandler):
         size = self.server.scope_size.get(PROCESS_SET_SUFFIX.sub("", scope))
         return None if size is None else gloo_value_limit(size, key)
 
-    # -- signed writes (see spotring.worker_image.store_auth)
+    # -- signed writes (see spotring.worker_image.wire)
 
-    def _signature(self) -> store_auth.Signature | None:
+    def _signature(self) -> wire.Signature | None:
         """The request's signature; None once the request was refused for having none
         (or a malformed one), before any of its body is read."""
-        header = self.headers.get(store_auth.AUTH_HEADER)
-        signature = store_auth.parse(header)
+        header = self.headers.get(wire.AUTH_HEADER)
+        signature = wire.parse(header)
         if signature is None:
             self._refuse(401, "an unsigned write" if header is None else "a malformed signature")
         return signature
 
-    def _admit(self, signature: store_auth.Signature, body: bytes) -> bool:
+    def _admit(self, signature: wire.Signature, body: bytes) -> bool:
         """Whether the signed request, with ``body``, is the job's own (its MAC under
         the job key), for the current ring, and not taken before; refused otherwise."""
         key = self.server.job_key
-        if not store_auth.verify(key, signature, self.command, self.path, body):
+        if not wire.verify(key, signature, self.command, self.path, body):
             self._refuse(403, "a signature that is not the job's")
             return False
         refusal = self.server.admit(signature)
@@ -193,7 +198,7 @@ class HardenedRendezvousHandler(RendezvousHandler):
 
     def _signed_body(
         self, limit: int, room: int | None = None
-    ) -> tuple[store_auth.Signature, bytes] | None:
+    ) -> tuple[wire.Signature, bytes] | None:
         """The request's signature and body (see :meth:`_read_body`), once both are
         checked; None once the request was refused. An unsigned request is refused
         before its body is read."""
@@ -278,7 +283,7 @@ class HardenedRendezvousHandler(RendezvousHandler):
             self._register(key)
         elif scope in READ_ONLY_SCOPES:
             self._refuse(403, "read-only scope")
-        elif key.startswith("spotring-mesh-"):
+        elif key.startswith(MESH_KEY_PREFIX):
             self._mesh_exchange(scope, key)
         else:
             self._put_gloo_key(scope, key)

@@ -1,12 +1,12 @@
 """The one-request full mesh of spotring's Horovod build (``horovod-rendezvous.patch``):
-one scope's exchange of host names and pair addresses, and the request's format."""
+one scope's exchange of host names and pair addresses. The request's and answer's
+layout is the wire protocol's (:mod:`spotring.worker_image.wire`)."""
 
 from __future__ import annotations
 
 import collections
 import logging
 import socket
-import struct
 
 from spotring.driver.rendezvous.limits import (
     ENTRY_OVERHEAD_BYTES,
@@ -15,14 +15,12 @@ from spotring.driver.rendezvous.limits import (
     PAIR_ADDRESS_MAX_BYTES,
 )
 from spotring.driver.rendezvous.refusal import HostileInput
+from spotring.worker_image.wire import (  # the layout, byte by byte, is documented there
+    MESH_ABANDONED as MESH_ABANDONED,  # re-exported
+)
+from spotring.worker_image.wire import MESH_ANSWER, MESH_HEADER, MESH_MAGIC, MESH_OK
 
 log = logging.getLogger(__name__)
-
-
-MESH_MAGIC = b"SRM1"
-MESH_OK, MESH_ABANDONED = 0, 1
-MESH_HEADER = struct.Struct(">III")  # size, wait (ms), host name length
-MESH_ANSWER = struct.Struct(">4sIII")  # magic, status, local rank, entry size
 
 
 class MeshScope:

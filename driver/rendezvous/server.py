@@ -26,12 +26,18 @@ from spotring.driver.rendezvous.limits import (
     charge,
     store_budget,
 )
-from spotring.driver.rendezvous.mesh import MESH_ABANDONED, MESH_ANSWER, MESH_MAGIC, MeshScope
+from spotring.driver.rendezvous.mesh import MeshScope
 from spotring.driver.rendezvous.refusal import printable
 from spotring.driver.rendezvous.threads import ThreadPool
-from spotring.worker_image import store_auth
-from spotring.worker_image.peer_abort import ABANDONED_KEY
-from spotring.worker_image.store_auth import RING_KEY, RING_SCOPE
+from spotring.worker_image import wire
+from spotring.worker_image.wire import (
+    ABANDONED_KEY,
+    MESH_ABANDONED,
+    MESH_ANSWER,
+    MESH_MAGIC,
+    RING_KEY,
+    RING_SCOPE,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +87,7 @@ class StoreServer(RendezvousHTTPServer):
         if not job_key:
             raise ValueError("the rendezvous server needs the job key to check writes")
         self.job_key = job_key
-        """What every write must be signed with (see :mod:`.store_auth`)."""
+        """What every write must be signed with (see :mod:`spotring.worker_image.wire`)."""
         self._nonces: set[str] = set()
         """The nonces of the signed requests taken in the current ring; under
         ``_nonce_lock`` (its own: the store's lock is the busiest there is)."""
@@ -203,7 +209,7 @@ class StoreServer(RendezvousHTTPServer):
             self.current_slots = slots
             self.cache[RING_SCOPE] = {RING_KEY: str(generation).encode("ascii")}
 
-    def admit(self, signature: store_auth.Signature) -> tuple[int, str] | None:
+    def admit(self, signature: wire.Signature) -> tuple[int, str] | None:
         """Take a signed request (its MAC checked) if it is for the current ring and
         its nonce was not taken in it; else the refusal (status, reason). What it
         then changes checks the ring again, under the store's lock."""

@@ -15,8 +15,7 @@ from horovod.runner.http.http_server import (
 from spotring.driver import horovod_internals
 from spotring.driver.rendezvous.handler import HardenedRendezvousHandler
 from spotring.driver.rendezvous.server import StoreServer
-from spotring.worker_image.durable import FLUSH_KEY
-from spotring.worker_image.store_auth import RING_SCOPE
+from spotring.worker_image.wire import FLUSH_KEY, RING_SCOPE
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ class RingTracker(RendezvousServer):
 
         ``handler_cls`` defaults to a plain hardened store; the elastic driver's comes
         from :func:`rendezvous_handler`. Every write must be signed with ``job_key``
-        (see :mod:`spotring.worker_image.store_auth`).
+        (see :mod:`spotring.worker_image.wire`).
         """
         handler_cls = handler_cls or HardenedRendezvousHandler
         verbose = horovod_internals.server_verbose(self)
