@@ -30,7 +30,24 @@ def launch_lifecycle(
         on_demand = distribution.get("OnDemandPercentageAboveBaseCapacity")
         on_demand = 100 if on_demand is None else int(on_demand)
         return Lifecycle.ON_DEMAND if on_demand >= 100 else Lifecycle.SPOT
-    template = record.get("LaunchTemplate")
+    data = launch_template_data(call, ec2, record, group)
+    if data is None:
+        return None
+    market = (data.get("InstanceMarketOptions") or {}).get("MarketType")
+    return Lifecycle.SPOT if market == "spot" else Lifecycle.ON_DEMAND
+
+
+def launch_template_data(
+    call: ApiCall, ec2: Any, record: Mapping[str, Any], group: str
+) -> Mapping[str, Any] | None:
+    """The ``LaunchTemplateData`` of the launch template version ``group`` (its
+    DescribeAutoScalingGroups ``record``) launches from, its own or its mixed instances
+    policy's; None for a launch configuration, or when the template may not be read
+    (warned)."""
+    mixed = record.get("MixedInstancesPolicy") or {}
+    template = record.get("LaunchTemplate") or (mixed.get("LaunchTemplate") or {}).get(
+        "LaunchTemplateSpecification"
+    )
     if not template:
         return None
     wanted: dict[str, Any] = {"Versions": [str(template.get("Version") or "$Default")]}
@@ -55,9 +72,8 @@ def launch_lifecycle(
     versions = page.get("LaunchTemplateVersions") or []
     if not versions:
         return None
-    data = versions[0].get("LaunchTemplateData") or {}
-    market = (data.get("InstanceMarketOptions") or {}).get("MarketType")
-    return Lifecycle.SPOT if market == "spot" else Lifecycle.ON_DEMAND
+    data: Mapping[str, Any] = versions[0].get("LaunchTemplateData") or {}
+    return data
 
 
 # DescribeScalingActivities (Amazon EC2 Auto Scaling API Reference,

@@ -50,6 +50,21 @@ def make_clients(
     """The (autoscaling, ec2) clients, from ``session`` or a new one of ``profile`` and
     ``region``; no API call. Raises :class:`ConfigurationError` without boto3, for an
     unknown profile, without a region or for a malformed ``endpoint_url``."""
+    autoscaling, ec2 = make_service_clients(
+        ("autoscaling", "ec2"), region, profile, endpoint_url, max_attempts, session
+    )
+    return autoscaling, ec2
+
+
+def make_service_clients(
+    services: Sequence[str],
+    region: str | None,
+    profile: str | None,
+    endpoint_url: str | None,
+    max_attempts: int,
+    session: Any | None,
+) -> tuple[Any, ...]:
+    """A client for each of ``services``, as :func:`make_clients` makes them."""
     try:
         import boto3
         import botocore.config
@@ -70,7 +85,7 @@ def make_clients(
             session = boto3.session.Session(profile_name=profile, region_name=region)
         clients = tuple(
             session.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
-            for service in ("autoscaling", "ec2")
+            for service in services
         )
     except botocore.exceptions.ProfileNotFound:
         raise ConfigurationError(
@@ -84,7 +99,7 @@ def make_clients(
         raise ConfigurationError(f"bad AWS client settings: {one_line(error)}") from None
     except botocore.exceptions.BotoCoreError as error:
         raise ConfigurationError(f"cannot set up AWS clients: {one_line(error)}") from None
-    return clients[0], clients[1]
+    return clients
 
 
 def credential_source() -> str | None:

@@ -17,6 +17,8 @@ IAM_ACTION_BY_OPERATION: Mapping[str, str] = {
     "DescribeInstances": "ec2:DescribeInstances",
     "DescribeInstanceTypes": "ec2:DescribeInstanceTypes",
     "DescribeLaunchTemplateVersions": "ec2:DescribeLaunchTemplateVersions",
+    "DescribeSpotPriceHistory": "ec2:DescribeSpotPriceHistory",
+    "GetProducts": "pricing:GetProducts",
 }
 """The IAM action each API operation the provider makes needs (the README's table is
 made from it: :mod:`spotring.providers.permissions`)."""

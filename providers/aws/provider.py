@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from spotring.core.hooks import hookimpl
-from spotring.providers.aws import capacity, client
+from spotring.providers.aws import capacity, client, prices
 from spotring.providers.aws.errors import member_not_found
 from spotring.providers.aws.options import (
     DEFAULT_SLOTS_TAG,
@@ -28,6 +29,7 @@ from spotring.providers.base import (
     CapacityShortage,
     ConfigurationError,
     CoreOptions,
+    HourlyPrice,
     Instance,
     InstanceState,
     InterruptionNotice,
@@ -84,6 +86,7 @@ class AwsProvider(CloudGroupProvider):
         session: Any | None = None,
         clients: tuple[Any, Any] | None = None,
         label: str | None = None,
+        pricing: Any | None = None,
     ) -> None:
         """Make the clients; no API call. See :meth:`add_arguments` for the options.
 
@@ -92,6 +95,8 @@ class AwsProvider(CloudGroupProvider):
         :param clients: the (autoscaling, ec2) clients of another group in the same
             region, to share instead of making new ones (:meth:`groups_from_options`).
         :param label: what :meth:`group_name` answers; default the group's name.
+        :param pricing: the Price List query API's client; by default one made from
+            ``session`` or ``profile`` when the on-demand price is first read.
         """
         if not group:
             raise ConfigurationError("--group is required for --provider aws")
@@ -119,6 +124,8 @@ class AwsProvider(CloudGroupProvider):
             region, profile, endpoint_url, max_api_attempts, session
         )
         self.region: str = self.autoscaling.meta.region_name
+        self._pricing = pricing
+        self._client_args = (profile, max_api_attempts, session)  # for the pricing client
 
     @classmethod
     def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
@@ -382,6 +389,30 @@ class AwsProvider(CloudGroupProvider):
             self._lifecycle = (capacity.launch_lifecycle(self._call, self.ec2, record, self.group),)
         return self._lifecycle[0]
 
+    def hourly_price(self) -> HourlyPrice | None:
+        """A member's price for one hour, by what the group launches
+        (:meth:`group_lifecycle`): spot from DescribeSpotPriceHistory, on-demand from
+        the Price List query API; the median over the group's instance types (and, for
+        spot, its zones: see :mod:`spotring.providers.aws.prices`). None when the
+        group's configuration names no instance type or no price is listed."""
+        record = self._describe_group()
+        data = capacity.launch_template_data(self._call, self.ec2, record, self.group)
+        types = prices.launch_types(data, record)
+        if not types:
+            return None
+        now = time.time()
+        if self.group_lifecycle() is Lifecycle.SPOT:
+            zones = record.get("AvailabilityZones") or []
+            usd = prices.spot_price(self._call, self.ec2, types, zones)
+            return None if usd is None else HourlyPrice(usd, prices.SPOT_SOURCE, now)
+        if self._pricing is None:
+            profile, attempts, session = self._client_args
+            (self._pricing,) = client.make_service_clients(
+                ("pricing",), prices.PRICING_REGION, profile, None, attempts, session
+            )
+        usd = prices.on_demand_price(self._call, self._pricing, types, self.region)
+        return None if usd is None else HourlyPrice(usd, prices.ON_DEMAND_SOURCE, now)
+
     def capacity_shortage(self, since: float) -> CapacityShortage | None:
         """The newest launch the group's scaling activities say failed at or after
         ``since`` (epoch seconds): InsufficientInstanceCapacity, "Could not launch Spot
@@ -427,7 +458,7 @@ class AwsProvider(CloudGroupProvider):
 
     def close(self) -> None:
         """Close the clients' connection pools."""
-        for api_client in (self.autoscaling, self.ec2):
+        for api_client in (self.autoscaling, self.ec2, self._pricing):
             close = getattr(api_client, "close", None)
             if close is not None:
                 close()

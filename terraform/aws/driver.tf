@@ -12,6 +12,8 @@ data "aws_iam_policy_document" "driver" {
   # Describe* calls support no resource-level permissions: "*" is the only choice.
   # DescribeScalingActivities tells a launch that failed for capacity, quota or price;
   # DescribeLaunchTemplateVersions whether the group launches spot (capacity fallback).
+  # DescribeSpotPriceHistory and pricing:GetProducts (the Price List query API, which
+  # has no resources) read what a member costs an hour, for the job's cost.
   statement {
     sid = "ReadGroupAndInstances"
     actions = [
@@ -21,6 +23,8 @@ data "aws_iam_policy_document" "driver" {
       "ec2:DescribeInstances",
       "ec2:DescribeInstanceTypes",
       "ec2:DescribeLaunchTemplateVersions",
+      "ec2:DescribeSpotPriceHistory",
+      "pricing:GetProducts",
     ]
     resources = ["*"]
   }

@@ -1,0 +1,138 @@
+"""Fake price APIs on loopback, shaped as each cloud documents its answer.
+
+- :class:`AwsPriceList`: the AWS Price List query API's ``GetProducts`` (moto 5.2 does
+  not implement the ``pricing`` service). JSON 1.1 protocol: ``POST /`` with
+  ``X-Amz-Target: AWSPriceListService.GetProducts``; the answer's ``PriceList`` is a
+  list of JSON strings, one product each, paged with ``NextToken`` (API_pricing_
+  GetProducts: "PriceList: The list of products that match your filters. The list
+  contains both the product metadata and the price information"; type "Array of
+  strings", each a JSON document).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from spotring.providers.loopback_http import LoopbackHandler, LoopbackHTTPServer
+
+
+def ec2_product(
+    instance_type: str,
+    region: str,
+    usd_per_hour: str,
+    *,
+    capacitystatus: str = "Used",
+    operating_system: str = "Linux",
+    with_on_demand: bool = True,
+) -> dict[str, Any]:
+    """One AmazonEC2 product of the Price List (the offer file's documented shape:
+    ``product.attributes`` and ``terms.OnDemand.{sku}.{offer}.priceDimensions``; a
+    product of Reserved terms only has no ``OnDemand``)."""
+    sku = f"SKU{abs(hash((instance_type, region, capacitystatus, operating_system))) % 10**8}"
+    terms: dict[str, Any] = {
+        "Reserved": {
+            f"{sku}.4NA7Y494T4": {
+                "priceDimensions": {
+                    f"{sku}.4NA7Y494T4.6YS6EN2CT7": {
+                        "unit": "Quantity",
+                        "pricePerUnit": {"USD": "100"},
+                        "description": "Upfront Fee",
+                    }
+                },
+                "sku": sku,
+                "termAttributes": {"LeaseContractLength": "1yr"},
+            }
+        }
+    }
+    if with_on_demand:
+        terms["OnDemand"] = {
+            f"{sku}.JRTCKXETXF": {
+                "priceDimensions": {
+                    f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
+                        "unit": "Hrs",
+                        "endRange": "Inf",
+                        "description": f"${usd_per_hour} per On Demand Linux {instance_type}",
+                        "appliesTo": [],
+                        "rateCode": f"{sku}.JRTCKXETXF.6YS6EN2CT7",
+                        "beginRange": "0",
+                        "pricePerUnit": {"USD": usd_per_hour},
+                    }
+                },
+                "sku": sku,
+                "effectiveDate": "2026-11-01T00:00:00Z",
+                "offerTermCode": "JRTCKXETXF",
+                "termAttributes": {},
+            }
+        }
+    return {
+        "product": {
+            "productFamily": "Compute Instance",
+            "attributes": {
+                "instanceType": instance_type,
+                "regionCode": region,
+                "operatingSystem": operating_system,
+                "tenancy": "Shared",
+                "preInstalledSw": "NA",
+                "capacitystatus": capacitystatus,
+                "servicecode": "AmazonEC2",
+            },
+            "sku": sku,
+        },
+        "serviceCode": "AmazonEC2",
+        "terms": terms,
+        "version": "20261101000000",
+        "publicationDate": "2026-11-01T00:00:00Z",
+    }
+
+
+class _AwsHandler(LoopbackHandler):
+    def do_POST(self) -> None:
+        fake: AwsPriceList = self.server.owner
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        status, answer = fake.answer(self.headers.get("X-Amz-Target", ""), body)
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/x-amz-json-1.1")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class AwsPriceList(LoopbackHTTPServer):
+    """``GetProducts`` over ``products``, ``page_size`` products a page."""
+
+    handler_class = _AwsHandler
+    thread_name = "fake-aws-pricing"
+
+    def __init__(self, products: list[Mapping[str, Any]], page_size: int = 1) -> None:
+        self.products = products
+        self.page_size = page_size
+        self.requests: list[dict[str, Any]] = []
+        self.denied = False
+        self._lock = threading.Lock()
+
+    def answer(self, target: str, body: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            self.requests.append(dict(body))
+        if target != "AWSPriceListService.GetProducts":
+            return 400, {"__type": "UnknownOperationException"}
+        if self.denied:
+            return 400, {"__type": "AccessDeniedException", "Message": "not authorized"}
+        wanted = {f["Field"]: f["Value"] for f in body.get("Filters", [])}
+        matching = [
+            p
+            for p in self.products
+            if all(p["product"]["attributes"].get(k) == v for k, v in wanted.items())
+        ]
+        start = int(body.get("NextToken") or 0)
+        end = start + min(self.page_size, int(body.get("MaxResults") or 100))
+        answer: dict[str, Any] = {
+            "FormatVersion": "aws_v1",
+            "PriceList": [json.dumps(p) for p in matching[start:end]],
+        }
+        if end < len(matching):
+            answer["NextToken"] = str(end)
+        return 200, answer
