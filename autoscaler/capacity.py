@@ -151,22 +151,36 @@ class GroupStatus:
     preemptions_last_hour: int
     demoted_left_s: float
     """Seconds its demotion has left; 0 when it is not demoted."""
+    usd_per_slot: float | None = None
+    """What one of its slots costs an hour (the job's price book); None when unknown."""
 
     @property
     def demoted(self) -> bool:
         return self.demoted_left_s > 0
 
 
-def default_order(groups: Sequence[GroupStatus]) -> list[str]:
+def default_order(groups: Sequence[GroupStatus], by_price: bool = False) -> list[str]:
     """spotring's order of ``groups``: the user's, with demoted groups moved after the
-    others but before the last group (the on-demand one, which stays last)."""
+    others but before the last group (the on-demand one, which stays last).
+
+    ``by_price`` (``--order price``): the groups before the last are tried cheapest per
+    slot first, within each of those two tiers (a demoted group still comes after the
+    others, however cheap); a group whose price is unknown after those whose price is
+    known; equal prices in the user's order. The last group stays last.
+    """
     ordered = sorted(groups, key=lambda g: g.position)
-    if len(ordered) <= 2:
+    if len(ordered) < 2:
         return [g.name for g in ordered]
     head, last = ordered[:-1], ordered[-1]
+    if by_price:  # sorted() is stable: the user's order among equals
+        head = sorted(head, key=_price_key)
     kept = [g.name for g in head if not g.demoted]
     demoted = [g.name for g in head if g.demoted]
     return [*kept, *demoted, last.name]
+
+
+def _price_key(group: GroupStatus) -> tuple[bool, float]:
+    return (group.usd_per_slot is None, group.usd_per_slot or 0.0)
 
 
 @dataclass(frozen=True)
@@ -213,6 +227,8 @@ class CapacityPolicy:
     :param clock: seconds, monotonic (tests pass a fake one).
     :param wall_clock: epoch seconds, for ``since`` and ``until`` values shown outside.
     :param rng: uniform in [0, 1), for the backoff's jitter.
+    :param prices: a group's USD per slot-hour, None when unknown (the job's price
+        book): shown in each group's status.
     """
 
     def __init__(
@@ -224,6 +240,7 @@ class CapacityPolicy:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
+        prices: Callable[[str], float | None] | None = None,
     ) -> None:
         if not groups:
             raise ValueError("a capacity policy needs at least one group")
@@ -233,6 +250,7 @@ class CapacityPolicy:
         self._clock = clock
         self._wall_clock = wall_clock
         self._rng = rng
+        self._prices = prices
         lifecycles = lifecycles or {}
         self._groups = {
             name: _Group(name, lifecycles.get(name), position)
@@ -292,6 +310,7 @@ class CapacityPolicy:
             below_target_s=0.0 if state.below_since is None else now - state.below_since,
             preemptions_last_hour=len(state.preemptions),
             demoted_left_s=max(0.0, state.demoted_until - now),
+            usd_per_slot=self._prices(group) if self._prices is not None else None,
         )
 
     def statuses(self) -> list[GroupStatus]:

@@ -170,7 +170,9 @@ class Controller:
         if job is not None:
             options = capacity or CapacityOptions()
             drain = self._membership.drain
-            self._steering = Steering(self.groups, hook, job, options, capacity_clock, drain)
+            self._steering = Steering(
+                self.groups, hook, job, options, capacity_clock, drain, self.prices.per_slot
+            )
             self._replacements = Replacements(hook, job, retry_after=refresh_interval)
             self._watchers = NoticeWatchers()
 

@@ -20,12 +20,13 @@ github.com/Michaelvll/skypilot-spot-strategy), stated for a ring of many hosts:
   handed back once they are replaced.
 
 ``C(t)``, the time the rest needs, is projected from the measured rate: steps per
-slot-second over the job so far (a ring of more slots makes more steps; a ring's
-formation and stalls count against it), times the job's ``-np`` slots. Progress is what
-the rings commit (:class:`~spotring.driver.ring_progress.RingStatus`: a ring's steps
-since it formed, summed over the rings). Before the first commit the rate is unknown:
-the safety net waits for it, and uniform progress still counts the job behind once
-``ep(t)`` passes 0.
+slot-second since the job's first commit (a ring of more slots makes more steps; later
+rings' formations and stalls count against it; the hosts' boot and the first ring's
+formation, paid once, do not), times the job's ``-np`` slots. Progress is what the
+rings commit (:class:`~spotring.driver.ring_progress.RingStatus`: a ring's steps since
+it formed, summed over the rings). The rate is unknown until it has been measured for
+``d``: the safety net waits for it (an early rate, over a few steps, is noise), and
+uniform progress still counts the job behind once ``ep(t)`` passes what it did.
 
 The policy is spotring's own answer to the decision hooks when ``--deadline`` is
 given (:class:`DeadlinePlugin`): it is asked after any other plugin, before spotring's
@@ -49,6 +50,7 @@ import pluggy
 
 from spotring.autoscaler.calls import emit
 from spotring.autoscaler.capacity import GroupStatus, default_order
+from spotring.autoscaler.plugins.policy import before_defaults
 from spotring.core.hooks import hookimpl
 from spotring.core.instance import Instance, Lifecycle
 from spotring.core.job import JobShape
@@ -135,7 +137,7 @@ class Projection:
     expected: float
     """``ep(t)``: the steps uniform progress would have made by now."""
     rate_per_slot: float | None
-    """Steps per slot-second so far; None before the first commit."""
+    """Steps per slot-second since the first commit; None until measured for ``d``."""
     ring_slots: int
     """The current ring's size (0: none stands)."""
     projected_finish: float | None
@@ -170,7 +172,8 @@ class DeadlinePolicy:
         self._ring_steps = 0
         self._ring_slots = 0
         self._seen_at: float | None = None
-        self._slot_seconds = 0.0
+        self._first_commit: tuple[float, int] | None = None  # (when, steps done then)
+        self._slot_seconds = 0.0  # since the first commit
 
     @property
     def mode(self) -> Mode:
@@ -182,14 +185,16 @@ class DeadlinePolicy:
         the ring had then."""
         now = self._clock()
         with self._lock:
-            if self._seen_at is not None:
-                self._slot_seconds += max(0.0, now - self._seen_at) * self._ring_slots
+            self._slot_seconds = self._slot_seconds_at(now)
             self._seen_at = now
             if ring != self._ring:
                 self._rings_done += self._ring_steps
                 self._ring, self._ring_steps = ring, 0
             self._ring_steps = max(self._ring_steps, steps)
             self._ring_slots = size
+            done = self._rings_done + self._ring_steps
+            if self._first_commit is None and done > 0:
+                self._first_commit = (now, done)
 
     def ring_lost(self) -> None:
         """No ring stands (every worker lost): no progress until the next forms."""
@@ -214,12 +219,14 @@ class DeadlinePolicy:
 
     def _project(self, now: float) -> Projection:
         options = self.options
-        slot_seconds = self._slot_seconds
-        if self._seen_at is not None:
-            slot_seconds += max(0.0, now - self._seen_at) * self._ring_slots
         done = self._rings_done + self._ring_steps
         remaining = max(0, options.total_steps - done)
-        rate = done / slot_seconds if done > 0 and slot_seconds > 0 else None
+        rate = None
+        if self._first_commit is not None:
+            since, done_then = self._first_commit
+            slot_seconds = self._slot_seconds_at(now)
+            if now - since >= options.restart_cost and slot_seconds > 0:
+                rate = (done - done_then) / slot_seconds
         finish = needed = slack = None
         if rate is not None:
             if self._ring_slots > 0:
@@ -237,6 +244,13 @@ class DeadlinePolicy:
             needed_s=needed,
             slack_s=slack,
         )
+
+    def _slot_seconds_at(self, now: float) -> float:
+        """Slot-seconds since the first commit, the time since the last report counted
+        at the ring's size then."""
+        if self._first_commit is None or self._seen_at is None:
+            return 0.0
+        return self._slot_seconds + max(0.0, now - self._seen_at) * self._ring_slots
 
     def _expected(self, at: float) -> float:
         """``ep(at)``: the steps uniform progress makes by ``at``."""
@@ -358,22 +372,14 @@ def _finite(value: float | None) -> float | None:
 @contextlib.contextmanager
 def deadline_plugin(pm: pluggy.PluginManager, policy: DeadlinePolicy | None) -> Iterator[None]:
     """Register ``policy`` (None: nothing) as a :class:`DeadlinePlugin` for the ``with``
-    block, so that its answers come after every other plugin's and before spotring's
-    default ones: ``trylast`` implementations are asked newest last, so the defaults
-    (which implement no historic hook) are registered again after it."""
+    block, asked after every other plugin and before spotring's defaults
+    (:func:`~spotring.autoscaler.plugins.policy.before_defaults`)."""
     if policy is None:
         yield
         return
-    pm.register(DeadlinePlugin(policy, pm.hook), name=DEADLINE_PLUGIN)
-    defaults = pm.unregister(name=DEFAULT_POLICY)
-    pm.register(defaults, name=DEFAULT_POLICY)
-    try:
+    with before_defaults(pm, DeadlinePlugin(policy, pm.hook), DEADLINE_PLUGIN):
         yield
-    finally:
-        pm.unregister(name=DEADLINE_PLUGIN)
 
 
 DEADLINE_PLUGIN = "spotring.deadline"
 """The name the deadline plugin is registered under."""
-DEFAULT_POLICY = "spotring.autoscaler.policy"
-"""The name spotring's default answers are registered under (``OWN_PLUGINS``)."""

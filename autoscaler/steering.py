@@ -46,6 +46,8 @@ class Steering:
     :param clock: the policy's clock (seconds, monotonic): tests pass a fake one.
     :param drain: takes a host out of discovery with a notice, as a noticed host
         leaves (the controller's); a host being handed back leaves that way.
+    :param prices: a group's USD per slot-hour, None when unknown (the controller's
+        price book): shown to the hooks in each group's status.
     """
 
     RETURN_LEAVE_SECONDS = 300.0
@@ -66,6 +68,7 @@ class Steering:
         options: CapacityOptions,
         clock: Callable[[], float],
         drain: Callable[[str, InterruptionNotice], None],
+        prices: Callable[[str], float | None] | None = None,
     ) -> None:
         self._groups = tuple(groups)
         self._by_name = dict(zip(group_names(groups), groups, strict=True))
@@ -74,6 +77,7 @@ class Steering:
         self._options = options
         self._clock = clock
         self._drain = drain
+        self._prices = prices
         self.target: int | None = None
         """The job's size last asked for; None before."""
         self._policy: CapacityPolicy | None = None  # made at the first steering
@@ -217,7 +221,11 @@ class Steering:
     def _capacity_policy(self, lifecycles: Mapping[str, Lifecycle | None]) -> CapacityPolicy:
         if self._policy is None:
             self._policy = CapacityPolicy(
-                list(self._by_name), self._options, lifecycles=lifecycles, clock=self._clock
+                list(self._by_name),
+                self._options,
+                lifecycles=lifecycles,
+                clock=self._clock,
+                prices=self._prices,
             )
         return self._policy
 

@@ -85,26 +85,39 @@ def policy(
 def test_the_rate_is_per_slot_so_a_bigger_ring_projects_sooner() -> None:
     clock = Clock()
     deadline = policy(clock)
-    deadline.ring_progress(1, 2, 0)
+    deadline.ring_progress(1, 2, 10)  # the first commit: the rate is measured from here
     clock.now += 100
-    deadline.ring_progress(1, 2, 200)  # 200 steps in 200 slot-seconds: 1 per slot-second
+    deadline.ring_progress(1, 2, 210)  # 200 steps in 200 slot-seconds: 1 per slot-second
     small = deadline.project()
     assert small.rate_per_slot == pytest.approx(1.0)
-    assert small.projected_finish == pytest.approx(clock.now + 800 / 2)
-    assert small.needed_s == pytest.approx(800 / 4)  # on a full ring of -np slots
-    assert small.slack_s == pytest.approx(900 - 200)
+    assert small.projected_finish == pytest.approx(clock.now + 790 / 2)
+    assert small.needed_s == pytest.approx(790 / 4)  # on a full ring of -np slots
+    assert small.slack_s == pytest.approx(900 - 790 / 4)
     deadline.ring_progress(2, 4, 0)  # a ring of 4 formed: its steps count from 0
     bigger = deadline.project()
-    assert bigger.done == 200
-    assert bigger.projected_finish == pytest.approx(clock.now + 800 / 4)
+    assert bigger.done == 210
+    assert bigger.projected_finish == pytest.approx(clock.now + 790 / 4)
+
+
+def test_the_rate_is_unknown_until_measured_for_a_restart() -> None:
+    clock = Clock()
+    deadline = policy(clock, restart=50)
+    deadline.ring_progress(1, 4, 0)
+    clock.now += 500  # the hosts' boot and the first formation: not in the rate
+    deadline.ring_progress(1, 4, 10)
+    clock.now += 49
+    deadline.ring_progress(1, 4, 206)
+    assert deadline.project().rate_per_slot is None
+    clock.now += 1
+    assert deadline.project().rate_per_slot == pytest.approx(196 / 200)
 
 
 def test_no_ring_makes_no_progress_and_projects_no_finish() -> None:
     clock = Clock()
     deadline = policy(clock)
-    deadline.ring_progress(1, 4, 0)
+    deadline.ring_progress(1, 4, 10)
     clock.now += 50
-    deadline.ring_progress(1, 4, 200)
+    deadline.ring_progress(1, 4, 210)
     deadline.ring_lost()
     clock.now += 50
     lost = deadline.project()
@@ -128,7 +141,7 @@ def test_ahead_of_uniform_progress_it_waits_for_spot_behind_it_catches_up() -> N
 def test_hysteresis_keeps_catching_up_until_two_restarts_ahead() -> None:
     clock = Clock()
     deadline = policy(clock, deadline_s=10_000, steps=10_000, restart=100)
-    deadline.ring_progress(1, 1, 0)  # a ring of 1 slot of -np 4: slack aplenty
+    deadline.ring_progress(1, 1, 1)  # a ring of 1 slot of -np 4: slack aplenty
     clock.now += 1000
     deadline.ring_progress(1, 1, 900)  # 900 of 1,000 due: behind
     assert deadline.decide()[0] is Mode.CATCH_UP
@@ -136,18 +149,16 @@ def test_hysteresis_keeps_catching_up_until_two_restarts_ahead() -> None:
     assert deadline.decide()[0] is Mode.CATCH_UP
     deadline.ring_progress(1, 1, 1200)
     assert deadline.decide()[0] is Mode.SPOT
-    deadline.ring_progress(1, 1, 1100 + 1)  # a ring's steps never go back
-    assert deadline.decide()[0] is Mode.SPOT
 
 
 def test_the_safety_net_holds_for_the_rest_of_the_job() -> None:
     clock = Clock()
     deadline = policy(clock, deadline_s=1000, steps=1000, restart=50)
-    deadline.ring_progress(1, 4, 0)
+    deadline.ring_progress(1, 4, 1)
     clock.now += 400
-    deadline.ring_progress(1, 4, 1600 // 4)  # 400 done at 0.25/slot-s: 600 need 600 s
-    mode, projection = deadline.decide()  # 600 s left, 600 s needed: slack 0 < 2d
-    assert mode is Mode.SAFETY_NET and projection.slack_s == pytest.approx(0)
+    deadline.ring_progress(1, 4, 401)  # 400 in 1,600 slot-s: 599 left need 599 s of 600
+    mode, projection = deadline.decide()
+    assert mode is Mode.SAFETY_NET and projection.slack_s == pytest.approx(1)
     clock.now += 1
     deadline.ring_progress(1, 4, 999)  # far ahead now: still on-demand for the rest
     assert deadline.decide()[0] is Mode.SAFETY_NET
@@ -155,12 +166,13 @@ def test_the_safety_net_holds_for_the_rest_of_the_job() -> None:
     assert deadline.decide()[0] is Mode.DONE
 
 
-def test_before_the_first_commit_there_is_no_safety_net() -> None:
+def test_before_the_rate_is_known_there_is_no_safety_net() -> None:
     clock = Clock()
     deadline = policy(clock, deadline_s=1000, restart=400)
+    deadline.ring_progress(1, 4, 1)
     clock.now += 1
     mode, projection = deadline.decide()
-    assert projection.slack_s is None and mode is Mode.CATCH_UP  # behind: 0 < ep(t)
+    assert projection.slack_s is None and mode is Mode.SPOT  # 1 step done, 1 due
 
 
 # ------------------------------------------------------------------ the hooks
@@ -213,9 +225,9 @@ def answers(clock: Clock, deadline: DeadlinePolicy | None, *plugins: object) -> 
 
 def ahead(clock: Clock) -> DeadlinePolicy:
     deadline = policy(clock)
-    deadline.ring_progress(1, 4, 0)
+    deadline.ring_progress(1, 4, 1)
     clock.now += 100
-    deadline.ring_progress(1, 4, 200)
+    deadline.ring_progress(1, 4, 201)
     return deadline
 
 
@@ -243,10 +255,10 @@ def test_behind_it_falls_back_and_keeps_on_demand_hosts() -> None:
 
 def test_the_safety_net_asks_on_demand_first_and_hands_spot_back() -> None:
     clock = Clock()
-    deadline = policy(clock, restart=300)
-    deadline.ring_progress(1, 4, 0)
+    deadline = policy(clock, restart=100)
+    deadline.ring_progress(1, 4, 1)
     clock.now += 100
-    deadline.ring_progress(1, 4, 200)  # 800 need 400 s of 900: slack 500 < 2d
+    deadline.ring_progress(1, 4, 101)  # 899 need 899 s of 900: slack 1 < 2d
     recorder = Recorder()
     got = answers(clock, deadline, recorder)
     assert got == {"order": ["od", "spot"], "fall_back": True, "hand_od_back": False,

@@ -9,6 +9,7 @@ runs it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -36,6 +37,7 @@ from spotring.autoscaler.composition import (
 from spotring.autoscaler.deadline import DEFAULT_RESTART_COST, deadline_plugin, parse_deadline
 from spotring.autoscaler.job import JobConfig, run_job
 from spotring.autoscaler.observers.progress import ProgressReporter
+from spotring.autoscaler.plugins.policy import PriceOrder, before_defaults
 from spotring.core import ConfigurationError
 from spotring.core.job import JobShape
 from spotring.driver.launcher import SshOptions
@@ -230,6 +232,15 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         default=DEFAULT_ON_DEMAND_BASE,
         metavar="N",
         help="keep N hosts in the last group (the on-demand one) always (default: 0)",
+    )
+    capacity.add_argument(
+        "--order",
+        choices=["preference", "price"],
+        default="preference",
+        help="preference (default): try the groups in the order given; price: try the "
+        "groups before the last cheapest per slot-hour first (--price or the clouds' "
+        "prices; unknown prices after known, a demoted group after the others), the "
+        "last group (the on-demand one) still last",
     )
     capacity.add_argument(
         "--price",
@@ -475,7 +486,11 @@ def run_command(
     )
     # SIGTERM (a scheduler, `kill`) stops the job like Ctrl-C: workers first.
     signal.signal(signal.SIGTERM, _interrupt)
-    with deadline_plugin(pm, policy):
+    with contextlib.ExitStack() as policies:
+        # The deadline's answers first (its safety net orders the groups too).
+        policies.enter_context(deadline_plugin(pm, policy))
+        if options.order == "price":
+            policies.enter_context(before_defaults(pm, PriceOrder(), PriceOrder.NAME))
         outcome = run_job(config, groups, pm, ProgressReporter())
     if outcome.exit_code:
         print_error(f"{PROG} run: job failed: {outcome.message}")

@@ -3,12 +3,17 @@ in which order a job's groups are asked, what falls back and what is handed back
 
 Registered as a built-in plugin with ``trylast``, so a plugin that implements
 ``spotring_target_size`` or ``spotring_replace_host`` is asked first and its first
-non-None answer wins, as in pytest.
+non-None answer wins, as in pytest. What a run's options switch on (``--order price``
+here, ``--deadline`` in :mod:`spotring.autoscaler.deadline`) is registered for the run
+by :func:`before_defaults`: asked after every other plugin, before these defaults.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import pluggy
 
 from spotring.autoscaler.capacity import GroupStatus, default_order
 from spotring.core.hooks import hookimpl
@@ -16,7 +21,17 @@ from spotring.core.instance import Instance, InstanceState, InterruptionNotice
 from spotring.core.inventory import Inventory
 from spotring.core.job import JobShape, hosts_for_slots
 
-__all__ = ["JobShape", "group_slots", "size_bounds"]  # JobShape: its home before spotring.core
+__all__ = [
+    "DEFAULTS",
+    "JobShape",  # its home before spotring.core
+    "PriceOrder",
+    "before_defaults",
+    "group_slots",
+    "size_bounds",
+]
+
+DEFAULTS = "spotring.autoscaler.policy"
+"""The name this module is registered under (``OWN_PLUGINS``)."""
 
 _LIVE = (InstanceState.PENDING, InstanceState.READY)
 
@@ -92,3 +107,29 @@ def spotring_return_to_spot(instance: Instance, group: GroupStatus, job: JobShap
     """Always hand a host back once the capacity policy allows it (``--return-after``,
     one at a time, the job keeping its size)."""
     return True
+
+
+class PriceOrder:
+    """``--order price``: the groups before the last tried cheapest per slot first
+    (:func:`~spotring.autoscaler.capacity.default_order` with ``by_price``)."""
+
+    NAME = "spotring.order-price"
+
+    @hookimpl(trylast=True)
+    def spotring_order_groups(self, groups: Sequence[GroupStatus], job: JobShape) -> list[str]:
+        return default_order(groups, by_price=True)
+
+
+@contextlib.contextmanager
+def before_defaults(pm: pluggy.PluginManager, plugin: object, name: str) -> Iterator[None]:
+    """Register ``plugin`` under ``name`` for the ``with`` block so that its answers come
+    after every other plugin's and before spotring's defaults. pluggy asks ``trylast``
+    implementations newest last, so the defaults (which implement no historic hook, so
+    registering them again calls nothing) are registered again after it."""
+    pm.register(plugin, name=name)
+    defaults = pm.unregister(name=DEFAULTS)
+    pm.register(defaults, name=DEFAULTS)
+    try:
+        yield
+    finally:
+        pm.unregister(name=name)
