@@ -83,6 +83,7 @@ class PriceBook:
         self._asked_at: dict[str, float] = {}
         self._warned: set[str] = set()
         self._slots: dict[str, int] = {}
+        self._lifecycles: dict[str, Lifecycle | None] = {}
 
     def price(self, group: str) -> HourlyPrice | None:
         """The price of one of ``group``'s members for one hour: its override, else
@@ -120,9 +121,14 @@ class PriceBook:
                 self._slots[group] = slots
 
     def _override(self, group: str, source: PricedGroup) -> float | None:
+        """``--price`` for the group by its name, else by its lifecycle (asked of the
+        group once: it may call the cloud)."""
         if group in self._overrides:
             return self._overrides[group]
-        lifecycle = source.group_lifecycle()
+        with self._lock:
+            if group not in self._lifecycles:
+                self._lifecycles[group] = source.group_lifecycle()
+            lifecycle = self._lifecycles[group]
         return None if lifecycle is None else self._overrides.get(lifecycle.value)
 
     def _ask(self, group: str, source: PricedGroup) -> None:

@@ -33,6 +33,7 @@ from spotring.core import (
     Lifecycle,
     ShortageCause,
 )
+from spotring.core.prices import HourlyPrice
 from spotring.driver.ring_progress import Hang, RingStatus, Stall
 from spotring.providers import permissions
 from tests.conftest import REPO
@@ -224,6 +225,9 @@ def write_every_event(path: Path) -> list[dict]:
     hook.spotring_fell_back(from_group="spot", to_group="od", hosts=1)
     hook.spotring_returned(instance=host, group="od", seconds=600.0)
     hook.spotring_group_demoted(group="spot", until=2000.0)
+    hook.spotring_price_changed(
+        group="spot", lifecycle=Lifecycle.SPOT, price=HourlyPrice(0.1, "--price", 1.0)
+    )
     hook.spotring_deadline_decided(
         mode="catch-up", reason="behind", done=5, total=100, projected_finish=3000.0,
         slack_s=60.0, deadline=4000.0,

@@ -152,6 +152,8 @@ def test_the_jobs_and_the_rings_events_are_lines_written_through_the_hooks(
          "progress": True},
         {"event": "progress", "ring": 1, "size": 4, "steps": 10, "idle_s": 0.5,
          "slowest": "a[0]"},
+        {"event": "cost", "usd": 0.0, "by_group": [], "unpriced_hours": 0.0,
+         "all_on_demand_usd": 0.0, "spot_share": None, "steps": 10, "usd_per_step": 0.0},
         {"event": "stall", "ring": 2, "start": 1000.0, "end": 1000.75, "seconds": 0.75},
         {"event": "hang", "ring": 2, "host": "a", "local_rank": 1, "idle_s": 30.0,
          "member_idle_s": 31.0, "reason": hang.reason},

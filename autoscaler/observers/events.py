@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from spotring.autoscaler.groups import group_names
-from spotring.core import CapacityShortage, Instance, InstanceState, InterruptionNotice
+from spotring.autoscaler.observers.cost import LiveCost
+from spotring.core import CapacityShortage, Instance, InstanceState, InterruptionNotice, Lifecycle
 from spotring.core.hooks import hookimpl
 from spotring.core.inventory import Inventory
 from spotring.core.job import JobShape
+from spotring.core.prices import HourlyPrice
 from spotring.driver.ring_progress import Hang, RingStatus, Stall
 from spotring.providers.base import Provider
 
@@ -170,6 +172,7 @@ EVENTS: Mapping[str, EventKind] = {
             "seconds": "how long the run took",
             "world_sizes": "the size of every ring Horovod formed, in order",
             "resets": "rings formed after the first",
+            "cost": "the job's cost at its end, as a `cost` record holds it",
         },
     ),
     "capacity_shortage": EventKind(
@@ -217,6 +220,31 @@ EVENTS: Mapping[str, EventKind] = {
             "deadline": "epoch seconds",
         },
     ),
+    "price": EventKind(
+        "a group's price per member-hour was first read or changed (its cloud's, or `--price`)",
+        {
+            "group": "the group's name",
+            "lifecycle": "`spot` or `on-demand`, where the group says; else null",
+            "usd": "USD per member-hour; null: unknown (not counted in the cost)",
+            "source": "where it came from: `aws:DescribeSpotPriceHistory`, `--price`, ...",
+            "read_at": "epoch seconds it was read",
+        },
+    ),
+    "cost": EventKind(
+        "the job's cost so far: with each `progress` record and after a `price` (the"
+        " last one is `job_finished`'s `cost`)",
+        {
+            "usd": "USD so far: each billed member-hour (pending, ready, draining) at its"
+            " group's price then",
+            "by_group": "`[{group, lifecycle, hours, usd}]` (`usd` null: no price known)",
+            "unpriced_hours": "instance-hours of groups whose price was unknown",
+            "all_on_demand_usd": "what the same hours would have cost on-demand (the job's"
+            " on-demand price); null without one",
+            "spot_share": "the time-weighted share of instance-hours on spot",
+            "steps": "steps the rings committed (each ring's most commits, summed)",
+            "usd_per_step": "USD per committed step; null before one or while hours are unpriced",
+        },
+    ),
 }
 """Every event the log writes, by name."""
 
@@ -243,6 +271,7 @@ class EventLog:
         self._lock = threading.Lock()
         self._states: dict[str, InstanceState] = {}  # instance id -> state last written
         self._last_change: float | None = None  # monotonic time of the last host change
+        self._cost = LiveCost()
         # Providers warn through logging (capacity shortages, evictions, ...): keep those.
         self._warnings = _ProviderWarnings(self)
         logging.getLogger(PROVIDER_LOGGER).addHandler(self._warnings)
@@ -301,6 +330,8 @@ class EventLog:
             idle_s=status.idle_s,
             slowest=status.slowest,
         )
+        self._cost.progressed(status.ring, status.steps)
+        self.write("cost", **self._cost.cost().record())
 
     @hookimpl
     def spotring_ring_stalled(self, stall: Stall) -> None:
@@ -344,6 +375,7 @@ class EventLog:
             seconds=round(seconds, 3),
             world_sizes=list(world_sizes),
             resets=max(0, len(world_sizes) - 1),
+            cost=self._cost.cost().record(),
         )
 
     # --------------------------------------------------------- the controller
@@ -359,6 +391,7 @@ class EventLog:
     ) -> None:
         counts: dict[str, int] = {}
         if inventory is not None and error is None:
+            self._cost.listed(inventory)
             for instance in inventory.instances:
                 counts[instance.state.value] = counts.get(instance.state.value, 0) + 1
                 if self._states.get(instance.id) is not instance.state:
@@ -440,6 +473,21 @@ class EventLog:
     @hookimpl
     def spotring_group_demoted(self, group: str, until: float) -> None:
         self.write("group_demoted", group=group, until=round(until, 3))
+
+    @hookimpl
+    def spotring_price_changed(
+        self, group: str, lifecycle: Lifecycle | None, price: HourlyPrice | None
+    ) -> None:
+        self._cost.priced(group, lifecycle, price)
+        self.write(
+            "price",
+            group=group,
+            lifecycle=None if lifecycle is None else lifecycle.value,
+            usd=None if price is None else price.usd,
+            source=None if price is None else price.source,
+            read_at=None if price is None else round(price.read_at, 3),
+        )
+        self.write("cost", **self._cost.cost().record())
 
     @hookimpl
     def spotring_deadline_decided(

@@ -11,6 +11,7 @@ driver, or open it on purpose). The docs' generated metrics page lists the serie
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,10 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spotring.autoscaler.capacity import GroupStatus
+from spotring.autoscaler.observers.cost import LiveCost
 from spotring.core import CapacityShortage, Instance, InstanceState, InterruptionNotice, Lifecycle
 from spotring.core.hooks import hookimpl
 from spotring.core.inventory import Inventory
-from spotring.driver.ring_progress import Stall
+from spotring.core.prices import HourlyPrice
+from spotring.driver.ring_progress import RingStatus, Stall
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -55,6 +58,12 @@ class RunSeries:
     shortages: Counter
     fallbacks: Counter
     returns: Counter
+    price: Gauge
+    cost: Gauge
+    all_on_demand: Gauge
+    spot_share: Gauge
+    steps: Gauge
+    cost_per_step: Gauge
 
     def collectors(self) -> list[MetricWrapperBase]:
         """The series, in the order they are declared."""
@@ -143,6 +152,38 @@ def run_series() -> RunSeries:
         returns=Counter(
             "spotring_returns", "Fallback hosts handed back, by group", ["group"], registry=r
         ),
+        price=Gauge(
+            "spotring_group_price_usd_per_hour",
+            "A member's price for one hour, by group (absent while unknown)",
+            ["group", "source"],
+            registry=r,
+        ),
+        cost=Gauge(
+            "spotring_cost_usd",
+            "The job's cost so far: billed member-hours at their group's price then",
+            ["group", "lifecycle"],
+            registry=r,
+        ),
+        all_on_demand=Gauge(
+            "spotring_cost_all_on_demand_usd",
+            "What the same member-hours would have cost on-demand (NaN without an on-demand price)",
+            registry=r,
+        ),
+        spot_share=Gauge(
+            "spotring_spot_share",
+            "Time-weighted share of member-hours on spot (0 to 1)",
+            registry=r,
+        ),
+        steps=Gauge(
+            "spotring_committed_steps",
+            "Steps the rings committed (each ring's most commits, summed)",
+            registry=r,
+        ),
+        cost_per_step=Gauge(
+            "spotring_cost_per_step_usd",
+            "USD per committed step (NaN before a step or while hours are unpriced)",
+            registry=r,
+        ),
     )
     for state in InstanceState:
         series.hosts.labels(state.value)
@@ -172,6 +213,8 @@ class Metrics:
         self._running: dict[str, int] = {}  # lifecycle -> running instances at last refresh
         self._since = time.monotonic()
         self._lock = threading.Lock()
+        self._cost = LiveCost()
+        self._priced: set[tuple[str, str]] = set()  # the price series' labels
         self._server, self._thread = start_http_server(port, addr, registry=self.registry)
 
     @property
@@ -199,6 +242,11 @@ class Metrics:
             reset = self._rings > 1
         if reset:
             self.series.resets.inc()
+
+    @hookimpl
+    def spotring_ring_progress(self, status: RingStatus) -> None:
+        self._cost.progressed(status.ring, status.steps)
+        self._publish_cost()
 
     @hookimpl
     def spotring_ring_idle(self, seconds: float) -> None:
@@ -235,6 +283,8 @@ class Metrics:
         if inventory is None:
             return
         self._account_instance_seconds()
+        self._cost.listed(inventory)
+        self._publish_cost()
         running: dict[str, int] = {}
         by_group: dict[tuple[str, str], int] = {}
         members: dict[tuple[str, str, str], int] = {}
@@ -285,6 +335,31 @@ class Metrics:
             for (group, lifecycle), count in self._group_running.items():
                 self.series.group_instance_seconds.labels(group, lifecycle).inc(count * elapsed)
 
+    # ------------------------------------------------------------------ cost
+
+    @hookimpl
+    def spotring_price_changed(
+        self, group: str, lifecycle: Lifecycle | None, price: HourlyPrice | None
+    ) -> None:
+        self._cost.priced(group, lifecycle, price)
+        with self._lock:  # one group's series at a time: its old source goes
+            for labels in [k for k in self._priced if k[0] == group]:
+                self.series.price.remove(*labels)
+                self._priced.discard(labels)
+            if price is not None:
+                self.series.price.labels(group, price.source).set(price.usd)
+                self._priced.add((group, price.source))
+        self._publish_cost()
+
+    def _publish_cost(self) -> None:
+        cost = self._cost.cost()
+        for (group, lifecycle), usd in cost.usd.items():
+            self.series.cost.labels(group or self._provider, lifecycle).set(usd)
+        _set_or_nan(self.series.all_on_demand, cost.all_on_demand_usd)
+        self.series.spot_share.set(cost.spot_share or 0.0)
+        self.series.steps.set(cost.steps)
+        _set_or_nan(self.series.cost_per_step, cost.per_step_usd)
+
     # ------------------------------------------------------------- capacity
 
     @hookimpl
@@ -298,3 +373,8 @@ class Metrics:
     @hookimpl
     def spotring_returned(self, instance: Instance, group: str, seconds: float) -> None:
         self.series.returns.labels(group).inc()
+
+
+def _set_or_nan(gauge: Gauge, value: float | None) -> None:
+    """``gauge`` set to ``value``, or NaN while it is unknown."""
+    gauge.set(math.nan if value is None else value)

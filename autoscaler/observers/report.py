@@ -8,9 +8,12 @@ file written before spotring recorded progress has none, and the page says so: i
 one may well have trained on, so it is not drawn as a stall), and, for a job of
 several groups, each capacity shortage, fallback and hand-back. The page adds the cost
 line (instance-hours by lifecycle, priced with ``--price-spot`` /
-``--price-on-demand``), instance-hours and cost by group and lifecycle (priced with
-``--price GROUP_OR_LIFECYCLE=USD``), the time the job spent below its target, and every
-event but the per-refresh ones in a table. HTML embeds the chart; ``-o x.png`` writes
+``--price-on-demand``), instance-hours and cost by group and lifecycle (each hour at its
+group's price then, as the file's ``price`` records say, ``--price
+GROUP_OR_LIFECYCLE=USD`` first: :mod:`~spotring.autoscaler.observers.cost`) with what
+they would have cost on-demand, the share on spot and the cost per committed step, the
+time the job spent below its target, and every event but the per-refresh ones in a
+table. HTML embeds the chart; ``-o x.png`` writes
 only it.
 """
 
@@ -20,16 +23,18 @@ import base64
 import html
 import io
 import json
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spotring.autoscaler.observers.cost import BILLED_STATES, Cost, CostMeter
 from spotring.autoscaler.observers.events import VERSION
 
-_BILLED = frozenset({"pending", "ready", "draining"})
-_QUIET = frozenset({"refresh", "instance_state"})
-"""Events left out of the table (there is one per refresh or state change)."""
+_QUIET = frozenset({"refresh", "instance_state", "cost"})
+"""Events left out of the table (there is one per refresh, state change or progress
+record)."""
 
 
 NO_PROGRESS_LABEL = "ring stood still: not recorded"
@@ -99,9 +104,6 @@ def read_events(path: str | Path) -> Run:
 
 
 def _timelines(run: Run) -> None:
-    opened: dict[str, tuple[float, str, str]] = {}  # id -> (billed since, lifecycle, group)
-    hours: dict[str, float] = {}
-    group_hours: dict[tuple[str, str], float] = {}
     below_since: float | None = None
     for event in run.events:
         at, kind = event["t"] - run.start, event.get("event")
@@ -143,26 +145,38 @@ def _timelines(run: Run) -> None:
             run.has_progress = True
         elif kind == "job_finished":
             run.world.append((at, 0))
-        elif kind == "instance_state":
-            iid, state = str(event.get("id")), event.get("state")
-            if state in _BILLED and iid not in opened:
-                lifecycle = str(event.get("lifecycle") or "on-demand")
-                opened[iid] = (at, lifecycle, str(event.get("group") or ""))
-            elif state not in _BILLED and iid in opened:
-                since, lifecycle, group = opened.pop(iid)
-                hours[lifecycle] = hours.get(lifecycle, 0.0) + (at - since) / 3600
-                key = (group, lifecycle)
-                group_hours[key] = group_hours.get(key, 0.0) + (at - since) / 3600
     end = run.end - run.start
-    for since, lifecycle, group in opened.values():
-        hours[lifecycle] = hours.get(lifecycle, 0.0) + (end - since) / 3600
-        group_hours[(group, lifecycle)] = (
-            group_hours.get((group, lifecycle), 0.0) + (end - since) / 3600
-        )
     if below_since is not None:
         run.below_target_s += end - below_since
-    run.instance_hours = hours
-    run.group_hours = group_hours
+    run.group_hours = dict(replay_cost(run).hours)
+    for (_, lifecycle), hours in run.group_hours.items():
+        run.instance_hours[lifecycle] = run.instance_hours.get(lifecycle, 0.0) + hours
+
+
+def replay_cost(run: Run, overrides: Mapping[str, float] | None = None) -> Cost:
+    """The run's cost from its events: the billed members of its ``instance_state``
+    records at the prices of its ``price`` records, ``overrides`` (``--price``) first."""
+    meter = CostMeter(overrides)
+    billed: dict[str, tuple[str, str]] = {}  # id -> (group, lifecycle), as first billed
+    for event in run.events:
+        at, kind = event["t"], event.get("event")
+        if kind == "price":
+            usd = event.get("usd")
+            usd = float(usd) if isinstance(usd, (int, float)) else None
+            meter.price(at, str(event.get("group") or ""), event.get("lifecycle"), usd)
+        elif kind == "progress" and isinstance(event.get("steps"), int):
+            meter.progress(int(event.get("ring") or 0), event["steps"])
+        elif kind == "instance_state":
+            iid, state = str(event.get("id")), event.get("state")
+            if state in BILLED_STATES and iid not in billed:
+                group = str(event.get("group") or "")
+                billed[iid] = (group, str(event.get("lifecycle") or "on-demand"))
+            elif state not in BILLED_STATES and iid in billed:
+                del billed[iid]
+            else:
+                continue
+            meter.members(at, Counter(billed.values()))
+    return meter.cost(run.end)
 
 
 def cost_line(run: Run, price_spot: float | None, price_on_demand: float | None) -> str:
@@ -183,26 +197,40 @@ def cost_line(run: Run, price_spot: float | None, price_on_demand: float | None)
 
 
 def group_cost_line(run: Run, prices: Mapping[str, float]) -> str:
-    """Instance-hours by group and lifecycle, each priced at its group's price, else
-    its lifecycle's (``--price GROUP_OR_LIFECYCLE=USD``); 'no prices given' without."""
-    if not run.group_hours:
+    """Instance-hours and cost by group and lifecycle, each hour at its group's price
+    then (the events file's ``price`` records), ``prices`` (``--price
+    GROUP_OR_LIFECYCLE=USD``) first; what they would have cost on-demand, the share on
+    spot and the cost per committed step. 'no prices given' without any price."""
+    cost = replay_cost(run, prices)
+    if not cost.hours:
         return "no instances recorded"
-    parts, total, unpriced = [], 0.0, 0
-    for (group, lifecycle), hours in sorted(run.group_hours.items()):
+    parts = []
+    for key, hours in sorted(cost.hours.items()):
+        group, lifecycle = key
         name = f"{group} ({lifecycle})" if group else lifecycle
-        price = prices[group] if group in prices else prices.get(lifecycle)
-        if price is None:
-            unpriced += 1
+        usd = cost.usd.get(key)
+        if usd is None:
             parts.append(f"{name}: {hours:.3f} h")
         else:
-            total += hours * price
-            parts.append(f"{name}: {hours:.3f} h, ${hours * price:.2f} at ${price:g}/h")
+            at = f" at ${usd / hours:g}/h" if hours else ""
+            parts.append(f"{name}: {hours:.3f} h, ${usd:.2f}{at}")
     line = "; ".join(parts)
-    if not prices:
+    if not cost.usd:
         return f"{line} (no prices given: --price GROUP_OR_LIFECYCLE=USD_PER_HOUR)"
+    unpriced = sum(1 for key in cost.hours if key not in cost.usd)
     if unpriced:
-        return f"{line}; ${total:.2f} for those priced (no price for {unpriced})"
-    return f"{line}; total ${total:.2f}"
+        line += f"; ${cost.total_usd:.2f} for those priced (no price for {unpriced})"
+    else:
+        line += f"; total ${cost.total_usd:.2f}"
+    if cost.all_on_demand_usd:
+        all_on_demand = cost.all_on_demand_usd
+        saved = (all_on_demand - cost.total_usd) / all_on_demand
+        line += f"; all on-demand ${all_on_demand:.2f} (saved {saved:.0%})"
+    if cost.spot_share is not None:
+        line += f"; {cost.spot_share:.0%} of the hours on spot"
+    if cost.per_step_usd is not None:
+        line += f"; ${cost.per_step_usd:.6g} per committed step ({cost.steps} steps)"
+    return line
 
 
 def chart_png(run: Run) -> bytes:
