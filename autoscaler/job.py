@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -31,8 +31,7 @@ from spotring.providers.base import Provider
 
 if TYPE_CHECKING:
     from spotring.autoscaler.durable_job import DurableJob
-    from spotring.driver.durable import RingLoss
-    from spotring.driver.ring_progress import Hang, RingProgress, RingStatus, Stall
+    from spotring.driver.ring_events import Hang, RingLoss, RingStatus, Stall
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +109,9 @@ def _run_locked(
     reporter: ProgressReporter,
     durable: DurableJob | None,
 ) -> JobOutcome:
-    from spotring.driver.elastic import JobAborted, RingTracker, run_elastic
+    from spotring.driver.elastic import JobAborted, run_elastic
     from spotring.driver.launcher import ProcessLauncher
-    from spotring.driver.ring_progress import RingProgress
+    from spotring.driver.ring_side import RingSide
     from spotring.driver.worker_env import worker_base_environment
 
     shape = config.shape
@@ -141,12 +140,6 @@ def _run_locked(
     for group in groups:
         if group.tracks_worker_processes:
             launcher.add_listener(_ProviderProcesses(group))  # type: ignore[arg-type]  # listeners are duck-typed
-    # The driver knows no plugin manager: the rings' events reach the plugins (the
-    # progress lines, the events file, the metrics among them) through this listener.
-    ring_hooks = _RingHooks(pm.hook, durable)
-    rings = RingTracker(config.elastic.verbose, on_ring=ring_hooks.ring_formed)
-    progress = RingProgress(config.elastic.hang_timeout, [ring_hooks])
-    ring_hooks.count_commits_with(progress)
     plugins = contextlib.ExitStack()  # the run's own: unregistered and closed at its end
     try:
         _register_run_plugins(plugins, config, groups, pm, reporter, controller)
@@ -166,6 +159,9 @@ def _run_locked(
         },
     )
 
+    # The driver knows no plugin manager: the rings' events reach the plugins (the
+    # progress lines, the events file, the metrics among them) through this adapter.
+    ring = RingSide(controller, launcher, shape, elastic, PluginRingEvents(pm.hook), durable)
     started = time.monotonic()
     pm.register(reporter, name="spotring.progress")
     controller.start()
@@ -174,10 +170,7 @@ def _run_locked(
         inventory = controller.wait_for_inventory(elastic.start_timeout)
         reporter.started(inventory)
         try:
-            run_elastic(
-                config.command, controller, launcher, shape, elastic, rings, progress,
-                on_ring_lost=ring_hooks.ring_lost,
-            )  # fmt: skip
+            run_elastic(config.command, controller, launcher, shape, elastic, ring)
             outcome = JobOutcome(0)
         except JobAborted as aborted:
             if isinstance(aborted.cause, KeyboardInterrupt):
@@ -198,10 +191,10 @@ def _run_locked(
                 ok=code == 0,
                 exit_code=code,
                 seconds=time.monotonic() - started,
-                world_sizes=list(rings.world_sizes),
+                world_sizes=list(ring.world_sizes),
             )
     reporter.summary(
-        rings.world_sizes,
+        ring.world_sizes,
         outcome.exit_code == 0,
         time.monotonic() - started,
         group_events(groups),
@@ -255,26 +248,13 @@ def _register(
         stack.callback(pm.unregister, plugin)
 
 
-class _RingHooks:
-    """The rings' events, from the driver's rendezvous server and progress tracker to
-    the plugins' hooks, on the thread each comes on (the hookspecs say which)."""
+class PluginRingEvents:
+    """The rings' events (:class:`~spotring.driver.ring_events.RingEvents`) as the
+    plugins' ``spotring_ring_*`` hooks, called on the thread each event comes on (the
+    one its hookspec names)."""
 
-    def __init__(
-        self,
-        hook: pluggy.HookRelay,
-        durable: DurableJob | None = None,
-    ) -> None:
+    def __init__(self, hook: pluggy.HookRelay) -> None:
         self._hook = hook
-        self._durable = durable
-        self._progress: RingProgress | None = None
-
-    def count_commits_with(self, progress: RingProgress) -> None:
-        """Let ``progress`` count the job's commits, from the checkpoint the run starts
-        from: a lost ring's loss is told in them."""
-        self._progress = progress
-        start = self._durable.at_start if self._durable is not None else None
-        if start is not None:
-            progress.restart_from(start["commits"])
 
     def ring_formed(self, size: int, hosts: Sequence[str]) -> None:
         self._hook.spotring_ring_formed(size=size, hosts=hosts)
@@ -292,16 +272,8 @@ class _RingHooks:
         self._hook.spotring_ring_hung(hang=hang)
 
     def ring_lost(self, loss: RingLoss) -> None:
-        checkpoint = self._durable.newest() if self._durable is not None else None
-        lost: dict[str, Any] = {"commits": None, "seconds": None}
-        if self._progress is not None:
-            restored = checkpoint["commits"] if checkpoint is not None else 0
-            made, last_at = self._progress.restart_from(restored)
-            lost["commits"] = max(0, made - restored)
-            if last_at is not None and checkpoint is not None:
-                lost["seconds"] = round(max(0.0, last_at - checkpoint["committed_at"]), 3)
         self._hook.spotring_ring_lost(
-            size=loss.size, why=loss.why, checkpoint=checkpoint, lost=lost
+            size=loss.size, why=loss.why, checkpoint=loss.checkpoint, lost=loss.lost
         )
 
 

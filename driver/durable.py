@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from spotring.driver import horovod_internals as internals
 from spotring.driver.launcher import WorkerExit
+from spotring.driver.ring_events import RingLoss as RingLoss  # re-exported: its old home
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +36,6 @@ def killed(exit_code: int) -> bool:
     by itself: a signal (negative, or 128 + the signal from a shell or ssh) or a lost
     ssh connection."""
     return exit_code < 0 or exit_code > 128
-
-
-@dataclass(frozen=True)
-class RingLoss:
-    """A ring lost every member and is started again from durable storage."""
-
-    size: int
-    """Members the lost ring had."""
-    why: str
-    """What ended it, in a few words."""
 
 
 class RingLossJudge:

@@ -37,30 +37,26 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from horovod.runner.elastic.driver import ElasticDriver
 from horovod.runner.elastic.worker import HostUpdateResult
 from horovod.runner.gloo_run import create_slot_env_vars
 from horovod.runner.util.network import get_driver_ip
 
-from spotring.core import InterruptionNotice
 from spotring.core.job import JobShape
 from spotring.driver import horovod_internals
-from spotring.driver.discovery import InventoryHostDiscovery, InventorySource
-from spotring.driver.durable import RingLoss, RingLossJudge, resume_lost_rings
-from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
+from spotring.driver.discovery import InventoryHostDiscovery
+from spotring.driver.durable import resume_lost_rings
+from spotring.driver.launcher import ProcessLauncher, WorkerSpec
 from spotring.driver.options import ElasticOptions
-from spotring.driver.peer_failure import PeerFailureNotifier
-from spotring.driver.rendezvous import RingTracker, rendezvous_handler, use_safe_worker_clients
-from spotring.driver.ring_progress import Hang, RingProgress
-from spotring.driver.warm_pool import WarmPool
+from spotring.driver.rendezvous import RingTracker as RingTracker  # re-exported
+from spotring.driver.rendezvous import rendezvous_handler, use_safe_worker_clients
+from spotring.driver.ring_side import JobController, NoticeRouter, RingSide
 from spotring.worker_image import wire
-from spotring.worker_image.notices import REBALANCE, Notice
 from spotring.worker_image.supervisor import local_address_towards
 
 log = logging.getLogger(__name__)
@@ -68,26 +64,6 @@ log = logging.getLogger(__name__)
 COORDINATOR_REPLAY_DELAY_SECONDS = 1.0
 WARM_RANK = -1
 """The rank logged for a worker started ahead, before it joins a ring."""
-
-
-class JobController(InventorySource, Protocol):
-    """What the driver needs of spotring's controller (its ``inventory`` among it)."""
-
-    def host_failed(self, address: str, reason: str) -> object: ...
-
-    def host_noticed(self, address: str, notice: InterruptionNotice) -> bool: ...
-
-    def notice_watcher(self, address: str) -> dict[str, Any] | None: ...
-
-    def ring_formed(self, hosts: Sequence[str]) -> Sequence[str]:
-        """Horovod planned a ring of ``hosts`` (on its thread; quick). Returns the hosts
-        the controller took out of discovery itself (handed back to their group) that
-        the ring left out: their workers are stopped like a noticed host's."""
-        ...
-
-    def wait_for_fatal_error(self, timeout: float | None = None) -> Exception | None:
-        """Block until the controller stops for good; its error, or None on timeout."""
-        ...
 
 
 class JobAborted(RuntimeError):
@@ -104,48 +80,24 @@ def run_elastic(
     launcher: ProcessLauncher,
     job: JobShape,
     options: ElasticOptions,
-    rendezvous: RingTracker | None = None,
-    progress: RingProgress | None = None,
-    on_ring_lost: Callable[[RingLoss], None] | None = None,
+    ring: RingSide | None = None,
 ) -> None:
     """Run ``command`` as an elastic Horovod job of ``job``'s worker counts on the
     controller's hosts.
 
     Returns when the job succeeds; raises ``RuntimeError`` with Horovod's message when
-    it fails, and :class:`JobAborted` when the controller stopped it. ``progress``
-    (default: one with ``options.hang_timeout`` and no listeners) hears every ring and
-    every member's commits while the job runs. With ``options.durable``, a ring that
-    lost every member starts again from durable storage, ``on_ring_lost`` told first.
+    it fails, and :class:`JobAborted` when the controller stopped it. ``ring`` (default:
+    one whose events are ignored but a lost ring's, logged) holds the ring-side objects
+    and tells the rings' events while the job runs. With ``options.durable``, a ring
+    that lost every member starts again from durable storage.
     """
-    rendezvous = rendezvous or RingTracker(options.verbose)
+    ring = ring or RingSide(controller, launcher, job, options)
+    rendezvous = ring.tracker
     # Listen only where the workers reach the driver, not on every interface.
     address = _driver_address(options.nics, controller, options.elastic_timeout)
-    job_key = secrets.token_bytes(32)
-    notifier = PeerFailureNotifier(job_key, lambda: rendezvous.generation, rendezvous.abandon)
-    launcher.add_listener(_FailureRouter(controller, notifier))
-    notices = _NoticeRouter(
-        controller,
-        launcher,
-        rendezvous.request_flush if options.durable else None,
-        job.min_num_proc,
-    )
-    launcher.add_listener(notices)
-    rendezvous.add_ring_listener(notices.ring_formed)
-    warm_pool = WarmPool(launcher) if options.warm_start else None
-    progress = progress or RingProgress(options.hang_timeout)
-    launcher.add_listener(progress)
-    rendezvous.add_ring_listener(progress.ring_formed)
-
-    def fail_hung(hang: Hang) -> None:
-        # The host leaves discovery first, then the worker's failed exit takes the
-        # path of a worker that died: peers told, Horovod blacklists, replacement.
-        controller.host_failed(hang.host, hang.reason)
-        if not launcher.fail_worker(hang.host, hang.local_rank, hang.reason):
-            log.warning("no worker runs on %s[%d] to fail", hang.host, hang.local_rank)
-
     driver = ElasticDriver(
         rendezvous,
-        InventoryHostDiscovery(controller, warm_pool),
+        InventoryHostDiscovery(controller, ring.warm_pool),
         job.min_num_proc,
         job.max_num_proc,
         timeout=options.elastic_timeout,
@@ -153,16 +105,14 @@ def run_elastic(
         cooldown_range=options.cooldown_range,
         verbose=options.verbose,
     )
-    if options.durable is not None:
-        judge = RingLossJudge()
-        launcher.add_listener(judge)
-        resume_lost_rings(driver, judge, on_ring_lost or _log_ring_loss)
-    notices.hold_rank_answers(driver)
-    _tell_rank_requests(driver, progress.slot_asked)
+    if ring.judge is not None:
+        resume_lost_rings(driver, ring.judge, ring.ring_lost)
+    _hold_rank_answers(driver, ring.notices)
+    _tell_rank_requests(driver, ring.progress.slot_asked)
     _quiet_exits_after_stop(driver)
     use_safe_worker_clients(driver)
-    port = rendezvous.start(rendezvous_handler(driver), address, job_key=job_key)
-    notifier.attach(driver)
+    port = rendezvous.start(rendezvous_handler(driver), address, job_key=ring.job_key)
+    ring.notifier.attach(driver)
     _announce_joins_as_additions(driver)
     _replay_host_changes_for_new_coordinator(driver)
     stopper = _Stopper(driver)
@@ -170,7 +120,7 @@ def run_elastic(
         target=_stop_on_fatal_error, args=(controller, stopper), name="spotring-stop", daemon=True
     ).start()
     run_env = _rendezvous_env(options.nics, address, port)
-    run_env[wire.JOB_KEY_ENV] = job_key.hex()
+    run_env[wire.JOB_KEY_ENV] = ring.job_key.hex()
     base = {**options.worker_env, **run_env, "PYTHONUNBUFFERED": "1"}
 
     def worker_spec(host: str, local_rank: int, rank: int, env: dict[str, str]) -> WorkerSpec:
@@ -188,16 +138,14 @@ def run_elastic(
         host, local_rank = slot_info.hostname, slot_info.local_rank
         rendezvous.worker_launched(host, local_rank)
         spec = worker_spec(host, local_rank, slot_info.rank, create_slot_env_vars(slot_info))
-        warm = warm_pool.take(host, local_rank) if warm_pool is not None else None
+        warm = ring.warm_pool.take(host, local_rank) if ring.warm_pool is not None else None
         return launcher(spec, events, warm)
 
-    if warm_pool is not None:
-        warm_pool.start(
-            lambda host, local_rank: worker_spec(
-                host, local_rank, WARM_RANK, warm_worker_env(host, local_rank)
-            )
+    ring.start(
+        lambda host, local_rank: worker_spec(
+            host, local_rank, WARM_RANK, warm_worker_env(host, local_rank)
         )
-    progress.start(fail_hung)
+    )
     try:
         driver.wait_for_available_slots(job.num_proc)
         driver.start(job.num_proc, create_worker)
@@ -207,9 +155,7 @@ def run_elastic(
             raise
     finally:
         stopper.stop()
-        progress.close()
-        if warm_pool is not None:
-            warm_pool.close()
+        ring.close()
     if stopper.reason is not None:
         raise JobAborted(stopper.reason, stopper.cause)
     if results.error_message is not None:
@@ -221,10 +167,6 @@ def run_elastic(
                 f"thus causing the job to be terminated. The first process to do so was: "
                 f"Process name: {name} Exit code: {exit_code}"
             )
-
-
-def _log_ring_loss(loss: RingLoss) -> None:
-    log.warning("ring lost (%s): starting a new ring from durable storage", loss.why)
 
 
 def warm_worker_env(host: str, local_rank: int) -> dict[str, str]:
@@ -379,6 +321,18 @@ def _wait_for_results(driver: ElasticDriver, stopper: _Stopper) -> Any:
         return driver.get_results()
 
 
+def _hold_rank_answers(driver: ElasticDriver, notices: NoticeRouter) -> None:
+    """Make a departed host's workers wait for their stop instead of hearing that they
+    have no rank: Horovod's answer makes them abort with a C++ error."""
+    get_slot_info = driver.get_slot_info
+
+    def held(host: str, slot: int) -> Any:
+        notices.wait_if_departed(host)
+        return get_slot_info(host, slot)
+
+    horovod_internals.replace_get_slot_info(driver, held)
+
+
 def _tell_rank_requests(driver: ElasticDriver, asked: Callable[[str, int], None]) -> None:
     """Call ``asked(host, slot)`` for each worker's rank request as it arrives, before
     Horovod holds it at the reset's barrier (which a member that never asks holds up)."""
@@ -449,139 +403,3 @@ def _replay_host_changes_for_new_coordinator(driver: ElasticDriver) -> None:
             timer.start()
 
     horovod_internals.replace_register_worker_server(driver, register_worker_server)
-
-
-class _FailureRouter:
-    """On a worker failure: take its host out of discovery and free its peers.
-
-    Runs on the failed worker's launcher thread, before Horovod records the failure,
-    so the peers are told before any new rendezvous can begin.
-    """
-
-    def __init__(self, controller: JobController, notifier: PeerFailureNotifier) -> None:
-        self._controller = controller
-        self._notifier = notifier
-
-    def worker_started(self, host: str, process_group: int) -> None:
-        pass
-
-    def worker_exited(self, exit: WorkerExit, process_group: int) -> None:
-        if not exit.failed:
-            return
-        reason = exit.reason or f"worker rank {exit.rank} exited with {exit.exit_code}"
-        self._controller.host_failed(exit.host, reason)
-        self._notifier.notify(exit.host, exit.local_rank)
-
-
-class _NoticeRouter:
-    """On a host's interruption notice (or the controller handing a host back to its
-    group): drain it, and stop its workers once it has left.
-
-    The notice takes the host out of discovery (the controller); Horovod tells the
-    ring, whose workers stop at their next commit and re-form without it. The leaving
-    host's workers wait in that rendezvous too: they are stopped as soon as the new
-    ring is formed without them, before Horovod would tell them they have no rank.
-
-    With durable checkpoints, a notice after which nobody would carry the ring's state
-    on asks the ring to make the commit at which it stops durable (see
-    :meth:`_ring_stops_for_good`).
-    """
-
-    STOP_WAIT_SECONDS = 3.0
-
-    def __init__(
-        self,
-        controller: JobController,
-        launcher: ProcessLauncher,
-        request_flush: Callable[[], None] | None = None,
-        min_workers: int = 1,
-    ) -> None:
-        self._controller = controller
-        self._launcher = launcher
-        self._request_flush = request_flush
-        self._min_workers = min_workers
-        self._ring: set[str] = set()  # the current ring's hosts
-        self._leaving: set[str] = set()
-        self._noticed: set[str] = set()  # hosts of the ring that announced a reclaim
-        self._workers: dict[str, int] = {}  # host -> workers running there
-        self._departed: dict[str, threading.Event] = {}  # host -> all its workers exited
-        self._lock = threading.Lock()
-
-    def worker_started(self, host: str, process_group: int) -> None:
-        with self._lock:
-            self._workers[host] = self._workers.get(host, 0) + 1
-
-    def worker_exited(self, exit: WorkerExit, process_group: int) -> None:
-        with self._lock:
-            self._workers[exit.host] = self._workers.get(exit.host, 1) - 1
-            if self._workers[exit.host] <= 0 and exit.host in self._departed:
-                self._departed.pop(exit.host).set()
-
-    def hold_rank_answers(self, driver: ElasticDriver) -> None:
-        """Make a departed host's workers wait for their stop instead of hearing that
-        they have no rank: Horovod's answer makes them abort with a C++ error."""
-        get_slot_info = driver.get_slot_info
-
-        def held(host: str, slot: int) -> Any:
-            with self._lock:
-                departed = self._departed.get(host)
-            if departed is not None:
-                departed.wait(self.STOP_WAIT_SECONDS)
-            return get_slot_info(host, slot)
-
-        horovod_internals.replace_get_slot_info(driver, held)
-
-    def worker_noticed(self, host: str, notice: Notice) -> None:
-        announced = InterruptionNotice(notice.kind, notice.deadline)
-        # A rebalance recommendation is a risk, not a reclaim: it may last for hours,
-        # and a flush makes every commit wait for its durable copy.
-        reclaim = notice.kind != REBALANCE
-        with self._lock:
-            if reclaim:
-                self._noticed.add(host)
-            ring, leaving = set(self._ring), self._leaving | {host}
-        if reclaim and self._request_flush is not None and self._ring_stops_for_good(ring, leaving):
-            # Before the host leaves discovery: the commit at which the ring stops for
-            # its departure must find the request there.
-            log.info("the ring stops with nobody to carry its state on: its last commit "
-                     "is made durable")  # fmt: skip
-            self._request_flush()
-        if self._controller.host_noticed(host, announced):
-            with self._lock:
-                self._leaving.add(host)
-
-    def _ring_stops_for_good(self, ring: set[str], leaving: set[str]) -> bool:
-        """Whether the ring's state would be held by nobody who stays once ``leaving``
-        go: every host of the ring leaves, or the hosts that stay (those waiting to
-        join among them) have fewer slots than ``--min-np``, so the ring would wait with
-        its state in the memory of hosts that may be reclaimed next (spot reclaims come
-        in batches). Their notices may reach the driver only after the ring has
-        stopped, when no commit is left to write it: decided on the first notice."""
-        if not ring:
-            return False
-        if ring <= leaving:
-            return True
-        inventory = self._controller.inventory
-        if inventory is None:
-            return False
-        slots = inventory.hosts_and_slots()
-        return sum(n for host, n in slots.items() if host not in leaving) < self._min_workers
-
-    def ring_formed(self, size: int, hosts: list[str]) -> None:
-        handed_back = set(self._controller.ring_formed(hosts))
-        with self._lock:
-            self._ring = set(hosts)
-            self._noticed &= self._ring
-            # Every host of the new ring announced a reclaim (one stays while no other
-            # can carry on): the store the ring formed on no longer holds the request.
-            reclaimed = bool(self._ring) and self._ring <= self._noticed
-            gone = (self._leaving | handed_back) - set(hosts)
-            self._leaving -= gone
-            for host in gone:
-                if self._workers.get(host, 0) > 0:
-                    self._departed[host] = threading.Event()
-        if reclaimed and self._request_flush is not None:
-            self._request_flush()
-        for host in sorted(gone):
-            log.info("host %s has left the ring; stopping its workers", host)
-            self._launcher.stop_workers_on(host)

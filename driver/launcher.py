@@ -60,7 +60,6 @@ from typing import IO, Any, Literal, Protocol
 from spotring.core import is_valid_address
 from spotring.driver.output_pump import MAX_LINE_CHARS as MAX_LINE_CHARS  # re-exported
 from spotring.driver.output_pump import Pump, Watch
-from spotring.driver.ring_progress import tell_listeners
 from spotring.worker_image.notices import Notice, NoticeMessage
 from spotring.worker_image.progress import ProgressMessage
 from spotring.worker_image.signed_lines import LineAcceptor, Rejected
@@ -567,7 +566,14 @@ class ProcessLauncher:
     def _tell(self, method: str, *args: Any) -> None:
         """Call every listener that has ``method``; one that raises is logged and does
         not stop the others."""
-        tell_listeners(self._listeners, method, args, log, "worker listener")
+        for listener in self._listeners:
+            call = getattr(listener, method, None)
+            if call is None:
+                continue
+            try:
+                call(*args)
+            except Exception:
+                log.exception("worker listener %r failed in %s", listener, method)
 
 
 class _Launch:

@@ -2,8 +2,8 @@
 
 The launcher tells this tracker every ring member's verified progress (its commit
 count and the age of its last commit, :mod:`spotring.worker_image.progress`); the
-rendezvous server tells it of every ring formed. From that it reports, to listeners
-with any of these methods (each optional, called on the tracker's own thread):
+rendezvous server tells it of every ring formed. From that it tells its
+:class:`~spotring.driver.ring_events.RingEvents` (on the tracker's own thread):
 
 * ``ring_progress(progress: RingStatus)``: every :data:`RECORD_INTERVAL_SECONDS` while a
   ring stands, and once as it forms;
@@ -36,10 +36,13 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spotring.driver.ring_events import Hang, NoRingEvents, RingEvents
+from spotring.driver.ring_events import RingStatus as RingStatus  # re-exported: its old home
+from spotring.driver.ring_events import Stall as Stall
 from spotring.worker_image.progress import KEEPALIVE_SECONDS
 
 log = logging.getLogger(__name__)
@@ -73,72 +76,24 @@ class _Member:
         return self.last_commit is None or self.asked > self.last_commit
 
 
-@dataclass(frozen=True)
-class RingStatus:
-    """The current ring's progress."""
-
-    ring: int
-    """Its generation: 1 for the first ring, +1 per reset."""
-    size: int
-    steps: int
-    """The most commits any member made since the ring formed."""
-    idle_s: float
-    """Seconds since the ring's last commit (or its formation, if later)."""
-    slowest: str
-    """The member (``host[local_rank]``) whose last commit is oldest; "" if none."""
-
-
-@dataclass(frozen=True)
-class Stall:
-    """The ring's longest time without a commit around one reset (epoch seconds)."""
-
-    ring: int
-    """The generation of the ring whose first commit ended it."""
-    start: float
-    end: float
-
-    @property
-    def seconds(self) -> float:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class Hang:
-    """A ring that made no progress for ``hang_timeout``: the member to fail."""
-
-    ring: int
-    host: str
-    local_rank: int
-    idle_s: float
-    """Seconds since the ring's last commit or its planning."""
-    member_idle_s: float
-    """Seconds since the chosen member's last commit (or the ring's formation)."""
-    why: str = "its last commit is the oldest"
-    """What sets this member apart from the peers that wait for it."""
-
-    @property
-    def reason(self) -> str:
-        return f"hung: the ring made no progress for {self.idle_s:.1f} s; {self.why}"
-
-
 class RingProgress:
     """Tracks each ring member's progress; reports stalls; fails a hung member.
 
     :param hang_timeout: seconds without progress after which the member that holds the
         ring up is failed (None: never).
-    :param listeners: objects with any of the methods in the module's docstring.
+    :param events: told of the rings' progress, stalls, idle time and hangs.
     :param clock: monotonic seconds; :param wall: epoch seconds (tests pass fakes).
     """
 
     def __init__(
         self,
         hang_timeout: float | None = None,
-        listeners: Sequence[Any] = (),
+        events: RingEvents | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.hang_timeout = hang_timeout
-        self._listeners = list(listeners)
+        self._events: RingEvents = events or NoRingEvents()
         self._clock = clock
         self._wall = wall
         self._on_hang: Callable[[Hang], None] | None = None
@@ -160,9 +115,6 @@ class RingProgress:
         self._undecided_since: float | None = None  # a hang no member stood out in, told
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def add_listener(self, listener: Any) -> None:
-        self._listeners.append(listener)
 
     # ------------------------------------------------------------ inputs
 
@@ -291,15 +243,15 @@ class RingProgress:
                 self._next_record = now + RECORD_INTERVAL_SECONDS
                 status = self._status(now, idle or 0.0)
             hangs = self._judge_hang(now)
-        self._tell("ring_idle", idle or 0.0)
+        self._tell(self._events.ring_idle, idle or 0.0)
         if stall is not None:
-            self._tell("ring_stalled", stall)
+            self._tell(self._events.ring_stalled, stall)
         if status is not None:
-            self._tell("ring_progress", status)
+            self._tell(self._events.ring_progress, status)
         for hang in hangs:
             log.warning("ring %d: %s: failing %s[%d]", hang.ring, hang.reason, hang.host,
                         hang.local_rank)  # fmt: skip
-            self._tell("ring_hung", hang)
+            self._tell(self._events.ring_hung, hang)
             if self._on_hang is not None:
                 self._on_hang(hang)
 
@@ -381,8 +333,12 @@ class RingProgress:
     def _to_wall(self, at: float, now: float) -> float:
         return round(self._wall() - (now - at), 3)
 
-    def _tell(self, method: str, *args: Any) -> None:
-        tell_listeners(self._listeners, method, args, log, "ring progress listener")
+    def _tell(self, event: Callable[[Any], None], value: Any) -> None:
+        """Tell an event; one whose listener raises is logged, and the tracker goes on."""
+        try:
+            event(value)
+        except Exception:
+            log.exception("ring event %s failed", getattr(event, "__name__", event))
 
 
 def _hung_members(
@@ -428,18 +384,3 @@ def _hung_members(
         ((slot, m),) = members
         return [(slot, m, "it is the ring's only member")]
     return []
-
-
-def tell_listeners(
-    listeners: Iterable[Any], method: str, args: Sequence[Any], logger: logging.Logger, what: str
-) -> None:
-    """Call ``method`` of every listener that has it; one that raises is logged (on
-    ``logger``, as ``what``) and does not stop the others. (The launcher's too.)"""
-    for listener in listeners:
-        call = getattr(listener, method, None)
-        if call is None:
-            continue
-        try:
-            call(*args)
-        except Exception:
-            logger.exception("%s %r failed in %s", what, listener, method)

@@ -546,7 +546,7 @@ def test_the_driver_stops_a_handed_back_hosts_workers_and_holds_its_rank_answer(
     """A host the controller hands back leaves the ring like a noticed host: once a
     ring forms without it, its workers are stopped, and until they exit Horovod's
     "no rank" answer (which makes them abort with a C++ error) is held back."""
-    from spotring.driver.elastic import _NoticeRouter
+    from spotring.driver.ring_side import NoticeRouter as _NoticeRouter
 
     class HandingBack:
         def ring_formed(self, hosts: list[str]) -> list[str]:

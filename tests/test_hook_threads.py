@@ -218,10 +218,9 @@ def test_the_jobs_hooks_run_on_its_thread_the_rings_on_horovods_and_the_trackers
     from spotring.driver.durable import RingLoss
 
     def fake_run_elastic(
-        command: Any, controller: Any, launcher: Any, job: Any, options: Any, rings: Any,
-        progress: Any, **kwargs: Any,
-    ) -> None:  # fmt: skip
-        rings.add_ring_listener(progress.ring_formed)  # as run_elastic does
+        command: Any, controller: Any, launcher: Any, job: Any, options: Any, ring: Any
+    ) -> None:
+        rings, progress = ring.tracker, ring.progress
         rings.start(address="127.0.0.1", job_key=JOB_KEY)
         progress.start(lambda hang: None)
         try:
@@ -229,7 +228,7 @@ def test_the_jobs_hooks_run_on_its_thread_the_rings_on_horovods_and_the_trackers
             progress.slot_started("a", 0)
             on_thread(HOROVOD, rings.init, plan)
             progress.worker_progress("a", 0, 1, 0.0)
-            on_thread(HOROVOD, kwargs["on_ring_lost"], RingLoss(1, "every worker died"))
+            on_thread(HOROVOD, ring.ring_lost, RingLoss(1, "every worker died"))
             on_thread(HOROVOD, rings.init, plan)  # a reset
             time.sleep(0.1)
             progress.worker_progress("a", 0, 2, 0.0)  # ends the stall; then it hangs

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
-from spotring.driver.ring_progress import STALE_BEAT_SECONDS, Hang, RingProgress, Stall
+from spotring.driver.ring_events import Hang, NoRingEvents, Stall
+from spotring.driver.ring_progress import STALE_BEAT_SECONDS, RingProgress
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
 from spotring.worker_image.progress import MESSAGE_MARKER, ProgressMessage
 
@@ -174,7 +175,7 @@ class Clock:
         return self.now
 
 
-class Recorder:
+class Recorder(NoRingEvents):
     def __init__(self) -> None:
         self.stalls: list[Stall] = []
         self.hangs: list[Hang] = []
@@ -197,7 +198,7 @@ class Recorder:
 def tracker(hang_timeout: float | None = None) -> tuple[RingProgress, Clock, Recorder]:
     clock, recorder = Clock(), Recorder()
     # wall == clock + 1000, so records are easy to check
-    progress = RingProgress(hang_timeout, [recorder], clock=clock, wall=lambda: clock.now + 1000)
+    progress = RingProgress(hang_timeout, recorder, clock=clock, wall=lambda: clock.now + 1000)
     return progress, clock, recorder
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from horovod.runner.http.http_server import (
@@ -15,6 +14,7 @@ from horovod.runner.http.http_server import (
 from spotring.driver import horovod_internals
 from spotring.driver.rendezvous.handler import HardenedRendezvousHandler
 from spotring.driver.rendezvous.server import StoreServer
+from spotring.driver.ring_events import RingFormation
 from spotring.worker_image.wire import FLUSH_KEY, RING_SCOPE
 
 log = logging.getLogger(__name__)
@@ -27,17 +27,13 @@ class RingTracker(RendezvousServer):
     which makes it the one place that sees each ring. Each ring's generation is
     published in the server's store as ASCII digits, where workers read it after
     their ``init``; every slot of every plan is remembered, and only those may ask
-    for a rank or register.
+    for a rank or register. ``formation`` hears of each ring planned.
     """
 
-    def __init__(self, verbose: int = 0, on_ring: Callable[[int, list[str]], None] | None = None):
+    def __init__(self, verbose: int = 0, formation: RingFormation | None = None):
         super().__init__(verbose)
         self.world_sizes: list[int] = []
-        self._ring_listeners = [on_ring] if on_ring is not None else []
-
-    def add_ring_listener(self, listener: Callable[[int, list[str]], None]) -> None:
-        """Call ``listener(size, hosts)`` for every ring formed from now on."""
-        self._ring_listeners.append(listener)
+        self._formation = formation
 
     @property
     def generation(self) -> int:
@@ -119,6 +115,6 @@ class RingTracker(RendezvousServer):
         current = frozenset((slot.hostname, slot.local_rank) for slot in host_alloc_plan)
         self.world_sizes.append(len(host_alloc_plan))
         httpd.begin_ring(host_alloc_plan, self.generation, current)  # clears the store
-        hosts = sorted({slot.hostname for slot in host_alloc_plan})
-        for listener in self._ring_listeners:
-            listener(len(host_alloc_plan), hosts)
+        if self._formation is not None:
+            hosts = sorted({slot.hostname for slot in host_alloc_plan})
+            self._formation.ring_formed(len(host_alloc_plan), hosts)
