@@ -7,12 +7,16 @@
   GetProducts: "PriceList: The list of products that match your filters. The list
   contains both the product metadata and the price information"; type "Array of
   strings", each a JSON document).
+- :class:`AzureRetailPrices`: the Azure Retail Prices API (unauthenticated REST).
+- :class:`GcpBillingCatalog`: the Cloud Billing Catalog API's ``services.skus.list``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -136,3 +140,111 @@ class AwsPriceList(LoopbackHTTPServer):
         if end < len(matching):
             answer["NextToken"] = str(end)
         return 200, answer
+
+
+# ----------------------------------------------------------- Azure Retail Prices
+#
+# Azure Retail Prices overview (learn.microsoft.com/rest/api/cost-management/retail-
+# prices/azure-retail-prices): GET /api/retail/prices with api-version, an OData $filter
+# (values case-sensitive from 2023-01-01-preview), meterRegion='primary'; the answer is
+# {"BillingCurrency", "CustomerEntityId", "CustomerEntityType", "Items", "NextPageLink",
+# "Count"}, NextPageLink an absolute URL with $skip, null on the last page. Optional
+# item fields (reservationTerm, savingsPlan) are left out where they do not apply.
+
+
+def vm_meter(
+    sku: str,
+    region: str,
+    usd: float,
+    *,
+    kind: str = "",
+    windows: bool = False,
+    price_type: str = "Consumption",
+) -> dict[str, Any]:
+    """A Virtual Machines meter item; ``kind`` "", "Spot" or "Low Priority"."""
+    short = sku.removeprefix("Standard_").replace("_", " ")
+    name = f"{short} {kind}".strip()
+    series = "Virtual Machines " + short.split()[0] + " Series" + (" Windows" if windows else "")
+    return {
+        "currencyCode": "USD",
+        "tierMinimumUnits": 0.0,
+        "retailPrice": usd,
+        "unitPrice": usd,
+        "armRegionName": region,
+        "location": region,
+        "effectiveStartDate": "2026-11-01T00:00:00Z",
+        "meterId": f"meter-{sku}-{region}-{kind}-{windows}-{price_type}",
+        "meterName": name,
+        "productId": "DZH318Z0BQ4L",
+        "skuId": "DZH318Z0BQ4L/00TG",
+        "productName": series,
+        "skuName": name,
+        "serviceName": "Virtual Machines",
+        "serviceId": "DZH313Z7MMC8",
+        "serviceFamily": "Compute",
+        "unitOfMeasure": "1 Hour",
+        "type": price_type,
+        "isPrimaryMeterRegion": True,
+        "armSkuName": sku,
+    }
+
+
+class _AzureHandler(LoopbackHandler):
+    def do_GET(self) -> None:
+        fake: AzureRetailPrices = self.server.owner
+        status, answer = fake.answer(self.path)
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class AzureRetailPrices(LoopbackHTTPServer):
+    """The Retail Prices API over ``items``, ``page_size`` a page; ``api_url`` is what
+    the provider is given."""
+
+    handler_class = _AzureHandler
+    thread_name = "fake-azure-retail-prices"
+
+    def __init__(self, items: list[dict[str, Any]], page_size: int = 2) -> None:
+        self.items = items
+        self.page_size = page_size
+        self.requests: list[str] = []
+        self.next_page_origin: str | None = None  # a NextPageLink elsewhere, if set
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.url}/api/retail/prices"
+
+    def answer(self, path: str) -> tuple[int, dict[str, Any]]:
+        self.requests.append(path)
+        split = urllib.parse.urlsplit(path)
+        query = dict(urllib.parse.parse_qsl(split.query))
+        if split.path != "/api/retail/prices":
+            return 404, {"Error": {"Code": "NotFound", "Message": split.path}}
+        wanted = dict(re.findall(r"(\w+) eq '((?:[^']|'')*)'", query.get("$filter", "")))
+        items = [
+            i
+            for i in self.items
+            if all(
+                str(i.get("type" if k == "priceType" else k)) == v.replace("''", "'")
+                for k, v in wanted.items()
+            )
+        ]
+        skip = int(query.get("$skip", 0))
+        page = items[skip : skip + self.page_size]
+        next_link = None
+        if skip + self.page_size < len(items):
+            query["$skip"] = str(skip + self.page_size)
+            origin = self.next_page_origin or self.url
+            next_link = f"{origin}{split.path}?{urllib.parse.urlencode(query)}"
+        return 200, {
+            "BillingCurrency": "USD",
+            "CustomerEntityId": "Default",
+            "CustomerEntityType": "Retail",
+            "Items": page,
+            "NextPageLink": next_link,
+            "Count": len(page),
+        }

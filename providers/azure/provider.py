@@ -40,12 +40,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from spotring.core.capacity import CapacityShortage
 from spotring.core.hooks import hookimpl
+from spotring.core.prices import HourlyPrice
+from spotring.providers.azure import prices
 from spotring.providers.azure.answers import (
     Member,
     gpu_counts,
@@ -124,6 +127,7 @@ class AzureProvider(CloudGroupProvider):
         credential: Any | None = None,
         clients: SharedClients | None = None,
         group_name: str | None = None,
+        retail_prices_url: str = prices.RETAIL_PRICES_URL,
         **common: Any,
     ) -> None:
         """Make the clients; no API call. See :meth:`add_arguments` for the options.
@@ -136,6 +140,7 @@ class AzureProvider(CloudGroupProvider):
             subscription and endpoint), shared instead of made: see
             :meth:`groups_from_options`.
         :param group_name: what :meth:`group_name` answers (default: ``group``).
+        :param retail_prices_url: the Azure Retail Prices API (a test server's).
         """
         if not group:
             raise ConfigurationError("--group is required for --provider azure")
@@ -170,6 +175,7 @@ class AzureProvider(CloudGroupProvider):
         self._scale_out: str | None = None  # the status URL of a scale-out not yet read
         self._removed: set[str] = set()
         self._closed = False
+        self._retail_prices_url = retail_prices_url
         if clients is None:
             clients = SharedClients(*make_clients(credential, endpoint, self.subscription))
         self._clients = clients.share()
@@ -394,6 +400,19 @@ class AzureProvider(CloudGroupProvider):
             self._lifecycle_reason = reason
             log.info("azure: scale set %s: %s", self.group, reason)
         return lifecycle
+
+    def hourly_price(self) -> HourlyPrice | None:
+        """A VM's price for one hour from the Azure Retail Prices API: the set's size
+        in its location, the spot meter for a spot set (:meth:`group_lifecycle`), the
+        regular one otherwise; Linux. None when the set has no size or no meter is
+        listed (:mod:`spotring.providers.azure.prices`)."""
+        scale_set = self._set or self._get_set()
+        size = scale_set.sku.name if scale_set.sku else None
+        if not size or not scale_set.location:
+            return None
+        spot = self.group_lifecycle() is Lifecycle.SPOT
+        usd = prices.vm_price(size, scale_set.location, spot, self._retail_prices_url)
+        return None if usd is None else HourlyPrice(usd, prices.SOURCE, time.time())
 
     @property
     def lifecycle_reason(self) -> str:
