@@ -1,0 +1,366 @@
+"""In-place elastic training on ``torch.distributed``: the surviving processes keep running.
+
+The programming model of Horovod's elastic mode, without Horovod::
+
+    from spotring.torch import inplace
+
+    state = inplace.TorchState(model, optimizer, batch=0)
+
+    @inplace.run(coordinator)
+    def train(state):
+        ddp = DistributedDataParallel(state.model)  # re-wrapped on every (re-)formation
+        for state.batch in range(state.batch, steps):
+            ...  # forward, backward, optimizer.step()
+            state.commit()
+
+    train(state)
+
+:func:`run` forms the process group of the coordinator's membership (the default group,
+so ``dist.all_reduce`` and DDP use it), syncs the state from the member that holds the
+newest commit, and calls the function. When the group fails (a member died: Gloo sees
+its sockets close; a member hangs: the coordinator abandons the generation and a watcher
+thread shuts this process's sockets of the group, so nothing waits out a timeout), the
+state is restored to the last commit, the group is formed again on the next membership,
+and the function is called again. A join is taken at a commit, with nothing rolled back.
+
+``torch.distributed``'s own ``ProcessGroupGloo.abort()`` does not end a collective that
+waits on a stopped peer in torch 2.13 (it waits out the group's timeout: see
+docs/torch.md), hence the socket shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from spotring.torch.coordinator import Coordinator, Membership
+from spotring.worker_image.commit_buffers import (
+    OFFLOADS,
+    ModelBuffers,
+    Offload,
+    OptimizerBuffers,
+)
+from spotring.worker_image.peer_abort import _shutdown as shutdown_sockets
+from spotring.worker_image.peer_abort import _tcp_sockets as tcp_sockets
+from spotring.worker_image.peer_abort import own_tcp_sockets
+
+__all__ = ["MembershipChanged", "ProcessGroup", "TorchState", "run"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+GROUP_TIMEOUT = timedelta(seconds=60)
+"""Gloo's own timeout, the last resort: failures end collectives long before it."""
+
+ABANDON_GRACE_SECONDS = 10.0
+"""How long a worker whose collective failed waits for the coordinator to abandon the
+generation before it takes the failure for its own (a bug: re-raised)."""
+
+
+class MembershipChanged(Exception):
+    """Raised by :meth:`TorchState.commit` once a newer generation is published: the
+    workers leave the group at this commit (just saved) and form the next one."""
+
+
+class ProcessGroup:
+    """One generation's process group: the default group while it lives.
+
+    Formed over a ``PrefixStore`` of the generation's store, so generations never read
+    each other's keys. :meth:`abort` shuts down the connections Gloo opened for it
+    (not its listening socket: Gloo's listener thread takes an error there for a fatal
+    one), which fails every collective pending on them at once, in every thread.
+    """
+
+    def __init__(self, membership: Membership, coordinator: Coordinator) -> None:
+        self.membership = membership
+        self.aborted = threading.Event()
+        self.abandoned = threading.Event()
+        """Set once the coordinator has abandoned this generation."""
+        self._coordinator = coordinator
+        self._watch = coordinator.watch(membership.generation)
+        store = dist.TCPStore(
+            membership.master_addr, membership.master_port, is_master=False,
+            timeout=GROUP_TIMEOUT,
+        )  # fmt: skip
+        before = own_tcp_sockets()
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"spotring/group/{membership.generation}/", store),
+            rank=membership.rank,
+            world_size=membership.world_size,
+            timeout=GROUP_TIMEOUT,
+        )
+        self._store = store
+        self._connections = _connections(own_tcp_sockets() - before)
+        self._watcher = threading.Thread(target=self._watch_abandoned, name="spotring-watch")
+        self._watcher.start()
+
+    def _watch_abandoned(self) -> None:
+        try:
+            if self._watch.wait():
+                log.info("generation %d abandoned: aborting", self.membership.generation)
+                self.abandoned.set()
+                self.abort()
+        except Exception:  # never silently: the worker would wait out Gloo's timeout
+            log.exception("watching generation %d failed", self.membership.generation)
+            self.abort()
+
+    def latest(self) -> int:
+        """The newest generation the coordinator has published."""
+        return self._coordinator.latest()
+
+    def abort(self) -> None:
+        """Fail every collective of this group, now and later."""
+        self.aborted.set()
+        shutdown_sockets(self._connections)
+
+    def close(self) -> None:
+        """Leave the group: stop the watcher and destroy the default group."""
+        self._watch.close()
+        self._watcher.join()
+        dist.destroy_process_group()
+
+
+def _connections(inodes: set[int]) -> set[int]:
+    """Those of ``inodes`` that are TCP sockets but not listening ones."""
+    listening = set()
+    for inode, sock in tcp_sockets(inodes):
+        with contextlib.suppress(OSError):
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                listening.add(inode)
+    return inodes - listening
+
+
+# ------------------------------------------------------------------------------ state
+
+
+class TorchState:
+    """Elastic training state committed into preallocated buffers, synced over
+    ``torch.distributed``: the in-place mode's counterpart of the Horovod path's
+    :class:`spotring.torch.TorchState`.
+
+    Args:
+        model: Optional module (parameters and persistent buffers are committed).
+        optimizer: Optional optimizer (state tensors and param_group settings).
+        offload: Where committed copies of CUDA tensors live (as the Horovod path's).
+        commit_every: ``commit()`` saves, and looks for a newer generation, on every
+            N-th call only; the other calls return at once. Every worker must use the
+            same N (the look is collective).
+        **kwargs: Plain values (the sampler's position, the epoch, ...), exposed as
+            attributes, committed as copies.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        offload: Offload = "auto",
+        commit_every: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        if offload not in OFFLOADS:
+            raise ValueError(f"offload must be one of {OFFLOADS}, not {offload!r}")
+        if int(commit_every) < 1:
+            raise ValueError(f"commit_every must be >= 1, not {commit_every!r}")
+        self.model = model
+        self.optimizer = optimizer
+        self._model = ModelBuffers(model, offload) if model is not None else None
+        self._optimizer = OptimizerBuffers(optimizer, offload) if optimizer is not None else None
+        self._names = list(kwargs)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        self._commit_every = int(commit_every)
+        self._calls_since_save = 0
+        self._rolled_back = 0
+        self.commits = 0
+        """Saves so far, carried across syncs: the newest commit is the highest."""
+        self.group: ProcessGroup | None = None
+        """The current generation's group (set by :func:`run`)."""
+        self._saved: dict[str, Any] = {}
+        self.save()
+        self.commits = 0
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the current group."""
+        assert self.group is not None, "outside inplace.run"
+        return self.group.membership.rank
+
+    @property
+    def world_size(self) -> int:
+        """The current group's size."""
+        assert self.group is not None, "outside inplace.run"
+        return self.group.membership.world_size
+
+    @property
+    def steps_since_commit(self) -> int:
+        """``commit()`` calls since the last save: the steps a restore would roll back."""
+        return self._calls_since_save
+
+    @property
+    def steps_rolled_back(self) -> int:
+        """Total ``commit()`` calls discarded by ``restore()`` over this object's life."""
+        return self._rolled_back
+
+    def commit(self) -> None:
+        """Save the state and look for a newer generation, on every ``commit_every``-th
+        call; raises :class:`MembershipChanged` (after saving) when there is one."""
+        self._calls_since_save += 1
+        if self._calls_since_save < self._commit_every:
+            return
+        self.save()
+        if self.group is not None and _newer_generation_published(self.group):
+            raise MembershipChanged
+
+    def save(self) -> None:
+        """Copy the current state into the commit buffers (unconditionally)."""
+        for buffers in (self._model, self._optimizer):
+            if buffers is not None:
+                buffers.save()
+        self._saved = {name: copy.deepcopy(getattr(self, name)) for name in self._names}
+        self._calls_since_save = 0
+        self.commits += 1
+
+    def restore(self) -> None:
+        """Copy the last commit back in place; state created since then is dropped."""
+        for buffers in (self._model, self._optimizer):
+            if buffers is not None:
+                buffers.restore()
+        for name, value in self._saved.items():
+            setattr(self, name, copy.deepcopy(value))
+        self._rolled_back += self._calls_since_save
+        self._calls_since_save = 0
+
+    def sync(self) -> None:
+        """Take the state of the member with the newest commit, then commit it, so every
+        member's commit agrees. Collective over the current group."""
+        commits = torch.tensor([self.commits], dtype=torch.int64)
+        everyone = [torch.zeros_like(commits) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, commits)
+        root = max(range(len(everyone)), key=lambda r: (int(everyone[r]), -r))
+        if self.optimizer is not None and not self.optimizer.state:
+            _create_optimizer_state(self.optimizer)  # a joiner: same layout as the root's
+        tensors, values = self._sync_parts()
+        _broadcast_in_place(tensors, root)
+        taken: list[Any] = [values]
+        dist.broadcast_object_list(taken, src=root)
+        if dist.get_rank() != root:
+            self._take_values(taken[0])
+        commits_after = self.commits if dist.get_rank() == root else int(everyone[root])
+        self.save()
+        self.commits = commits_after + 1
+
+    def _sync_parts(self) -> tuple[list[torch.Tensor], dict[str, Any]]:
+        """The live tensors to broadcast in place, and the values to send pickled."""
+        tensors: list[torch.Tensor] = []
+        values: dict[str, Any] = {name: getattr(self, name) for name in self._names}
+        if self.model is not None:
+            tensors += [t for t in self.model.state_dict().values() if torch.is_tensor(t)]
+        if self.optimizer is not None:
+            opt = self.optimizer.state_dict()
+            for param_state in opt["state"].values():
+                tensors += [t for t in param_state.values() if torch.is_tensor(t)]
+            values["optimizer.param_groups"] = [
+                {k: v for k, v in group.items() if k != "params"} for group in opt["param_groups"]
+            ]
+        return tensors, values
+
+    def _take_values(self, values: dict[str, Any]) -> None:
+        groups = values.pop("optimizer.param_groups", None)
+        if groups is not None and self.optimizer is not None:
+            for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
+                group.update(settings)
+        for name, value in values.items():
+            setattr(self, name, value)
+
+
+def _create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Step ``optimizer`` with zero gradients: the step creates its state (momentum
+    buffers, ...) for the root's to be broadcast into, as Horovod does for a joiner."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _broadcast_in_place(tensors: list[torch.Tensor], root: int) -> None:
+    """Overwrite ``tensors`` with the root's, one broadcast per dtype. Every member
+    must pass tensors of the same shapes and dtypes in the same order."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    shapes = [(str(dtype), [tuple(t.shape) for t in ts]) for dtype, ts in by_dtype.items()]
+    theirs: list[Any] = [shapes]
+    dist.broadcast_object_list(theirs, src=root)
+    if theirs[0] != shapes:
+        raise ValueError("the state's tensors differ between members: cannot sync")
+    with torch.no_grad():
+        for ts in by_dtype.values():
+            flat = _flatten_dense_tensors(ts)
+            dist.broadcast(flat, src=root)
+            if dist.get_rank() != root:
+                for t, value in zip(ts, _unflatten_dense_tensors(flat, ts), strict=True):
+                    t.copy_(value)
+
+
+def _newer_generation_published(group: ProcessGroup) -> bool:
+    """Whether any member sees a generation newer than the group's (collective, so
+    all leave at the same commit)."""
+    flag = torch.tensor([int(group.latest() > group.membership.generation)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+# -------------------------------------------------------------------------------- run
+
+
+def run(coordinator: Coordinator) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Decorate ``func(state, *args, **kwargs)`` to run elastically (see the module).
+
+    On a failure of the group the state is restored and ``func`` called again on the
+    next generation; on :class:`MembershipChanged` it is called again at once (the
+    state was just committed). An exception the coordinator does not confirm by
+    abandoning the generation within :data:`ABANDON_GRACE_SECONDS` is re-raised.
+    """
+
+    def decorate(func: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(func)
+        def wrapper(state: TorchState, *args: Any, **kwargs: Any) -> T:
+            generation = -1
+            while True:
+                membership = coordinator.next_membership(after=generation)
+                generation = membership.generation
+                group = state.group = ProcessGroup(membership, coordinator)
+                try:
+                    state.sync()
+                    return func(state, *args, **kwargs)
+                except MembershipChanged:
+                    continue
+                except Exception:
+                    group.abort()  # peers waiting on this member fail now, not at a timeout
+                    if not group.abandoned.wait(ABANDON_GRACE_SECONDS):
+                        raise
+                    log.info("generation %d failed: back to the last commit", generation)
+                    state.restore()
+                finally:
+                    group.close()
+                    state.group = None
+
+        return wrapper
+
+    return decorate
