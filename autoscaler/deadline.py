@@ -225,7 +225,7 @@ class DeadlinePolicy:
         if self._first_commit is not None:
             since, done_then = self._first_commit
             slot_seconds = self._slot_seconds_at(now)
-            if now - since >= options.restart_cost and slot_seconds > 0:
+            if now - since >= options.restart_cost and slot_seconds > 0 and done > done_then:
                 rate = (done - done_then) / slot_seconds
         finish = needed = slack = None
         if rate is not None:

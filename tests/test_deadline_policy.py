@@ -112,6 +112,16 @@ def test_the_rate_is_unknown_until_measured_for_a_restart() -> None:
     assert deadline.project().rate_per_slot == pytest.approx(196 / 200)
 
 
+def test_no_step_since_the_first_commit_is_no_rate() -> None:
+    clock = Clock()
+    deadline = policy(clock, restart=50)
+    deadline.ring_progress(1, 4, 10)
+    clock.now += 100
+    deadline.ring_progress(1, 4, 10)  # a ring that commits less often than it reports
+    projection = deadline.decide()[1]
+    assert projection.rate_per_slot is None and projection.slack_s is None
+
+
 def test_no_ring_makes_no_progress_and_projects_no_finish() -> None:
     clock = Clock()
     deadline = policy(clock)
