@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import enum
+import logging
 import math
 import re
 import threading
@@ -66,6 +67,8 @@ __all__ = [
     "deadline_plugin",
     "parse_deadline",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RESTART_COST = 300.0
 """``--restart-cost``: seconds a change of hosts costs the job (``d`` in the paper): a
@@ -272,7 +275,7 @@ class DeadlinePolicy:
         return Mode.CATCH_UP if projection.done < projection.expected else Mode.SPOT
 
 
-def describe(mode: Mode, projection: Projection) -> str:
+def _reason(mode: Mode, projection: Projection) -> str:
     """Why the policy is in ``mode``, in a few words (the event's and the log's reason)."""
     steps = f"{projection.done} of {projection.total} steps, {projection.expected:.0f} due by now"
     if mode is Mode.DONE:
@@ -351,11 +354,13 @@ class DeadlinePlugin:
         mode, projection = self.policy.decide()
         if mode is not self._announced:
             self._announced = mode
+            reason = _reason(mode, projection)
+            log.info("deadline mode %s: %s", mode.value, reason)
             emit(
                 self._hook,
                 "spotring_deadline_decided",
                 mode=mode.value,
-                reason=describe(mode, projection),
+                reason=reason,
                 done=projection.done,
                 total=projection.total,
                 projected_finish=_finite(projection.projected_finish),

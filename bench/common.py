@@ -53,6 +53,7 @@ BENCHMARKS: tuple[str, ...] = (
     "kills",
     "notice",
     "capacity",
+    "deadline_sim",
     "scale",
     "driver_resources",
 )

@@ -380,10 +380,11 @@ def measure(quick: bool) -> list[Row]:
     lines = summarize(records)
     RESULTS.mkdir(parents=True, exist_ok=True)
     table = side_by_side(lines)
-    (RESULTS / "deadline_sim.json").write_text(
+    name = "deadline_sim-quick" if quick else "deadline_sim"  # --quick keeps the full table
+    (RESULTS / f"{name}.json").write_text(
         json.dumps({"records": records, "summary": lines}, indent=1) + "\n"
     )
-    (RESULTS / "deadline_sim.txt").write_text(table + "\n")
+    (RESULTS / f"{name}.txt").write_text(table + "\n")
     print(table)
     rows = []
     for slack in SLACKS:
