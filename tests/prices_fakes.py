@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import re
 import threading
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -248,3 +250,147 @@ class AzureRetailPrices(LoopbackHTTPServer):
             "NextPageLink": next_link,
             "Count": len(page),
         }
+
+
+# --------------------------------------------------------- Cloud Billing Catalog
+#
+# services.skus.list (cloud.google.com/billing/docs/reference/rest/v1/services.skus/
+# list): GET /v1/services/{service}/skus, pageSize (at most 5,000) and pageToken;
+# {"skus": [...], "nextPageToken": ""} with an empty token on the last page. Answers are
+# built from google-cloud-billing's own message types, so field names match the API.
+# machineTypes.get (compute/docs/reference/rest/v1/machineTypes/get) answers guestCpus
+# and memoryMb; the front answers it and hands every other request to ``upstream`` (the
+# Compute fake, tests/gcp_fake.py), so the provider keeps one Compute endpoint.
+
+COMPUTE_SERVICE = "services/6F81-5844-456A"
+
+
+def compute_sku(
+    description: str, region: str, usd: float, *, usage: str = "OnDemand", unit: str = "h"
+) -> Any:
+    """A Compute Engine SKU (billing_v1.Sku) with one tier from zero usage."""
+    from google.cloud import billing_v1
+    from google.type import money_pb2
+
+    units, nanos = int(usd), round((usd - int(usd)) * 1e9)
+    return billing_v1.Sku(
+        name=f"{COMPUTE_SERVICE}/skus/{abs(hash((description, region))) % 10**12:012X}",
+        sku_id=f"{abs(hash((description, region))) % 10**12:012X}",
+        description=description,
+        category=billing_v1.Category(
+            service_display_name="Compute Engine",
+            resource_family="Compute",
+            resource_group="N2Standard",
+            usage_type=usage,
+        ),
+        service_regions=[region],
+        pricing_info=[
+            billing_v1.PricingInfo(
+                summary="",
+                pricing_expression=billing_v1.PricingExpression(
+                    usage_unit=unit,
+                    display_quantity=1,
+                    tiered_rates=[
+                        billing_v1.PricingExpression.TierRate(
+                            start_usage_amount=0,
+                            unit_price=money_pb2.Money(
+                                currency_code="USD", units=units, nanos=nanos
+                            ),
+                        )
+                    ],
+                ),
+                currency_conversion_rate=1,
+            )
+        ],
+        service_provider_name="Google",
+    )
+
+
+class _GcpHandler(LoopbackHandler):
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        fake: GcpPrices = self.server.owner
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        status, headers, data = fake.answer(self.command, self.path, dict(self.headers), body)
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class GcpPrices(LoopbackHTTPServer):
+    """The Billing Catalog over ``skus`` (``page_size`` a page) and machineTypes.get
+    over ``machine_types`` (name -> (vCPUs, MiB)), in front of ``upstream``."""
+
+    handler_class = _GcpHandler
+    thread_name = "fake-gcp-prices"
+
+    def __init__(
+        self,
+        skus: list[Any],
+        machine_types: dict[str, tuple[int, int]],
+        upstream: str,
+        page_size: int = 2,
+    ) -> None:
+        self.skus = skus
+        self.machine_types = machine_types
+        self.upstream = upstream
+        self.page_size = page_size
+        self.requests: list[str] = []
+
+    def answer(
+        self, method: str, path: str, headers: dict[str, str], body: bytes | None
+    ) -> tuple[int, dict[str, str], bytes]:
+        from google.cloud import billing_v1, compute_v1
+
+        split = urllib.parse.urlsplit(path)
+        query = dict(urllib.parse.parse_qsl(split.query))
+        json_type = {"Content-Type": "application/json"}
+        if split.path == f"/v1/{COMPUTE_SERVICE}/skus":
+            self.requests.append(path)
+            start = int(query.get("pageToken") or 0)
+            end = start + min(self.page_size, int(query.get("pageSize") or 5000))
+            page = billing_v1.ListSkusResponse(
+                skus=self.skus[start:end],
+                next_page_token=str(end) if end < len(self.skus) else "",
+            )
+            return 200, json_type, billing_v1.ListSkusResponse.to_json(page).encode()
+        machine = re.fullmatch(
+            r"/compute/v1/projects/[^/]+/zones/([^/]+)/machineTypes/([^/]+)", split.path
+        )
+        if machine:
+            self.requests.append(path)
+            zone, name = machine.groups()
+            if name not in self.machine_types:
+                error = {"error": {"code": 404, "message": f"machine type {name} not found"}}
+                return 404, json_type, json.dumps(error).encode()
+            cpus, memory_mb = self.machine_types[name]
+            found = compute_v1.MachineType(
+                name=name,
+                zone=zone,
+                guest_cpus=cpus,
+                memory_mb=memory_mb,
+                kind="compute#machineType",
+            )
+            return 200, json_type, compute_v1.MachineType.to_json(found).encode()
+        kept = {k: v for k, v in headers.items() if k.lower() not in ("host", "content-length")}
+        forwarded = urllib.request.Request(
+            self.upstream + path, data=body, method=method, headers=kept
+        )
+        try:
+            with urllib.request.urlopen(forwarded, timeout=30) as answer:
+                return (
+                    answer.status,
+                    {"Content-Type": answer.headers["Content-Type"]},
+                    answer.read(),
+                )
+        except urllib.error.HTTPError as error:
+            return error.code, {"Content-Type": error.headers["Content-Type"]}, error.read()

@@ -78,6 +78,7 @@ ASSUMED_IAM_PERMISSIONS = frozenset(
         "compute.instanceGroupManagers.update",
         "compute.instanceTemplates.get",
         "compute.instances.list",
+        "compute.machineTypes.get",
     }
 )
 # Roles the hosts' service accounts may hold besides the driver's custom roles.
@@ -305,6 +306,11 @@ def test_permissions_on_the_group_are_limited_to_it(gcp: Module) -> None:
                 "resource.name.startsWith('${local.template_resource_prefix}')"
             )
             templates += 1
+            continue
+        if permissions == ["compute.machineTypes.get"]:
+            assert condition["expression"] == (
+                "resource.name.startsWith('${local.machine_type_resource_prefix}')"
+            )
             continue
         assert condition["expression"] == "resource.name == '${local.group_resource_name}'"
         checked += 1

@@ -155,7 +155,7 @@ class GroupApi:
             "InstanceGroupManagersClient" if zone else "RegionInstanceGroupManagersClient"
         )
         self._instances = clients.get("InstancesClient")
-        self._template_lifecycles: dict[str, Lifecycle] = {}  # template URL -> lifecycle
+        self._templates: dict[str, tuple[Lifecycle, str]] = {}  # URL -> lifecycle, type
 
     def get(self) -> Any:
         """The group's record (InstanceGroupManager): target size, autoscaler, versions."""
@@ -249,8 +249,13 @@ class GroupApi:
     def template_lifecycle(self, url: str) -> Lifecycle:
         """SPOT or ON_DEMAND, as the instance template at ``url`` asks; each template is
         asked once (a template never changes: a new one replaces it)."""
-        if url in self._template_lifecycles:
-            return self._template_lifecycles[url]
+        return self.template(url)[0]
+
+    def template(self, url: str) -> tuple[Lifecycle, str]:
+        """What the instance template at ``url`` launches: SPOT or ON_DEMAND, and its
+        machine type's name ("" if it names none); each template is asked once."""
+        if url in self._templates:
+            return self._templates[url]
         parsed = TEMPLATE_URL.search(url)
         if parsed is None:
             raise MalformedAnswer("instanceGroupManagers.get", f"instance template URL {url!r}")
@@ -262,16 +267,29 @@ class GroupApi:
             client = self._clients.get("InstanceTemplatesClient")
             where = {}
 
-        def get() -> Lifecycle:
+        def get() -> tuple[Lifecycle, str]:
             template = client.get(project=project, instance_template=name, **where, **CALL_OPTIONS)
             # Every Scheduling field is optional: none set is a STANDARD VM.
             scheduling = template.properties.scheduling
             spot = scheduling.provisioning_model == "SPOT" or scheduling.preemptible
-            return Lifecycle.SPOT if spot else Lifecycle.ON_DEMAND
+            # InstanceProperties.machineType: the name, e.g. "n2-standard-8" (optional).
+            machine_type = template.properties.machine_type.rsplit("/", 1)[-1]
+            return (Lifecycle.SPOT if spot else Lifecycle.ON_DEMAND), machine_type
 
-        lifecycle = self._call_api("instanceTemplates.get", get)
-        self._template_lifecycles[url] = lifecycle
-        return lifecycle
+        facts = self._call_api("instanceTemplates.get", get)
+        self._templates[url] = facts
+        return facts
+
+    def machine_type(self, zone: str, name: str) -> tuple[int, int]:
+        """The machine type ``name``'s vCPUs and memory (MiB) in ``zone``
+        (machineTypes.get: ``guestCpus``, ``memoryMb``)."""
+        client = self._clients.get("MachineTypesClient")
+
+        def get() -> tuple[int, int]:
+            found = client.get(project=self.project, zone=zone, machine_type=name, **CALL_OPTIONS)
+            return int(found.guest_cpus), int(found.memory_mb)
+
+        return self._call_api("machineTypes.get", get)
 
     def error_pages(self) -> Iterator[list[Any]]:
         """listErrors' items, a page at a time, up to :data:`ERRORS_PAGES` pages."""

@@ -19,6 +19,8 @@ PERMISSION_BY_CALL: Mapping[str, str] = {
     # Global and regional templates alike (instanceTemplates.get and
     # regionInstanceTemplates.get reference pages).
     "instanceTemplates.get": "compute.instanceTemplates.get",
+    # The vCPUs and memory a member's price is counted from (machineTypes.get).
+    "machineTypes.get": "compute.machineTypes.get",
 }
 """The IAM permission each API call the provider makes needs, by the call's name in
 errors (regional groups: the same calls of regionInstanceGroupManagers and

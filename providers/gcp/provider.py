@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from spotring.core.hooks import hookimpl
+from spotring.core.prices import HourlyPrice
 from spotring.providers.base import (
     CapacityShortage,
     ConfigurationError,
@@ -25,8 +26,9 @@ from spotring.providers.cloud import (
     MalformedAnswer,
     check_endpoint,
 )
-from spotring.providers.gcp import capacity, errors, records
+from spotring.providers.gcp import capacity, errors, prices, records
 from spotring.providers.gcp.client import (
+    CALL_TIMEOUT,
     Clients,
     GroupApi,
     default_credentials_source,
@@ -72,6 +74,7 @@ class GcpProvider(CloudGroupProvider):
         resize_disabled_by_user: bool = False,
         label: str | None = None,
         clients: Clients | None = None,
+        catalog_endpoint: str | None = None,
         **common: Any,
     ) -> None:
         """Make the clients; no API call. See :meth:`add_arguments` for the options.
@@ -83,6 +86,7 @@ class GcpProvider(CloudGroupProvider):
             autoscaler needs no warning.
         :param label: :meth:`group_name` (default: the group's name).
         :param clients: another group's clients, to share (its credentials too).
+        :param catalog_endpoint: the Cloud Billing Catalog API (a test server's).
         """
         if not group:
             raise ConfigurationError("--group is required for --provider gcp")
@@ -103,6 +107,8 @@ class GcpProvider(CloudGroupProvider):
         self._label = label or group
         self._listed_at: float | None = None  # when the last listing was read
         self._lifecycle_warned = False
+        self._catalog_endpoint = catalog_endpoint
+        self._catalog: Any | None = None  # the CloudCatalogClient, made on first use
         found_project = None
         if clients is None:
             compute, credentials, found_project = load_library(credentials, bool(project))
@@ -232,11 +238,7 @@ class GcpProvider(CloudGroupProvider):
         Costs one get of the group if none was read yet, and one get per template
         not seen before: a template never changes (a new one replaces it).
         """
-        record = self._record if self._record is not None else self._get_group()
-        # versions[] "overrides the top-level instanceTemplate field" (InstanceGroupManager).
-        urls = {v.instance_template for v in record.versions if v.instance_template}
-        if not urls and record.instance_template:
-            urls = {record.instance_template}
+        urls = self._template_urls()
         if not urls:
             return None
         try:
@@ -254,6 +256,55 @@ class GcpProvider(CloudGroupProvider):
                 )
             return None
         return found.pop() if len(found) == 1 else None
+
+    def _template_urls(self) -> set[str]:
+        """The instance templates the group launches from (one get of the group if none
+        was read yet)."""
+        record = self._record if self._record is not None else self._get_group()
+        # versions[] "overrides the top-level instanceTemplate field" (InstanceGroupManager).
+        urls = {v.instance_template for v in record.versions if v.instance_template}
+        if not urls and record.instance_template:
+            urls = {record.instance_template}
+        return urls
+
+    def hourly_price(self) -> HourlyPrice | None:
+        """A VM's price for one hour from the Cloud Billing Catalog: the machine type of
+        the group's template (machineTypes.get: vCPUs, memory) at its family's Core and
+        Ram SKUs for the region, spot or on-demand as the template asks
+        (:mod:`spotring.providers.gcp.prices`). None when the group's templates differ,
+        name no machine type, or the catalog lists no such SKUs."""
+        urls = self._template_urls()
+        if len(urls) != 1:
+            return None
+        lifecycle, machine_type = self._api.template(urls.pop())
+        zone = self.zone or self._a_zone()
+        if not machine_type or not zone:
+            return None
+        vcpus, memory_mb = self._api.machine_type(zone, machine_type)
+        if self._catalog is None:
+            self._catalog = prices.catalog_client(self._clients.credentials, self._catalog_endpoint)
+        catalog = self._catalog
+        family, region = machine_type.split("-")[0], zone.rsplit("-", 1)[0]
+        usd = self.call_api(
+            "services.skus.list",
+            lambda: prices.machine_price(
+                prices.sku_pages(catalog, CALL_TIMEOUT),
+                family,
+                region,
+                lifecycle is Lifecycle.SPOT,
+                vcpus,
+                memory_mb / 1024,
+            ),
+        )
+        return None if usd is None else HourlyPrice(usd, prices.SOURCE, time.time())
+
+    def _a_zone(self) -> str | None:
+        """A zone of a regional group: its distribution policy's first, else a member's."""
+        record = self._record if self._record is not None else self._get_group()
+        for zone in record.distribution_policy.zones:
+            if zone.zone:
+                return zone.zone.rsplit("/", 1)[-1]
+        return next((m.zone for m in self._members.values() if m.zone), None)
 
     def capacity_shortage(self, since: float) -> CapacityShortage | None:
         """Why the group could not create members lately, or None.
@@ -426,6 +477,8 @@ class GcpProvider(CloudGroupProvider):
     def close(self) -> None:
         """Close the clients' HTTP sessions (shared with the job's other groups)."""
         self._clients.close()
+        if self._catalog is not None:
+            self._catalog.transport.close()
 
     # -------------------------------------------------------------- API plumbing
 

@@ -75,12 +75,15 @@ resource "google_compute_instance" "driver" {
   }
 
   # The compute scope for the group and instance calls, logging for the bootstrap's
-  # output, Cloud Storage with checkpoint_uri; the roles decide what the calls may do.
+  # output, the Cloud Billing Catalog's read-only scope for the members' prices (public
+  # prices: no IAM role), Cloud Storage with checkpoint_uri; the roles decide what the
+  # calls may do.
   service_account {
     email = google_service_account.driver.email
     scopes = concat([
       "https://www.googleapis.com/auth/compute",
       "https://www.googleapis.com/auth/logging.write",
+      "https://www.googleapis.com/auth/cloud-billing.readonly",
     ], local.checkpoint_scopes)
   }
 

@@ -15,6 +15,9 @@ locals {
   # prefix keeps the binding valid across replacements. A global template.
   template_resource_prefix = "projects/${var.project}/global/instanceTemplates/${var.name}-worker-"
 
+  # Machine types are zonal: those of the region's zones (us-central1-a, ...).
+  machine_type_resource_prefix = "projects/${var.project}/zones/${var.region}-"
+
   # Custom role ids allow letters, digits, underscores and dots.
   role_id_prefix = "spotring_${replace(var.name, "-", "_")}"
 
@@ -125,4 +128,31 @@ resource "google_project_iam_member" "driver_list" {
   project = var.project
   role    = google_project_iam_custom_role.driver_list.name
   member  = "serviceAccount:${google_service_account.driver.email}"
+}
+
+# Reading the machine type of the group's template (machineTypes.get: its vCPUs and
+# memory, what a member's price is counted from), limited to the zones of the group's
+# region. The Cloud Billing Catalog the prices come from needs no IAM permission, only
+# the driver's cloud-billing.readonly scope (driver.tf).
+resource "google_project_iam_custom_role" "driver_machine_types" {
+  project     = var.project
+  role_id     = "${local.role_id_prefix}_machine_types"
+  title       = "spotring ${var.name}: read machine types"
+  description = "What spotring's GCP provider reads of the machine types of ${var.name}'s region, for its prices."
+  stage       = "GA"
+  permissions = [
+    "compute.machineTypes.get",
+  ]
+}
+
+resource "google_project_iam_member" "driver_machine_types" {
+  project = var.project
+  role    = google_project_iam_custom_role.driver_machine_types.name
+  member  = "serviceAccount:${google_service_account.driver.email}"
+
+  condition {
+    title       = "only-machine-types-${var.region}"
+    description = "Only machine types of the zones of ${var.region}"
+    expression  = "resource.name.startsWith('${local.machine_type_resource_prefix}')"
+  }
 }
