@@ -11,6 +11,7 @@ import pytest
 from spotring.autoscaler import hookimpl
 from spotring.autoscaler.capacity import GroupStatus
 from spotring.autoscaler.cli import main
+from spotring.autoscaler.composition import deadline_policy
 from spotring.autoscaler.deadline import (
     DeadlineOptions,
     DeadlinePolicy,
@@ -19,7 +20,8 @@ from spotring.autoscaler.deadline import (
     parse_deadline,
 )
 from spotring.autoscaler.plugins import get_plugin_manager
-from spotring.core import Instance, InstanceState, JobShape, Lifecycle
+from spotring.core import ConfigurationError, Instance, InstanceState, JobShape, Lifecycle
+from tests.fakes import ScriptedProvider
 
 NOW = 1_000_000.0
 JOB = JobShape(num_proc=4, min_num_proc=1, max_num_proc=4)
@@ -279,3 +281,9 @@ def test_the_safety_net_asks_on_demand_first_and_hands_spot_back() -> None:
 def test_without_a_deadline_spotrings_defaults_answer() -> None:
     got = answers(Clock(), None)
     assert got["fall_back"] is True and got["hand_od_back"] is True
+
+
+def test_a_job_of_one_group_cannot_have_a_deadline() -> None:
+    with pytest.raises(ConfigurationError, match="--deadline needs a job of several groups"):
+        deadline_policy(NOW + 60, 10, 5.0, JOB, [ScriptedProvider()])
+    assert deadline_policy(None, None, 5.0, JOB, [ScriptedProvider()]) is None
