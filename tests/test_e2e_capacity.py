@@ -47,6 +47,7 @@ def test_falls_back_to_on_demand_and_returns_to_spot_at_a_commit(
         *("-np", "4", "--min-np", "2", "--max-np", "4", "--spot-capacity", "2"),
         *("--fallback-after", str(FALLBACK_AFTER), "--return-after", "1", "--probe-after", "5"),
         *("--refresh-interval", "0.5", "--boot-seconds", "1", "--control", str(control)),
+        *("--price", "spot=0.3", "--price", "local-on-demand=1.0"),
         *("--events", str(run_events), "--"),
         *(sys.executable, str(repo / "examples" / "train_digits.py"), "--events", str(events)),
         *("--epochs", "1000", "--step-seconds", "0.05", "--stop-file", str(stop)),
@@ -102,6 +103,16 @@ def test_falls_back_to_on_demand_and_returns_to_spot_at_a_commit(
     assert [s["rolled_back"] for s in swaps] == [0] * len(swaps), swaps
     assert max(s["stall_s"] for s in swaps) < STALL_LIMIT_S, swaps
     assert recorded[-1]["event"] == "done" and recorded[-1]["size"] == 4
+
+    # The cost (#35): each group priced by --price (by lifecycle, by name), the hours of
+    # both counted, what all on-demand would have cost above it, steps from the rings.
+    prices = {e["group"]: (e["usd"], e["source"]) for e in story if e["event"] == "price"}
+    assert prices == {"local-spot": (0.3, "--price"), "local-on-demand": (1.0, "--price")}
+    cost = story[-1]["cost"]
+    assert story[-1]["event"] == "job_finished" and cost["unpriced_hours"] == 0, cost
+    assert {g["lifecycle"] for g in cost["by_group"]} == {"spot", "on-demand"}, cost
+    assert 0 < cost["usd"] < cost["all_on_demand_usd"] and 0 < cost["spot_share"] < 1, cost
+    assert cost["steps"] >= 30 and cost["usd_per_step"] > 0, cost
 
 
 def run_story(run_events: Path) -> list[dict[str, Any]]:

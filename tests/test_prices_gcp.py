@@ -25,7 +25,7 @@ ZONE, REGION = "us-central1-a", "us-central1"
 def catalog() -> list[Any]:
     here = REGION
     return [
-        compute_sku("N2 Instance Core running in Americas", "europe-west1", 0.05),
+        compute_sku("N1 Predefined Instance Core running in EMEA", "europe-west1", 0.05),
         compute_sku("N2 Custom Instance Core running in Americas", here, 0.04),
         compute_sku("N1 Predefined Instance Core running in Americas", here, 0.031611),
         compute_sku(
