@@ -19,7 +19,8 @@ Threads: each hook's docstring says which thread calls it. In short:
   ``spotring_host_noticed``, ``spotring_host_failed``, and the capacity ones:
   ``spotring_order_groups``, ``spotring_fall_back``, ``spotring_return_to_spot``,
   ``spotring_capacity_shortage``, ``spotring_fell_back``, ``spotring_returned``,
-  ``spotring_group_demoted``, ``spotring_deadline_decided``): the controller's thread
+  ``spotring_group_demoted``, ``spotring_deadline_decided``, and
+  ``spotring_price_changed``): the controller's thread
   (``spotring-controller``), one call at a time, in the order things happened;
 * ``spotring_drain_on_notice``: the launcher's thread that read the notice from the
   worker (``spotring-output``), at once and synchronously, so that a draining host
