@@ -5,26 +5,15 @@ needs (``IAM_ACTION_BY_OPERATION`` in :mod:`spotring.providers.aws`,
 ``PERMISSION_BY_CALL`` in :mod:`spotring.providers.gcp`, ``ACTION_BY_CALL`` in
 :mod:`spotring.providers.azure`). :func:`permission_markdown` turns one into Markdown
 (for AWS with the least-privilege policy document of
-:func:`spotring.providers.aws.iam_policy`), for the README now and the reference pages
-of a docs site later; :func:`render` puts each cloud's between its markers in a text::
-
-    <!-- permissions:gcp -->
-    (generated)
-    <!-- /permissions:gcp -->
-
-so the tables cannot drift from the code. ``python -m spotring.providers.permissions
-[--check] [README.md]`` rewrites a file's tables, or with ``--check`` only says whether
-they are current (exit 1 when not); the test suite runs the check.
+:func:`spotring.providers.aws.iam_policy`); the docs site's generated reference page
+(``docs/gen_reference.py``) writes each cloud's at build time, so the tables cannot
+drift from the code.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 from spotring.providers import azure
 from spotring.providers.aws import permissions as aws
@@ -33,9 +22,7 @@ from spotring.providers.gcp import permissions as gcp
 AWS_GROUP_ARN = (
     "arn:aws:autoscaling:REGION:ACCOUNT_ID:autoScalingGroup:*:autoScalingGroupName/GROUP"
 )
-"""The group ARN the README's AWS policy shows, for the reader to fill in."""
-
-_MARKERS = re.compile(r"(<!-- permissions:(\w+) -->\n)(.*?)(<!-- /permissions:\2 -->)", re.DOTALL)
+"""The group ARN the docs' AWS policy shows, for the reader to fill in."""
 
 
 def _calls_by_permission(by_call: Mapping[str, str]) -> dict[str, list[str]]:
@@ -100,55 +87,3 @@ MARKDOWN: Mapping[str, Callable[[], str]] = {
 def permission_markdown(cloud: str) -> str:
     """The permission Markdown of ``cloud`` (a key of :data:`MARKDOWN`)."""
     return MARKDOWN[cloud]()
-
-
-def render(text: str) -> str:
-    """``text`` with each cloud's permission Markdown between its markers.
-
-    Raises ValueError when a cloud's markers are missing or repeated, or name no cloud.
-    """
-    found = [match.group(2) for match in _MARKERS.finditer(text)]
-    unknown = sorted(set(found) - MARKDOWN.keys())
-    if unknown:
-        raise ValueError(f"permission markers for no known cloud: {', '.join(unknown)}")
-    for cloud in MARKDOWN:
-        if found.count(cloud) != 1:
-            raise ValueError(
-                f"expected one pair of permissions:{cloud} markers, found {found.count(cloud)}"
-            )
-    return _MARKERS.sub(lambda m: m.group(1) + permission_markdown(m.group(2)) + m.group(4), text)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Rewrite (or ``--check``) the permission tables of a Markdown file; returns the
-    exit status: 0 done or current, 1 not current, 2 bad usage or file."""
-    parser = argparse.ArgumentParser(
-        prog="python -m spotring.providers.permissions",
-        description="Write each cloud provider's permission table into a Markdown file.",
-    )
-    parser.add_argument("file", nargs="?", default="README.md", type=Path)
-    parser.add_argument(
-        "--check", action="store_true", help="change nothing; exit 1 if the tables are stale"
-    )
-    args = parser.parse_args(argv)
-    try:
-        text = args.file.read_text(encoding="utf-8")
-        rendered = render(text)
-    except (OSError, ValueError) as error:
-        print(f"{parser.prog}: {args.file}: {error}", file=sys.stderr)
-        return 2
-    if rendered == text:
-        return 0
-    if args.check:
-        print(
-            f"{args.file}: the permission tables differ from the providers' lists: run"
-            f" {parser.prog} {args.file}",
-            file=sys.stderr,
-        )
-        return 1
-    args.file.write_text(rendered, encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

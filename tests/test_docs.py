@@ -74,6 +74,43 @@ def code(name: str) -> str:
     return f"<code>{html.escape(name, quote=False)}</code>"
 
 
+# ------------------------------------------------------------------- README
+
+
+README_LIMIT = 200
+"""README.md holds what a newcomer needs in the first five minutes; the rest is on the site."""
+
+
+def test_the_readme_has_the_two_commands_and_ci_runs_its_test_command() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= README_LIMIT
+    first_block = re.search(r"```bash\n(.*?)```", readme, re.DOTALL)
+    assert first_block is not None
+    commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
+    assert commands == ["scripts/demo.sh", "scripts/test.sh"]
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert ci[-1] == "exec scripts/test.sh", "CI runs the README's test command"
+
+
+def test_the_readmes_links_reach_the_site_pages_and_their_sections(site: Path) -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\((docs/[^)#]+\.md)(?:#([^)]+))?\)", readme)
+    assert len(links) > 10
+    for source, anchor in links:
+        assert (REPO / source).is_file(), source
+        built = Path(source).relative_to("docs").with_suffix("")
+        if not anchor:
+            continue
+        text = (site / built / "index.html").read_text(encoding="utf-8")
+        assert f'id="{anchor}"' in text, f"{source}#{anchor}: no such section"
+    own = re.findall(r"\]\(#([^)]+)\)", readme)
+    headings = {
+        re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.+)$", readme, re.M)
+    }
+    assert set(own) <= headings, set(own) - headings
+
+
 # ---------------------------------------------------------------------- CLI
 
 

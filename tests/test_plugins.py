@@ -173,14 +173,13 @@ def test_registry_rejects_duplicates_and_non_providers() -> None:
         registry.get("nope")
 
 
-def test_every_hook_is_documented_in_the_readme(repo: Path) -> None:
-    readme = (repo / "README.md").read_text()
+def test_every_hookspec_documents_its_parameters() -> None:
+    """The docs' hooks page is generated from these docstrings (tests/test_docs.py
+    checks that every hook is on it, with its parameters)."""
     for name, spec in inspect.getmembers(hookspecs, inspect.isfunction):
         if not name.startswith("spotring_"):
             continue
-        params = ", ".join(inspect.signature(spec).parameters)
-        assert f"`{name}({params})`" in readme, f"{name}({params}) missing from README.md"
-        assert spec.__doc__ and ":param" in spec.__doc__
+        assert spec.__doc__ and ":param" in spec.__doc__, name
 
 
 def test_every_hookspec_uses_the_prefix() -> None:
