@@ -23,6 +23,7 @@ from spotring.providers.aws import (
     IAM_ACTIONS,
     LIFECYCLE_STATE_MAP,
     AwsProvider,
+    prices,
 )
 from spotring.providers.base import (
     ConfigurationError,
@@ -46,6 +47,7 @@ from tests.aws_helpers import (
     moto_members,
     set_ec2_state,
 )
+from tests.prices_fakes import AwsPriceList, ec2_product
 
 SECRET = "wJalrXUtnFEMI-spotring-test-secret"
 
@@ -776,10 +778,11 @@ def test_import_does_not_load_boto3() -> None:
 # ---------------------------------------------------------------------------- IAM
 
 
-def test_iam_actions_are_exactly_the_calls_made(moto: None) -> None:
+def test_iam_actions_are_exactly_the_calls_made(moto: None, price_list: AwsPriceList) -> None:
     ids = create_group(size=3, min_size=1, instance_type="g4dn.12xlarge")
-    provider = make_provider(scale_down_on_exit=True)
-    ops = count_operations(provider.autoscaling, provider.ec2)
+    pricing = boto_session().client("pricing", region_name=REGION, endpoint_url=price_list.url)
+    provider = make_provider(scale_down_on_exit=True, pricing=pricing)
+    ops = count_operations(provider.autoscaling, provider.ec2, pricing)
 
     listed = provider.list_instances()
     provider.set_target_size(4)
@@ -788,10 +791,18 @@ def test_iam_actions_are_exactly_the_calls_made(moto: None) -> None:
     provider.remove_instance(ids[2])
     assert provider.group_lifecycle() is Lifecycle.ON_DEMAND  # reads the launch template
     assert provider.capacity_shortage(time.time() - 60) is None
+    assert provider.hourly_price().usd == 3.912  # type: ignore[union-attr]  # on-demand
+    assert prices.spot_price(provider._call, provider.ec2, ["g4dn.12xlarge"], []) is not None
     provider.job_finished()
 
     assert set(ops) == set(IAM_ACTIONS)
     assert len(IAM_ACTIONS) == len(set(IAM_ACTIONS))
+
+
+@pytest.fixture
+def price_list() -> Iterator[AwsPriceList]:
+    with AwsPriceList([ec2_product("g4dn.12xlarge", REGION, "3.912")]) as fake:
+        yield fake
 
 
 def test_only_members_not_yet_running_are_described_again(moto: None) -> None:

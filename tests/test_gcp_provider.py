@@ -27,6 +27,7 @@ from spotring.providers.base import (
 from spotring.providers.conformance import ProviderContract
 from spotring.providers.gcp import IAM_PERMISSIONS, GcpProvider, member_state
 from tests.gcp_fake import FakeCompute
+from tests.prices_fakes import GcpPrices
 
 ZONE = "us-central1-a"
 REGION = "us-central1"
@@ -499,10 +500,23 @@ def test_iam_permissions_are_the_ones_the_calls_need(fake: FakeCompute) -> None:
     provider.remove_instance(group.names()[1])
     assert provider.group_lifecycle() is Lifecycle.SPOT
     provider.capacity_shortage(0.0)  # no member failing: listErrors
+    # The price: machineTypes.get, answered by the prices fake in front of this one.
+    with GcpPrices([], {"n1-standard-4": (4, 15360)}, upstream=fake.url) as front:
+        priced = GcpProvider(
+            "workers",
+            zone=ZONE,
+            project=fake.project,
+            endpoint=front.url,
+            credentials=AnonymousCredentials(),
+            catalog_endpoint=front.url,
+        )
+        assert priced.hourly_price() is None  # an empty catalog
+    read_machine_type = any("/machineTypes/n1-standard-4" in r for r in front.requests)
 
     from tests.gcp_fake import PERMISSIONS
 
     used = {PERMISSIONS[r.api] for r in fake.requests if r.api}
+    used |= {"compute.machineTypes.get"} if read_machine_type else set()
     assert used == set(IAM_PERMISSIONS)
 
 
