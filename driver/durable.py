@@ -61,25 +61,33 @@ class RingLossJudge:
             return any(killed(self._exits.get(tuple(slot), 0)) for slot in slots)
 
 
-def resume_lost_rings(
-    driver: Any,  # Horovod's ElasticDriver
-    judge: RingLossJudge,
-    on_resume: Callable[[RingLoss], None],
-) -> None:
-    """Make ``driver`` start a new ring when its ring lost every member to a reclaim
-    (``judge``), and let a new ring form on hosts none of which was in the previous one
-    (every host left after its notice) instead of stopping; ``on_resume`` is told
-    before the new ring's workers start."""
-    registry = internals.worker_registry(driver)
+class LostRings:
+    """Starts a new ring when the ring lost every member to a reclaim (``judge``), and
+    lets a new ring form on hosts none of which was in the previous one (every host left
+    after its notice) instead of stopping; ``on_resume`` is told before the new ring's
+    workers start.
 
-    def on_workers_recorded(original: Callable[[], None]) -> None:
+    Spotring's driver and its worker registry (:mod:`spotring.driver.horovod_driver`)
+    ask it at three of Horovod's steps, handing it Horovod's own step (``horovod_*``).
+    """
+
+    def __init__(self, judge: RingLossJudge, on_resume: Callable[[RingLoss], None]) -> None:
+        self._judge = judge
+        self._on_resume = on_resume
+
+    def workers_recorded(
+        self, driver: Any, registry: Any, horovod_decision: Callable[[], None]
+    ) -> None:
+        """A round ended (every worker recorded): a ring whose members were all killed
+        or lost starts again on whatever hosts there are; any other round is Horovod's
+        to decide."""
         failed = internals.failed_slots(registry)
         size = internals.registry_size(registry)
-        if size == 0 or len(failed) != size or not judge.reclaimed(failed):
-            original()
+        if size == 0 or len(failed) != size or not self._judge.reclaimed(failed):
+            horovod_decision()
             return
         if internals.reset_limit_reached(registry):
-            original()  # Horovod stops the job, as for any reset over the limit
+            horovod_decision()  # Horovod stops the job, as for any reset over the limit
             return
         # As Horovod does with failed hosts: a new ring on them would fail at once
         # (they are gone, or their workers are), and the hosts' listing lags.
@@ -87,32 +95,37 @@ def resume_lost_rings(
             internals.blacklist(driver, host)
         internals.count_reset(registry)
         internals.forget_host_assignments(driver)
-        on_resume(RingLoss(size, f"all {size} workers were killed or lost"))
+        self._on_resume(RingLoss(size, f"all {size} workers were killed or lost"))
         try:
             driver.resume()
         except Exception:  # as Horovod's own resume: the job stops with the reason logged
             log.exception("failed to start a new ring -> stop running")
             driver.stop()
 
-    def update_host_assignments(original: Callable[[Any], Any], current_hosts: Any) -> Any:
+    def update_host_assignments(
+        self, driver: Any, horovod_update: Callable[[Any], Any], current_hosts: Any
+    ) -> Any:
+        """The next ring's ranks: when no host of the last ring is left, the ring is
+        lost, and the next one starts every slot anew."""
         previous = internals.assigned_hosts(driver)
         following = internals.hosts_to_assign(driver, current_hosts)
         if previous and not previous & following:
             internals.forget_host_assignments(driver)
-            on_resume(RingLoss(len(previous), "every host of the ring left"))
-        return original(current_hosts)
+            self._on_resume(RingLoss(len(previous), "every host of the ring left"))
+        return horovod_update(current_hosts)
 
-    def record_failure(original: Callable[[str, int], int], host: str, slot: int) -> int:
-        # Horovod checks that the slot has a rank, then records, waiting for the round
-        # being decided; when that decision formed a ring on other hosts, the failure
-        # of a worker of the previous ring would count as a member of the new round
-        # (and a ring lost twice). Checked again after the wait, it is left out.
+    @staticmethod
+    def record_failure(
+        driver: Any, registry: Any, horovod_record: Callable[[str, int], int], host: str, slot: int
+    ) -> int:
+        """Record a worker's failed exit, unless a ring formed meanwhile without it.
+
+        Horovod checks that the slot has a rank, then records, waiting for the round
+        being decided; when that decision formed a ring on other hosts, the failure of
+        a worker of the previous ring would count as a member of the new round (and a
+        ring lost twice). Checked again after the wait, it is left out."""
         internals.wait_for_round_decision(registry)
         if not driver.has_rank_assignment(host, slot):
             log.info("ignoring the exit of %s[%d]: not in the current ring", host, slot)
             return int(registry.last_rendezvous())
-        return original(host, slot)
-
-    internals.wrap_workers_recorded(registry, on_workers_recorded)
-    internals.wrap_record_failure(registry, record_failure)
-    internals.wrap_update_host_assignments(driver, update_host_assignments)
+        return horovod_record(host, slot)

@@ -1,9 +1,13 @@
 """Runs Horovod's elastic driver with spotring's discovery, launcher and stop conditions.
 
 We drive ``horovod.runner.elastic.driver.ElasticDriver`` -- the engine ``horovodrun``
-uses -- with our own ``HostDiscovery`` (the controller's inventory) and our own worker
-factory. Horovod keeps doing what it does well: rendezvous, rank assignment,
-blacklisting and resets. What we do instead of ``horovod.runner.gloo_run`` and why:
+uses -- as spotring's subclass of it
+(:class:`~spotring.driver.horovod_driver.SpotringElasticDriver`, whose overrides are
+the whole list of what spotring changes in it), with our own ``HostDiscovery`` (the
+controller's inventory), our own worker factory, and the ring side's objects around it
+(:class:`~spotring.driver.ring_side.RingSide`). Horovod keeps doing what it does well:
+rendezvous, rank assignment, blacklisting and resets. What we do instead of
+``horovod.runner.gloo_run`` and why:
 
 * Each worker's command and environment go to the launcher as data (a
   :class:`~spotring.driver.launcher.WorkerSpec`), not as an ``env K=V ...`` string, so
@@ -39,29 +43,26 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from horovod.runner.elastic.driver import ElasticDriver
-from horovod.runner.elastic.worker import HostUpdateResult
 from horovod.runner.gloo_run import create_slot_env_vars
 from horovod.runner.util.network import get_driver_ip
 
 from spotring.core.job import JobShape
 from spotring.driver import horovod_internals
-from spotring.driver.discovery import InventoryHostDiscovery
-from spotring.driver.durable import resume_lost_rings
+from spotring.driver.horovod_driver import SpotringElasticDriver
 from spotring.driver.launcher import ProcessLauncher, WorkerSpec
 from spotring.driver.options import ElasticOptions
 from spotring.driver.rendezvous import RingTracker as RingTracker  # re-exported
-from spotring.driver.rendezvous import rendezvous_handler, use_safe_worker_clients
-from spotring.driver.ring_side import JobController, NoticeRouter, RingSide
+from spotring.driver.rendezvous import rendezvous_handler
+from spotring.driver.ring_side import JobController, RingSide
 from spotring.worker_image import wire
 from spotring.worker_image.supervisor import local_address_towards
 
 log = logging.getLogger(__name__)
 
-COORDINATOR_REPLAY_DELAY_SECONDS = 1.0
 WARM_RANK = -1
 """The rank logged for a worker started ahead, before it joins a ring."""
 
@@ -95,26 +96,9 @@ def run_elastic(
     rendezvous = ring.tracker
     # Listen only where the workers reach the driver, not on every interface.
     address = _driver_address(options.nics, controller, options.elastic_timeout)
-    driver = ElasticDriver(
-        rendezvous,
-        InventoryHostDiscovery(controller, ring.warm_pool),
-        job.min_num_proc,
-        job.max_num_proc,
-        timeout=options.elastic_timeout,
-        reset_limit=options.reset_limit,
-        cooldown_range=options.cooldown_range,
-        verbose=options.verbose,
-    )
-    if ring.judge is not None:
-        resume_lost_rings(driver, ring.judge, ring.ring_lost)
-    _hold_rank_answers(driver, ring.notices)
-    _tell_rank_requests(driver, ring.progress.slot_asked)
-    _quiet_exits_after_stop(driver)
-    use_safe_worker_clients(driver)
+    driver = SpotringElasticDriver(ring, job, options)
     port = rendezvous.start(rendezvous_handler(driver), address, job_key=ring.job_key)
     ring.notifier.attach(driver)
-    _announce_joins_as_additions(driver)
-    _replay_host_changes_for_new_coordinator(driver)
     stopper = _Stopper(driver)
     threading.Thread(
         target=_stop_on_fatal_error, args=(controller, stopper), name="spotring-stop", daemon=True
@@ -289,21 +273,6 @@ def _break_reset_barrier(driver: ElasticDriver) -> None:
         barrier.abort()
 
 
-def _quiet_exits_after_stop(driver: ElasticDriver) -> None:
-    """A worker's exit recorded once the job is stopped meets the reset's broken barrier
-    (:meth:`_Stopper.stop`): that is the stop, not an error to print a traceback for."""
-    handle_exit = horovod_internals.handle_worker_exit(driver)
-
-    def _handle_worker_exit(slot_info: Any, exit_code: int, timestamp: float) -> None:
-        try:
-            handle_exit(slot_info, exit_code, timestamp)
-        except threading.BrokenBarrierError:
-            if not driver.finished():
-                raise
-
-    horovod_internals.replace_handle_worker_exit(driver, _handle_worker_exit)
-
-
 def _stop_on_fatal_error(controller: JobController, stopper: _Stopper) -> None:
     while not stopper.stopped.is_set():
         error = controller.wait_for_fatal_error(timeout=0.5)
@@ -319,87 +288,3 @@ def _wait_for_results(driver: ElasticDriver, stopper: _Stopper) -> Any:
     except KeyboardInterrupt as interrupt:
         stopper.stop("interrupted", interrupt)
         return driver.get_results()
-
-
-def _hold_rank_answers(driver: ElasticDriver, notices: NoticeRouter) -> None:
-    """Make a departed host's workers wait for their stop instead of hearing that they
-    have no rank: Horovod's answer makes them abort with a C++ error."""
-    get_slot_info = driver.get_slot_info
-
-    def held(host: str, slot: int) -> Any:
-        notices.wait_if_departed(host)
-        return get_slot_info(host, slot)
-
-    horovod_internals.replace_get_slot_info(driver, held)
-
-
-def _tell_rank_requests(driver: ElasticDriver, asked: Callable[[str, int], None]) -> None:
-    """Call ``asked(host, slot)`` for each worker's rank request as it arrives, before
-    Horovod holds it at the reset's barrier (which a member that never asks holds up)."""
-    record_ready = driver.record_ready
-
-    def record_asked(host: str, slot: int) -> None:
-        asked(host, slot)
-        record_ready(host, slot)
-
-    horovod_internals.replace_record_ready(driver, record_asked)
-
-
-def _announce_joins_as_additions(driver: ElasticDriver) -> None:
-    """Tell the workers of a change that brings a new host into the ring as an addition.
-
-    Horovod's workers skip the state sync after a reset when every change they heard
-    of was a removal (``HostsUpdatedInterrupt(skip_sync=True)``): the survivors all hold
-    the same state. But a host discovered earlier that found no slot (the ring at
-    ``--max-np``, a warm spare) takes the slot a removed host frees, and Horovod tells
-    of the removal only: the new member then waits in the sync's broadcasts while the
-    survivors train, and the ring hangs for good (seen handing an on-demand host back
-    with a warm spot host waiting). Such a change is told as removal and addition.
-    """
-    notify = horovod_internals.notify_workers_host_changes_function(driver)
-
-    def notify_with_joins(current_hosts: Any, update_result: Any) -> None:
-        if not update_result & HostUpdateResult.added:
-            try:
-                joining = horovod_internals.hosts_to_assign(driver, current_hosts)
-            except ValueError:  # too few slots for a ring: Horovod tells no one
-                joining = set()
-            if joining - horovod_internals.assigned_hosts(driver):
-                update_result |= HostUpdateResult.added
-        notify(current_hosts, update_result)
-
-    horovod_internals.replace_notify_workers_host_changes(driver, notify_with_joins)
-
-
-def _replay_host_changes_for_new_coordinator(driver: ElasticDriver) -> None:
-    """Tell a newly registered coordinator of host changes it missed.
-
-    Horovod notifies only the coordinator (rank 0) of host changes, and silently skips
-    the notification while no coordinator has registered yet, i.e. while the workers
-    are still starting. A host that became ready in that window would then wait for
-    the *next* change to be noticed. We re-check shortly after the coordinator
-    registers: not at once, because the worker registers its state object as a
-    listener just after registering its address, and a message in between is lost.
-    """
-    register = driver.register_worker_server
-
-    def replay() -> None:
-        with horovod_internals.wait_hosts_cond(driver):
-            if driver.finished():
-                return
-            # Horovod itself returns early when the assignments would not change.
-            current = horovod_internals.current_hosts(driver)
-            horovod_internals.notify_workers_host_changes(driver, current, HostUpdateResult.mixed)
-
-    def register_worker_server(host, slot, addresses, secret_key):
-        register(host, slot, addresses, secret_key)
-        coordinator = driver.get_coordinator_info()
-        if coordinator is not None and (coordinator.hostname, coordinator.local_rank) == (
-            host,
-            slot,
-        ):
-            timer = threading.Timer(COORDINATOR_REPLAY_DELAY_SECONDS, replay)
-            timer.daemon = True
-            timer.start()
-
-    horovod_internals.replace_register_worker_server(driver, register_worker_server)

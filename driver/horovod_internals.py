@@ -24,8 +24,11 @@ _SERVER = "horovod.runner.http.http_server:RendezvousServer"
 _HTTP_SERVER = "horovod.runner.http.http_server:RendezvousHTTPServer"
 _REGISTRY = "horovod.runner.elastic.registration:WorkerStateRegistry"
 
+C = TypeVar("C", bound=type)
+
 INTERNALS: tuple[tuple[str, str], ...] = (
-    # The elastic driver (driver/elastic.py, driver/rendezvous/, driver/peer_failure.py).
+    # The elastic driver (driver/horovod_driver.py: spotring's subclass, its overrides
+    # and what they use; driver/elastic.py, driver/rendezvous/, driver/peer_failure.py).
     (_DRIVER, "_wait_hosts_cond"),
     (_DRIVER, "_host_manager"),
     (_DRIVER, "_notify_workers_host_changes"),
@@ -46,7 +49,8 @@ INTERNALS: tuple[tuple[str, str], ...] = (
     ("horovod.runner.elastic.worker", "HostUpdateResult"),
     ("horovod.runner.gloo_run", "create_slot_env_vars"),
     ("horovod.runner.util.network", "get_driver_ip"),
-    # A ring that lost every member starts again (driver/durable.py).
+    # A ring that lost every member starts again (driver/durable.py; the registry's
+    # subclass in driver/horovod_driver.py).
     (_DRIVER, "_host_assignments"),
     (_DRIVER, "_get_host_assignments"),
     (_DRIVER, "_update_host_assignments"),
@@ -117,11 +121,6 @@ def reset_barrier(driver: Any) -> threading.Barrier | None:
 # ------------------------------------------------- a ring that lost every member
 
 
-def worker_registry(driver: Any) -> Any:
-    """The driver's ``WorkerStateRegistry``: where each reset records its workers."""
-    return driver._worker_registry
-
-
 def failed_slots(registry: Any) -> list[tuple[str, int]]:
     """The (host, local_rank) slots the registry recorded as failed in this round."""
     from horovod.runner.elastic.registration import FAILURE
@@ -151,20 +150,6 @@ def count_reset(registry: Any) -> None:
     registry._reset_count += 1
 
 
-def wrap_workers_recorded(registry: Any, wrapper: Callable[[Callable[[], None]], None]) -> None:
-    """Make the registry's end of a round (every worker recorded) call
-    ``wrapper(original)`` instead; ``original`` is Horovod's decision."""
-    original = registry._on_workers_recorded
-    registry._on_workers_recorded = lambda: wrapper(original)
-
-
-def wrap_record_failure(registry: Any, wrapper: Callable[..., Any]) -> None:
-    """Make the registry's ``record_failure(host, slot)`` (the driver's record of a
-    worker's failed exit) call ``wrapper(original, host, slot)`` instead."""
-    original = registry.record_failure
-    registry.record_failure = lambda host, slot: wrapper(original, host, slot)
-
-
 def wait_for_round_decision(registry: Any) -> None:
     """Wait while the registry decides the end of a round (a new ring may be forming):
     what was true of a slot before may not be after."""
@@ -188,54 +173,6 @@ def forget_host_assignments(driver: Any) -> None:
     driver._host_assignments = {}
 
 
-def wrap_update_host_assignments(
-    driver: Any, wrapper: Callable[[Callable[[Any], Any], Any], Any]
-) -> None:
-    """Make the driver's ``_update_host_assignments(current_hosts)`` (its ranks for the
-    next ring) call ``wrapper(original, current_hosts)`` instead."""
-    original = driver._update_host_assignments
-    driver._update_host_assignments = lambda current_hosts: wrapper(original, current_hosts)
-
-
-def handle_worker_exit(driver: Any) -> Callable[[Any, int, float], None]:
-    """The driver's ``_handle_worker_exit(slot_info, exit_code, timestamp)``."""
-    handle: Callable[[Any, int, float], None] = driver._handle_worker_exit
-    return handle
-
-
-def replace_handle_worker_exit(driver: Any, handle: Callable[[Any, int, float], None]) -> None:
-    """Make ``driver`` record each worker's exit with ``handle`` instead."""
-    driver._handle_worker_exit = handle
-
-
-def replace_register_worker_server(driver: Any, register: Callable[..., None]) -> None:
-    """Make ``driver`` take each worker's registration (``host, slot, addresses,
-    secret_key``) with ``register`` instead (its rendezvous handler calls it)."""
-    driver.register_worker_server = register
-
-
-def notify_workers_host_changes_function(driver: Any) -> Callable[[Any, Any], None]:
-    """The driver's ``_notify_workers_host_changes(current_hosts, update_result)``."""
-    notify: Callable[[Any, Any], None] = driver._notify_workers_host_changes
-    return notify
-
-
-def replace_notify_workers_host_changes(driver: Any, notify: Callable[[Any, Any], None]) -> None:
-    """Make ``driver`` tell its workers of host changes through ``notify``."""
-    driver._notify_workers_host_changes = notify
-
-
-def replace_get_slot_info(driver: Any, get_slot_info: Callable[[str, int], Any]) -> None:
-    """Make ``driver`` answer each rank request (``host, slot``) with ``get_slot_info``."""
-    driver.get_slot_info = get_slot_info
-
-
-def replace_record_ready(driver: Any, record_ready: Callable[[str, int], None]) -> None:
-    """Make ``driver`` record each rank request (``host, slot``: the worker waits at the
-    reset's barrier in it) with ``record_ready``."""
-    driver.record_ready = record_ready
-
-
 def driver_verbose(driver: Any) -> int:
     """The driver's verbosity, as it passes it on to its worker clients."""
     verbose: int = driver._verbose
@@ -245,6 +182,50 @@ def driver_verbose(driver: Any) -> int:
 def set_worker_client(driver: Any, host: str, slot: int, client: Any) -> None:
     """Make ``client`` the driver's client of the worker in ``host``'s ``slot``."""
     driver._worker_clients[(host, slot)] = client
+
+
+def replace_worker_registry(driver: Any, make: Callable[[Any, Any], Any]) -> None:
+    """Give ``driver`` the registry ``make(driver, host_manager)`` in place of the one
+    its ``__init__`` made (before it starts: the registry records each reset)."""
+    driver._worker_registry = make(driver, driver._host_manager)
+
+
+def route_driver_hooks(cls: C) -> C:
+    """Make an ``ElasticDriver`` subclass do Horovod's private steps with its own
+    methods, Horovod's own staying callable under a ``horovod_`` name:
+
+    * ``_handle_worker_exit(slot_info, exit_code, timestamp)`` (a worker's exit
+      recorded) calls ``cls.handle_worker_exit``; Horovod's: ``horovod_handle_worker_exit``;
+    * ``_notify_workers_host_changes(current_hosts, update_result)`` (the coordinator
+      told of a host change) calls ``cls.notify_workers_host_changes``; Horovod's:
+      ``horovod_notify_workers_host_changes``;
+    * ``_update_host_assignments(current_hosts)`` (the ranks of the next ring) calls
+      ``cls.update_host_assignments``; Horovod's: ``horovod_update_host_assignments``.
+    """
+    target: Any = cls
+    target.horovod_handle_worker_exit = target._handle_worker_exit
+    target._handle_worker_exit = lambda driver, slot_info, exit_code, timestamp: (
+        driver.handle_worker_exit(slot_info, exit_code, timestamp)
+    )
+    target.horovod_notify_workers_host_changes = target._notify_workers_host_changes
+    target._notify_workers_host_changes = lambda driver, current_hosts, update_result: (
+        driver.notify_workers_host_changes(current_hosts, update_result)
+    )
+    target.horovod_update_host_assignments = target._update_host_assignments
+    target._update_host_assignments = lambda driver, current_hosts: driver.update_host_assignments(
+        current_hosts
+    )
+    return cls
+
+
+def route_registry_hooks(cls: C) -> C:
+    """Make a ``WorkerStateRegistry`` subclass end a round (every worker recorded: the
+    reset barrier's action) with ``cls.workers_recorded``; Horovod's decision stays
+    callable as ``horovod_workers_recorded``."""
+    target: Any = cls
+    target.horovod_workers_recorded = target._on_workers_recorded
+    target._on_workers_recorded = lambda registry: registry.workers_recorded()
+    return cls
 
 
 # ------------------------------------------------------------- the driver's worker clients
@@ -272,9 +253,6 @@ def send_attempts(client: Any) -> int:
     """How many times ``client`` tries each exchange."""
     attempts: int = client._attempts
     return attempts
-
-
-C = TypeVar("C", bound=type)
 
 
 def route_client_hooks(cls: C) -> C:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from spotring.driver.elastic import _quiet_exits_after_stop, _Stopper
+from spotring.driver.elastic import _Stopper
 
 
 class Registry:
@@ -35,6 +37,17 @@ class StuckDriver:
 
     def finished(self) -> bool:
         return self._shutdown.is_set()
+
+
+def _spotrings(horovods_exit: Callable[..., None]) -> Any:
+    """The stuck driver as spotring's subclass of Horovod's (its ``_handle_worker_exit``
+    routed to the override), with ``horovods_exit`` as Horovod's own step."""
+    from spotring.driver.horovod_driver import SpotringElasticDriver
+
+    class Driver(StuckDriver, SpotringElasticDriver):
+        horovod_handle_worker_exit = horovods_exit
+
+    return Driver()
 
 
 def _hold(cond: threading.Condition, release: threading.Event) -> threading.Thread:
@@ -97,15 +110,13 @@ def test_a_stop_releases_a_worker_exit_waiting_at_the_reset_barrier(
     """A dead worker's exit waits at the reset's barrier for the others, which a stopped
     job never records: Horovod's results join that thread, so Ctrl-C there hung."""
     monkeypatch.setattr(_Stopper, "STOP_WAIT_SECONDS", 0.3)
-    driver = StuckDriver()
     outcome: list[str] = []
 
-    def record_failure(slot_info: object, exit_code: int, timestamp: float) -> None:
-        driver._worker_registry._barrier.wait()  # as Horovod's _record_state does
+    def record_failure(self: Any, slot_info: object, exit_code: int, timestamp: float) -> None:
+        self._worker_registry._barrier.wait()  # as Horovod's _record_state does
         outcome.append("recorded")
 
-    driver._handle_worker_exit = record_failure  # type: ignore[attr-defined]
-    _quiet_exits_after_stop(driver)  # type: ignore[arg-type]
+    driver = _spotrings(record_failure)
     exit_thread = threading.Thread(
         target=lambda: outcome.append(str(driver._handle_worker_exit(None, -9, 0.0))),
         daemon=True,
@@ -121,12 +132,9 @@ def test_a_stop_releases_a_worker_exit_waiting_at_the_reset_barrier(
 
 
 def test_an_exit_meeting_a_broken_barrier_before_the_stop_still_raises() -> None:
-    driver = StuckDriver()
-
-    def record_failure(slot_info: object, exit_code: int, timestamp: float) -> None:
+    def record_failure(self: Any, slot_info: object, exit_code: int, timestamp: float) -> None:
         raise threading.BrokenBarrierError
 
-    driver._handle_worker_exit = record_failure  # type: ignore[attr-defined]
-    _quiet_exits_after_stop(driver)  # type: ignore[arg-type]
+    driver = _spotrings(record_failure)
     with pytest.raises(threading.BrokenBarrierError):
         driver._handle_worker_exit(None, -9, 0.0)

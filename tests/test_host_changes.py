@@ -1,8 +1,6 @@
-"""How the driver tells its workers of a host change (driver/elastic.py)."""
+"""How the driver tells its workers of a host change (driver/horovod_driver.py)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
@@ -13,15 +11,11 @@ class Driver:
     def __init__(self, ring: list[str], max_np: int) -> None:
         self._host_assignments = {host: [0] for host in ring}
         self.max_np = max_np
-        self.told: list[Any] = []
 
     def _get_host_assignments(self, current_hosts: list[str]) -> tuple[dict[str, list[int]], None]:
         if len(current_hosts) < 2:
             raise ValueError("Requested more processes than there are available slots")
         return {host: [0] for host in current_hosts[: self.max_np]}, None
-
-    def _notify_workers_host_changes(self, current_hosts: Any, update_result: Any) -> None:
-        self.told.append(update_result)
 
 
 @pytest.mark.parametrize(
@@ -40,9 +34,7 @@ def test_a_removal_that_lets_a_waiting_host_join_is_told_as_an_addition_too(
 ) -> None:
     from horovod.runner.elastic.worker import HostUpdateResult
 
-    from spotring.driver.elastic import _announce_joins_as_additions
+    from spotring.driver.horovod_driver import announced_change
 
     driver = Driver(["host-0", "host-1", "od-0", "od-1"], max_np=4)
-    _announce_joins_as_additions(driver)  # type: ignore[arg-type]
-    driver._notify_workers_host_changes(available, HostUpdateResult[heard])
-    assert driver.told == [HostUpdateResult[told]]
+    assert announced_change(driver, available, HostUpdateResult[heard]) == HostUpdateResult[told]

@@ -68,6 +68,7 @@ from spotring.driver.rendezvous.refusal import HostileInput
 from spotring.driver.rendezvous.tracker import RingTracker
 from spotring.driver.rendezvous.worker_client import (
     SafeWorkerNotificationClient,
+    register_safe_worker_client,
     use_safe_worker_clients,
 )
 from spotring.worker_image.wire import MESH_ABANDONED, MESH_MAGIC, MESH_OK
@@ -87,6 +88,7 @@ __all__ = [
     "SafeWorkerNotificationClient",
     "decode_worker_addresses",
     "gloo_value_limit",
+    "register_safe_worker_client",
     "rendezvous_handler",
     "store_budget",
     "use_safe_worker_clients",

@@ -154,18 +154,31 @@ class SafeWorkerNotificationClient(WorkerNotificationClient):
         return None  # no attempts
 
 
+def register_safe_worker_client(
+    driver: Any,
+    host: str,
+    slot: int,
+    addresses: dict[str, list[tuple[str, int]]],
+    secret_key: bytes,
+    probes: threading.BoundedSemaphore,
+) -> None:
+    """Horovod's ``register_worker_server``, with :class:`SafeWorkerNotificationClient`
+    (its address probes bounded by ``probes``, shared by every client of ``driver``)."""
+    verbose = horovod_internals.driver_verbose(driver)
+    client = SafeWorkerNotificationClient(addresses, secret_key, verbose, probes)
+    horovod_internals.set_worker_client(driver, host, slot, client)
+
+
 def use_safe_worker_clients(driver: Any, max_probes: int = MAX_CONCURRENT_PROBES) -> None:
-    """Make Horovod's elastic ``driver`` reach registered workers through
-    :class:`SafeWorkerNotificationClient` (Horovod's ``register_worker_server``, with
-    that client), probing at most ``max_probes`` addresses at once. Call it before the
-    rendezvous server starts."""
+    """Make a driver that is not spotring's own (a stub, in tests) register workers as
+    :class:`~spotring.driver.horovod_driver.SpotringElasticDriver` does: through
+    :func:`register_safe_worker_client`, probing at most ``max_probes`` addresses at
+    once. Call it before the rendezvous server starts."""
     probes = threading.BoundedSemaphore(max_probes)
 
     def register_worker_server(
         host: str, slot: int, addresses: dict[str, list[tuple[str, int]]], secret_key: bytes
     ) -> None:
-        verbose = horovod_internals.driver_verbose(driver)
-        client = SafeWorkerNotificationClient(addresses, secret_key, verbose, probes)
-        horovod_internals.set_worker_client(driver, host, slot, client)
+        register_safe_worker_client(driver, host, slot, addresses, secret_key, probes)
 
-    horovod_internals.replace_register_worker_server(driver, register_worker_server)
+    driver.register_worker_server = register_worker_server
