@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
             optimizer.step()
             state.batch += 1
             if state.rank == 0:
-                report.set(f"stepped/{state.batch}", str(generation))
+                report.set(f"stepped/{state.batch}", f"{generation} {time.time()}")
             state.commit()
             if state.rank == 0 and state.steps_since_commit == 0:
                 report.set(f"committed/{state.batch}", f"{generation} {time.time()}")

@@ -1,0 +1,71 @@
+"""A plain torchrun DDP script with its own checkpoint: the anchor's workload.
+
+    torchrun --standalone --nproc-per-node 4 --max-restarts 3 \\
+        examples/torch_ddp_checkpoint.py --checkpoint DIR [--steps N] [--every K]
+
+It calls ``init_process_group`` from the environment torchrun sets, loads
+``DIR/checkpoint.pt`` if there is one, and rank 0 saves it every K steps (written
+aside, then renamed). Each rank appends ``RESTART STEP UNIX_TIME`` to ``DIR/steps.RANK``
+after each step, so bench/torch_anchor.py can time a restart. The model and the data
+are those of examples/torch_inplace.py, so both modes run the same workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def batch_of(batch: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(batch * 1000 + rank)
+    x = torch.randn(32, 64, generator=generator)
+    return x, x.sum(dim=1, keepdim=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="checkpoint folder")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--every", type=int, default=10, help="checkpoint every K steps")
+    args = parser.parse_args(argv)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    path = args.checkpoint / "checkpoint.pt"
+    step = 0
+    if path.exists():
+        saved = torch.load(path)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        step = saved["step"]
+    net = DistributedDataParallel(model)
+    with open(args.checkpoint / f"steps.{rank}", "a", buffering=1) as progress:
+        while step < args.steps:
+            x, y = batch_of(step, rank)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            optimizer.step()
+            step += 1
+            if rank == 0 and step % args.every == 0:
+                aside = path.with_suffix(".tmp")
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+                torch.save({**state, "step": step}, aside)
+                aside.replace(path)
+            progress.write(f"{restart} {step} {time.time()}\n")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
