@@ -22,7 +22,8 @@ TESTED_HOROVOD_VERSIONS: tuple[str, ...] = ("0.28.1",)
 
 SETUP_HINT = (
     "run scripts/setup.sh, or build horovod==0.28.1 from its sdist with "
-    "CMAKE_CXX_STANDARD 17 and HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 (see README.md)"
+    "CMAKE_CXX_STANDARD 17 and HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1"
+    " (see docs/getting-started.md)"
 )
 
 PATCHED_INTERNALS: tuple[tuple[str, str], ...] = (

@@ -332,7 +332,7 @@ def _old_job_finished(function: Callable[[Provider, Any], None]) -> Callable[...
 def _warn_old(cls: type[Provider], old: str, new: str) -> None:
     warnings.warn(
         f"{cls.__module__}.{cls.__qualname__}: {old} is the old provider contract; "
-        f"write {new} (see README, 'Writing a provider plugin')",
+        f"write {new} (see docs/plugins.md, 'Writing a provider plugin')",
         DeprecationWarning,
         stacklevel=5,  # the class statement (under ABCMeta.__new__, __init_subclass__)
     )

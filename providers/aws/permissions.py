@@ -20,7 +20,7 @@ IAM_ACTION_BY_OPERATION: Mapping[str, str] = {
     "DescribeSpotPriceHistory": "ec2:DescribeSpotPriceHistory",
     "GetProducts": "pricing:GetProducts",
 }
-"""The IAM action each API operation the provider makes needs (the README's table is
+"""The IAM action each API operation the provider makes needs (the docs' table is
 made from it: :mod:`spotring.providers.permissions`)."""
 
 IAM_ACTIONS: tuple[str, ...] = tuple(IAM_ACTION_BY_OPERATION.values())

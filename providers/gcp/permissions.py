@@ -1,5 +1,5 @@
 """The IAM permission each Compute Engine call of the ``gcp`` provider needs: the one
-list terraform/gcp's role, the README's table (:mod:`spotring.providers.permissions`)
+list terraform/gcp's role, the docs' table (:mod:`spotring.providers.permissions`)
 and the provider's own permission errors are made from."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ PERMISSION_BY_CALL: Mapping[str, str] = {
 }
 """The IAM permission each API call the provider makes needs, by the call's name in
 errors (regional groups: the same calls of regionInstanceGroupManagers and
-regionInstanceTemplates). The README's table is made from it
+regionInstanceTemplates). The docs' table is made from it
 (:mod:`spotring.providers.permissions`)."""
 
 IAM_PERMISSIONS: tuple[str, ...] = tuple(dict.fromkeys(PERMISSION_BY_CALL.values()))
