@@ -94,13 +94,16 @@ def durable_options(
     a store (a bad form, a missing SDK) is refused now, before anything starts."""
     if uri is None:
         return None
+    from spotring.autoscaler.durable_job import STORE_TIMEOUT_SECONDS
     from spotring.checkpoint import CheckpointError, open_store
 
-    try:
-        store = open_store(uri)
+    try:  # opened once: the driver's lock and summaries use this store
+        store = open_store(uri, timeout_s=STORE_TIMEOUT_SECONDS)
     except CheckpointError as error:
         raise ConfigurationError(f"--checkpoint: {error}") from None
-    return DurableOptions(uri=store.uri, every=every, keep=keep, job_id=job_id(command))
+    return DurableOptions(
+        uri=store.uri, every=every, keep=keep, job_id=job_id(command), store=store
+    )
 
 
 def job_id(command: Sequence[str]) -> str:

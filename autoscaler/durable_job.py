@@ -30,6 +30,8 @@ LEASE_SECONDS = 60.0
 """A lock unwritten for longer (by the store's clock) is taken over by the same job."""
 HEARTBEAT_SECONDS = LEASE_SECONDS / 4
 STORE_TIMEOUT_SECONDS = 10.0
+"""Each request to the checkpoint store the driver makes (the options' composition opens
+it with this)."""
 
 
 def checkpoint_summary(info: Any | None) -> dict[str, Any] | None:
@@ -53,7 +55,11 @@ class DurableJob:
         self.options = options
         self._say = say
         # Short: the newest checkpoint is read on Horovod's thread as a new ring starts.
-        self._store = open_store(options.uri, timeout_s=STORE_TIMEOUT_SECONDS)
+        self._store = (
+            options.store
+            if options.store is not None
+            else open_store(options.uri, timeout_s=STORE_TIMEOUT_SECONDS)
+        )
         self._checkpoints = Checkpoints(self._store, job_id=options.job_id, keep=options.keep)
         self._fence = ""
         self._lost: ProviderError | None = None

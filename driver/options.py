@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from spotring.worker_image import wire
+
+if TYPE_CHECKING:
+    from spotring.checkpoint.store import ObjectStore
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,10 @@ class DurableOptions:
     job_id: str = ""
     """Names the job in the checkpoints and the prefix's lock: the same command run
     again is the same job (it resumes), another command is refused the prefix."""
+    store: ObjectStore | None = field(default=None, compare=False, repr=False)
+    """The store ``uri`` names, as the options' composition opened it, for the driver's
+    own use (its lock, the newest checkpoint); None: opened where first needed. The
+    workers open theirs from ``uri``."""
 
     def worker_env(self) -> dict[str, str]:
         """What each worker is told (names from :mod:`spotring.worker_image.wire`;

@@ -183,3 +183,27 @@ def test_a_job_that_cannot_read_its_checkpoints_at_start_leaves_the_lock_free(
     with pytest.raises(ConfigurationError, match="connection refused"), durable.locked():
         pass
     assert _lock(tmp_path)["held"] is False
+
+
+def test_the_driver_opens_the_checkpoint_store_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--checkpoint is checked when the options are composed (a bad URI refused before
+    anything starts); the run's lock and summaries use that same store."""
+    import spotring.checkpoint as checkpoint
+    from spotring.autoscaler.composition import durable_options
+
+    opened: list[str] = []
+    open_store = checkpoint.open_store
+
+    def counted(uri: str, **kwargs: Any) -> Any:
+        opened.append(uri)
+        return open_store(uri, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open_store", counted)
+    options = durable_options(str(tmp_path), 60.0, 3, ["python", "train.py"])
+    assert options is not None and options.store is not None
+    job = DurableJob(options, [].append)
+    with job.locked():
+        assert job.newest() is None
+    assert opened == [str(tmp_path)]
