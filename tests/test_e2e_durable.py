@@ -288,7 +288,12 @@ def test_a_frozen_driver_whose_lock_another_took_stops_and_the_other_finishes(
         document: dict[str, Any] = json.loads(store.get(LOCK_KEY))
         return document
 
+    # The ring trains on until the stop file (many epochs): the first driver must find its
+    # lock taken while its ring still trains, not a ring that finished while it was frozen.
+    stop_file = tmp_path / "stop"
     first_argv = _argv(repo, tmp_path, "spotring")
+    first_argv[first_argv.index("--epochs") + 1] = "1000"
+    first_argv += ["--stop-file", str(stop_file)]
     control = first_argv.index("--control") + 1
     second_argv = [*first_argv[:control], str(tmp_path / "second"), *first_argv[control + 1 :]]
     env = dict(os.environ)
@@ -312,6 +317,7 @@ def test_a_frozen_driver_whose_lock_another_took_stops_and_the_other_finishes(
                 taken = lock()
                 first.send_signal(signal.SIGCONT)
                 first_output = job_output(first, 120)
+                stop_file.touch()
                 second_output = job_output(second, JOB_TIMEOUT)
         finally:
             first.send_signal(signal.SIGCONT)
