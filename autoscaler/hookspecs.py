@@ -63,7 +63,7 @@ if TYPE_CHECKING:
         Lifecycle,
     )
     from spotring.core.prices import HourlyPrice
-    from spotring.driver.ring_progress import Hang, RingStatus, Stall
+    from spotring.driver.ring_events import Hang, RingStatus, Stall
     from spotring.providers.base import Provider, ProviderRegistry
 
 F = TypeVar("F", bound=Callable[..., object])
