@@ -24,7 +24,7 @@ from spotring.core import CapacityShortage, Instance, InstanceState, Interruptio
 from spotring.core.hooks import hookimpl
 from spotring.core.inventory import Inventory
 from spotring.core.prices import HourlyPrice
-from spotring.driver.ring_progress import RingStatus, Stall
+from spotring.driver.ring_events import RingStatus, Stall
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
