@@ -51,9 +51,7 @@ from spotring.worker_image.commit_buffers import (
     Offload,
     OptimizerBuffers,
 )
-from spotring.worker_image.peer_abort import _shutdown as shutdown_sockets
-from spotring.worker_image.peer_abort import _tcp_sockets as tcp_sockets
-from spotring.worker_image.peer_abort import own_tcp_sockets
+from spotring.worker_image.peer_abort import own_tcp_sockets, shutdown_sockets, tcp_sockets
 
 __all__ = ["MembershipChanged", "ProcessGroup", "TorchState", "run"]
 
