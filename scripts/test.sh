@@ -28,4 +28,7 @@ sed -n 's/^"spotring\.\([a-z_]*\)" = "\([a-z_]*\)"$/\1 \2/p' pyproject.toml \
 # The docs site into build/site, strictly (a broken link or anchor fails), with its
 # reference pages generated from the code (docs/gen_reference.py).
 NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict
-exec .venv/bin/python -m pytest "$@"
+# Two workers (SPOTRING_TEST_WORKERS=0 runs in this process): the end-to-end tests share
+# one of them and run one at a time, as they would alone (tests/conftest.py); the rest of
+# the suite runs beside them on the other.
+exec .venv/bin/python -m pytest -n "${SPOTRING_TEST_WORKERS:-2}" --dist loadgroup "$@"
