@@ -20,8 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.aws_helpers import REGION, boto_session, create_group, moto_members, running_moto_server
-from tests.e2e_support import (
+from tests.e2e.support import (
     commits,
     job_output,
     read_events,
@@ -29,6 +28,7 @@ from tests.e2e_support import (
     wait_for_events,
     worker_pids,
 )
+from tests.fakes.aws import REGION, boto_session, create_group, moto_members, running_moto_server
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 JOB_TIMEOUT = 300

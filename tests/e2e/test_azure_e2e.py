@@ -19,8 +19,7 @@ import pytest
 
 pytest.importorskip("azure.mgmt.compute", reason="the azure extra is not installed")
 
-from tests.azure_fake import FakeArm
-from tests.e2e_support import (
+from tests.e2e.support import (
     commits,
     job_output,
     read_events,
@@ -28,6 +27,7 @@ from tests.e2e_support import (
     wait_for_events,
     worker_pids,
 )
+from tests.fakes.azure import FakeArm
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 RG = "rg"

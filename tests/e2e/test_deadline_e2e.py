@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_support import (
+from tests.e2e.support import (
     assert_no_committed_step_lost,
     commits,
     job_output,
@@ -26,7 +26,7 @@ from tests.e2e_support import (
     running_job,
     wait_for_events,
 )
-from tests.test_e2e_capacity import SPOTRING, run_story, swap_costs
+from tests.e2e.test_e2e_capacity import SPOTRING, run_story, swap_costs
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e_support import (
+from tests.e2e.support import (
     assert_no_committed_step_lost,
     commits,
     job_output,

@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e_support import (
+from tests.e2e.support import (
     assert_every_sample_once,
     commits,
     job_output,
@@ -39,7 +39,7 @@ from tests.e2e_support import (
     running_job,
     wait_for_events,
 )
-from tests.storage_emulators import Backend, s3_backend  # noqa: F401 (a fixture)
+from tests.fakes.storage_emulators import Backend, s3_backend  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.e2e
 

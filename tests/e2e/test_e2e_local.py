@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e_support import (
+from tests.e2e.support import (
     assert_every_sample_once,
     assert_no_committed_step_lost,
     commits,

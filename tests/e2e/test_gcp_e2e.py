@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("google.cloud.compute_v1", reason="the gcp extra is not installed")
 
-from tests.e2e_support import (
+from tests.e2e.support import (
     commits,
     job_output,
     read_events,
@@ -29,7 +29,7 @@ from tests.e2e_support import (
     wait_for_events,
     worker_pids,
 )
-from tests.gcp_fake import FakeCompute
+from tests.fakes.gcp import FakeCompute
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 ZONE = "us-central1-a"

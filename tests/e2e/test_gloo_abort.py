@@ -24,9 +24,9 @@ pytest.importorskip("horovod.torch")
 from horovod.runner.common.util.hosts import SlotInfo
 
 from spotring.driver.rendezvous import RingTracker
-from tests.store_signing import JOB_KEY, key_pipe_env
+from tests.fakes.store_signing import JOB_KEY, key_pipe_env
 
-RANK_SCRIPT = Path(__file__).parent / "data" / "gloo_abort_rank.py"
+RANK_SCRIPT = Path(__file__).parents[1] / "data" / "gloo_abort_rank.py"
 GLOO_TIMEOUT_SECONDS = 30
 
 

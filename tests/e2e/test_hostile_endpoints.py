@@ -48,7 +48,7 @@ from spotring.driver.rendezvous import (
 )
 from spotring.driver.rendezvous import handler as rendezvous_handler_module
 from spotring.worker_image import peer_abort
-from tests.e2e_support import (
+from tests.e2e.support import (
     assert_no_committed_step_lost,
     commits,
     job_output,
@@ -57,7 +57,7 @@ from tests.e2e_support import (
     wait_for_events,
     worker_pids,
 )
-from tests.store_signing import JOB_KEY, auth_line, is_write
+from tests.fakes.store_signing import JOB_KEY, auth_line, is_write
 
 MARKER = Path(f"/tmp/spotring-hostile-{os.getpid()}")
 """Created by any of the hostile pickles below, if anything ever loads one."""

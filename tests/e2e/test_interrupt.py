@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e_support import commits, job_output, running_job, wait_for_events, worker_pids
+from tests.e2e.support import commits, job_output, running_job, wait_for_events, worker_pids
 
 pytestmark = pytest.mark.e2e
 

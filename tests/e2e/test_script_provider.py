@@ -17,7 +17,7 @@ from spotring.autoscaler.policy import JobShape
 from spotring.providers.base import InstanceState, Provider, ProviderError
 from spotring.providers.conformance import ProviderContract
 from spotring.providers.script import ScriptProvider, parse_members
-from tests.e2e_support import (
+from tests.e2e.support import (
     assert_no_committed_step_lost,
     commits,
     job_output,
@@ -27,7 +27,7 @@ from tests.e2e_support import (
     worker_pids,
 )
 
-POOL = Path(__file__).with_name("data") / "fake_pool.py"
+POOL = Path(__file__).parents[1] / "data" / "fake_pool.py"
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
 
 

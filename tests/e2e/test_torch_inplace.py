@@ -24,7 +24,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from spotring.torch.coordinator import StorePublisher  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "torch_inplace.py"
 WAIT = timedelta(seconds=40)
 """Longest wait for one report: under Gloo's 60 s, so a wait that ran out fails."""

@@ -39,7 +39,7 @@ states: a VM being created passes through ``PowerState/stopped``
 ``$filter``, and a server that ignores the filter (``fake.vm_filter_ignored``).
 
 What the installed SDKs do against it (azure-mgmt-compute 39.0.0, azure-mgmt-network 33.1.0,
-azure-core 1.41.0; all checked by tests/test_azure_fake.py):
+azure-core 1.41.0; all checked by tests/providers/test_azure_fake.py):
 
 - api-versions: compute ``2026-04-01`` (resource SKUs ``2021-07-01``); network
   ``2026-03-01`` for ``network_interfaces.list`` but ``2018-10-01`` for
@@ -109,7 +109,7 @@ from azure.mgmt.compute import models as cm
 from azure.mgmt.compute._utils.model_base import SdkJSONEncoder
 from azure.mgmt.network import models as nm
 
-from tests import fake_server
+from tests.fakes import server as fake_server
 
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
 PAGE_SIZE = 100  # the fake's choice; ARM's page sizes are per resource provider

@@ -1,7 +1,7 @@
 """A fault-injecting HTTP/1.1 reverse proxy, for testing cloud clients against hostile answers.
 
 :class:`FaultProxy` listens on 127.0.0.1 (a free port) in front of any HTTP server (moto's
-``ThreadedMotoServer``, tests/gcp_fake.py, tests/azure_fake.py) and forwards each request's
+``ThreadedMotoServer``, tests/fakes/gcp.py, tests/fakes/azure.py) and forwards each request's
 method, path, query, headers and body unchanged; by default it returns the upstream's
 answer unchanged too. Faults are chosen per request, either from a queue
 (:meth:`FaultProxy.next_faults`, consumed in order) or at a rate (:meth:`FaultProxy.set_rate`,
@@ -67,7 +67,7 @@ upstream's place never reaches it, so a mutating call it hits is not carried out
 
 Standalone (prints its URL on the first line of stdout, serves until killed)::
 
-    python -m tests.fault_proxy --upstream http://127.0.0.1:5000 --flavour aws --rate 0.3 \\
+    python -m tests.fakes.fault_proxy --upstream http://127.0.0.1:5000 --flavour aws --rate 0.3 \\
         --kinds throttle,server_error,hang,drop --hang-seconds 25 --port 0
 """
 
@@ -95,7 +95,7 @@ from urllib.parse import parse_qs, urlsplit
 from xml.etree import ElementTree
 
 from spotring.providers.loopback_http import LoopbackHTTPServer
-from tests.fake_server import KeepAliveHandler
+from tests.fakes.server import KeepAliveHandler
 
 KINDS: tuple[str, ...] = (
     "throttle",
@@ -798,7 +798,7 @@ FaultProxy.handler_class = _Handler
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a proxy until SIGTERM or SIGINT; print its URL on the first line of stdout."""
     parser = argparse.ArgumentParser(
-        prog="python -m tests.fault_proxy", description=__doc__.split("\n\n")[0]
+        prog="python -m tests.fakes.fault_proxy", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--upstream", required=True, metavar="URL", help="http://host:port")
     parser.add_argument("--flavour", choices=FLAVOURS, default="aws")

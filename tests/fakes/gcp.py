@@ -32,7 +32,7 @@ In process::
 
 As a separate process (for CLI end-to-end runs)::
 
-    python tests/gcp_fake.py --port 0 --state state.json
+    python -m tests.fakes.gcp --port 0 --state state.json
 
 prints its URL on the first line of stdout and serves until killed; tests steer it
 through the control API under ``/_fake/`` (see :class:`_Handler` and ``main``).
@@ -71,9 +71,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from google.cloud import compute_v1
 
-if not __package__:  # run as a script (python tests/gcp_fake.py): find tests.fake_server
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fake_server import FakeServer, KeepAliveHandler
+from tests.fakes.server import FakeServer, KeepAliveHandler
 
 API = "https://www.googleapis.com/compute/v1"
 MAX_RESULTS = 500  # the real API's default and maximum page size
@@ -851,7 +849,7 @@ def _drop(value: Any, path: list[str]) -> None:
 def _capacity_message(code: str, project: str, zone: str) -> str:
     if code.startswith("ZONE_RESOURCE_POOL_EXHAUSTED"):
         return (
-            # "projects/p" rather than the real project: tests/test_gcp_provider.py pins it.
+            # "projects/p" rather than the real project: test_gcp_provider.py pins it.
             f"The zone 'projects/p/zones/{zone}' does not have enough resources available "
             "to fulfill the request.  Try a different zone, or try again later."
         )

@@ -260,7 +260,7 @@ class AzureRetailPrices(LoopbackHTTPServer):
 # built from google-cloud-billing's own message types, so field names match the API.
 # machineTypes.get (compute/docs/reference/rest/v1/machineTypes/get) answers guestCpus
 # and memoryMb; the front answers it and hands every other request to ``upstream`` (the
-# Compute fake, tests/gcp_fake.py), so the provider keeps one Compute endpoint.
+# Compute fake, tests/fakes/gcp.py), so the provider keeps one Compute endpoint.
 
 COMPUTE_SERVICE = "services/6F81-5844-456A"
 

@@ -1,4 +1,4 @@
-"""What the fake cloud APIs (tests/gcp_fake.py, tests/azure_fake.py) share.
+"""What the fake cloud APIs (tests/fakes/gcp.py, tests/fakes/azure.py) share.
 
 - :class:`KeepAliveHandler`: an HTTP/1.1 keep-alive handler with Nagle's algorithm off
   (the fault proxy's too).

@@ -4,7 +4,7 @@ Several groups (``--group`` more than once, ``REGION/NAME``), what a group launc
 (spot or on-demand, from its configuration), launch failures read from the group's
 scaling activities, and a fallback host handed back with TerminateInstanceInAutoScaling
 Group. moto 5.2 records no scaling activity and never fails a launch:
-:class:`tests.aws_helpers.LaunchActivities` adds both, shaped as the API reference
+:class:`tests.fakes.aws.LaunchActivities` adds both, shaped as the API reference
 describes them.
 """
 
@@ -32,7 +32,7 @@ from spotring.providers.base import (
     Lifecycle,
     ShortageCause,
 )
-from tests.aws_helpers import (
+from tests.fakes.aws import (
     REGION,
     SPOT_NO_CAPACITY,
     LaunchActivities,
@@ -42,7 +42,7 @@ from tests.aws_helpers import (
     inject_errors,
     moto_members,
 )
-from tests.test_aws_provider import aws_env, client, desired_capacity, make_provider, moto
+from tests.providers.test_aws_provider import aws_env, client, desired_capacity, make_provider, moto
 
 __all__ = ["aws_env", "moto"]  # fixtures, used by name
 

@@ -34,7 +34,7 @@ from spotring.providers.base import (
     ProviderError,
 )
 from spotring.providers.conformance import ProviderContract
-from tests.aws_helpers import (
+from tests.fakes.aws import (
     REGION,
     FakeGroupApi,
     boto_session,
@@ -47,7 +47,7 @@ from tests.aws_helpers import (
     moto_members,
     set_ec2_state,
 )
-from tests.prices_fakes import AwsPriceList, ec2_product
+from tests.fakes.prices import AwsPriceList, ec2_product
 
 SECRET = "wJalrXUtnFEMI-spotring-test-secret"
 

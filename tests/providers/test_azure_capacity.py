@@ -21,7 +21,7 @@ from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.core.capacity import ShortageCause
 from spotring.providers.azure import AzureProvider, shortage_cause
 from spotring.providers.base import ConfigurationError, Lifecycle, ProviderError
-from tests.azure_fake import FakeArm, FakeScaleSet
+from tests.fakes.azure import FakeArm, FakeScaleSet
 
 PM = get_plugin_manager(load_entry_points=False)
 MODES = ["Uniform", "Flexible"]

@@ -1,5 +1,5 @@
 """States Azure documents, and answers it may give, that the Azure provider must read
-right (#32): each against the fake ARM server (tests/azure_fake.py), with the real
+right (#32): each against the fake ARM server (tests/fakes/azure.py), with the real
 azure-mgmt clients.
 
 - A VM being created, or started from deallocated, may briefly report
@@ -29,8 +29,8 @@ pytest.importorskip("azure.mgmt.compute", reason="the azure extra is not install
 from spotring.core.capacity import ShortageCause
 from spotring.providers.azure import AzureProvider
 from spotring.providers.base import InstanceState, InterruptionNotice, ProviderError
-from tests.azure_fake import FakeArm
-from tests.test_azure_provider import make_provider, members, steer
+from tests.fakes.azure import FakeArm
+from tests.providers.test_azure_provider import make_provider, members, steer
 
 MODES = ["Uniform", "Flexible"]
 

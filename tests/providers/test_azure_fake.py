@@ -1,4 +1,4 @@
-"""The fake ARM API (tests/azure_fake.py) against the real azure-mgmt-compute/-network clients."""
+"""The fake ARM API (tests/fakes/azure.py) against the real azure-mgmt-compute/-network clients."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from azure.core.pipeline.policies import SansIOHTTPPolicy
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.network import NetworkManagementClient
 
-from tests.azure_fake import PERMISSIONS, SUBSCRIPTION, FakeArm, _route
+from tests.fakes.azure import PERMISSIONS, SUBSCRIPTION, FakeArm, _route
 
 RG = "rg"
 

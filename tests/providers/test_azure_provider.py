@@ -1,4 +1,4 @@
-"""The Azure provider against the fake ARM server (tests/azure_fake.py).
+"""The Azure provider against the fake ARM server (tests/fakes/azure.py).
 
 The real azure-mgmt-compute and azure-mgmt-network clients make every call over HTTP;
 the fake records what it received, so the tests assert the requests as Azure would
@@ -30,7 +30,7 @@ from spotring.providers.base import (
     ProviderError,
 )
 from spotring.providers.conformance import ProviderContract
-from tests.azure_fake import PERMISSIONS, FakeArm, FakeScaleSet, Member
+from tests.fakes.azure import PERMISSIONS, FakeArm, FakeScaleSet, Member
 
 RG = "rg"
 MODES = ["Uniform", "Flexible"]

@@ -1,5 +1,5 @@
 """The job lock fences writers (spotring.checkpoint.lock), on every store: a directory,
-and the S3, GCS and Azure Blob emulators (tests/storage_emulators.py).
+and the S3, GCS and Azure Blob emulators (tests/fakes/storage_emulators.py).
 
 Drivers race for it with real clients, one wins; a late heartbeat never overwrites a
 newer holder; staleness is the store's clock; a process is told dead only where it can
@@ -39,8 +39,8 @@ from spotring.checkpoint import (
 )
 from spotring.checkpoint import lock as lock_module
 from spotring.checkpoint.lock import LockState, process_gone, process_identity
-from tests.fault_proxy import FaultProxy
-from tests.storage_emulators import (  # noqa: F401 (fixtures)
+from tests.fakes.fault_proxy import FaultProxy
+from tests.fakes.storage_emulators import (  # noqa: F401 (fixtures)
     Backend,
     azure_backend,
     backend_fixture,

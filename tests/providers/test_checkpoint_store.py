@@ -1,9 +1,9 @@
 """spotring.checkpoint against real stores: a directory, and S3, GCS and Azure Blob
-emulators (tests/storage_emulators.py) started for the session.
+emulators (tests/fakes/storage_emulators.py) started for the session.
 
 The same cases run on every backend: round trips, newest-first listing, pruning, partial
 and damaged checkpoints, conditional writes, sizes refused before a download (the job
-lock: tests/test_checkpoint_lock.py).
+lock: tests/providers/test_checkpoint_lock.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from spotring.checkpoint import (
     open_store,
 )
 from spotring.checkpoint import uri as uri_module
-from tests.fault_proxy import Fault, FaultProxy
-from tests.storage_emulators import (  # noqa: F401 (fixtures)
+from tests.fakes.fault_proxy import Fault, FaultProxy
+from tests.fakes.storage_emulators import (  # noqa: F401 (fixtures)
     BUCKET,
     Backend,
     azure_backend,

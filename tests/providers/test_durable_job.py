@@ -28,8 +28,8 @@ from spotring.checkpoint.lock import LockState
 from spotring.core import ConfigurationError, ProviderError
 from spotring.driver.options import DurableOptions
 from spotring.worker_image.durable import FENCE_ENV, DurableConfig
-from tests.fault_proxy import FaultProxy
-from tests.storage_emulators import Backend, s3_backend  # noqa: F401 (a fixture)
+from tests.fakes.fault_proxy import FaultProxy
+from tests.fakes.storage_emulators import Backend, s3_backend  # noqa: F401 (a fixture)
 
 
 def _job(directory: Path | str, job_id: str = "job-a") -> tuple[DurableJob, list[str]]:

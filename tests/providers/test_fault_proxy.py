@@ -1,4 +1,4 @@
-"""The fault-injecting proxy (tests/fault_proxy.py) in front of a tiny upstream."""
+"""The fault-injecting proxy (tests/fakes/fault_proxy.py) in front of a tiny upstream."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from tests.fault_proxy import GARBAGE_VARIANTS, KINDS, Fault, FaultProxy
+from tests.fakes.fault_proxy import GARBAGE_VARIANTS, KINDS, Fault, FaultProxy
 
 DOCUMENT = {
     "kind": "list",
@@ -355,7 +355,7 @@ def test_runs_standalone(upstream: ThreadingHTTPServer, repo: Any) -> None:
         port = sock.getsockname()[1]
     argv = ["--upstream", url, "--flavour", "azure", "--rate", "1", "--kinds", "throttle"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.fault_proxy", *argv, "--port", str(port)],
+        [sys.executable, "-m", "tests.fakes.fault_proxy", *argv, "--port", str(port)],
         cwd=repo,
         stdout=subprocess.PIPE,
         text=True,

@@ -38,7 +38,7 @@ from spotring.providers.gcp import (
     parse_group,
     shortage_cause,
 )
-from tests.gcp_fake import FakeCompute
+from tests.fakes.gcp import FakeCompute
 
 ZONE = "us-central1-a"
 REGION = "us-east1"

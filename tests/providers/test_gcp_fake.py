@@ -1,4 +1,5 @@
-"""The fake Compute Engine API (tests/gcp_fake.py) against the real google-cloud-compute clients."""
+"""The fake Compute Engine API (tests/fakes/gcp.py) against the real google-cloud-compute
+clients."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from google.api_core import exceptions  # noqa: E402
 from google.api_core.client_options import ClientOptions  # noqa: E402
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 
-from tests.gcp_fake import FakeCompute, parse_filter  # noqa: E402
+from tests.fakes.gcp import FakeCompute, parse_filter  # noqa: E402
 
 PROJECT = "test-project"
 ZONE = "us-central1-a"

@@ -1,4 +1,4 @@
-"""The GCP provider against the fake Compute Engine REST server (tests/gcp_fake.py).
+"""The GCP provider against the fake Compute Engine REST server (tests/fakes/gcp.py).
 
 The real google-cloud-compute clients make every call over HTTP; the fake records what
 it received, so the tests assert the requests as the cloud would have seen them.
@@ -26,8 +26,8 @@ from spotring.providers.base import (
 )
 from spotring.providers.conformance import ProviderContract
 from spotring.providers.gcp import IAM_PERMISSIONS, GcpProvider, member_state
-from tests.gcp_fake import FakeCompute
-from tests.prices_fakes import GcpPrices
+from tests.fakes.gcp import FakeCompute
+from tests.fakes.prices import GcpPrices
 
 ZONE = "us-central1-a"
 REGION = "us-central1"
@@ -513,7 +513,7 @@ def test_iam_permissions_are_the_ones_the_calls_need(fake: FakeCompute) -> None:
         assert priced.hourly_price() is None  # an empty catalog
     read_machine_type = any("/machineTypes/n1-standard-4" in r for r in front.requests)
 
-    from tests.gcp_fake import PERMISSIONS
+    from tests.fakes.gcp import PERMISSIONS
 
     used = {PERMISSIONS[r.api] for r in fake.requests if r.api}
     used |= {"compute.machineTypes.get"} if read_machine_type else set()

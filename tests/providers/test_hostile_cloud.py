@@ -1,7 +1,7 @@
 """Hostile cloud answers: each provider lists its group right or fails with a ProviderError.
 
-Each cloud's test server (moto, tests/gcp_fake.py, tests/azure_fake.py) sits behind a
-:class:`~tests.fault_proxy.FaultProxy`, and hypothesis draws sequences of faults for the
+Each cloud's test server (moto, tests/fakes/gcp.py, tests/fakes/azure.py) sits behind a
+:class:`~tests.fakes.fault_proxy.FaultProxy`, and hypothesis draws sequences of faults for the
 listing calls: throttling, 5xx, hangs past the client's timeout, dropped connections,
 truncated, garbage, huge answers, and answers with fields deleted. For each sequence, a
 fresh provider must:
@@ -45,7 +45,7 @@ from spotring.autoscaler.controller import Backoff, Controller
 from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.providers.base import Instance, InstanceState, Provider, ProviderError
 from spotring.providers.cloud import retries
-from tests.fault_proxy import GARBAGE_VARIANTS, HUGE_VARIANTS, KINDS, Fault, FaultProxy
+from tests.fakes.fault_proxy import GARBAGE_VARIANTS, HUGE_VARIANTS, KINDS, Fault, FaultProxy
 
 TIMEOUT = 0.5
 """The providers' client timeout here: a ``hang`` costs this much per attempt."""
@@ -257,7 +257,7 @@ def aws() -> Iterator[Cloud]:
     from moto.server import ThreadedMotoServer
 
     from spotring.providers.aws import AwsProvider
-    from tests.aws_helpers import REGION, boto_session, create_group, moto_members, set_ec2_state
+    from tests.fakes.aws import REGION, boto_session, create_group, moto_members, set_ec2_state
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     keys = [k for k in os.environ if k.startswith("AWS_")]
@@ -340,7 +340,7 @@ def gcp() -> Iterator[Cloud]:
 
     from spotring.providers import gcp as gcp_provider
     from spotring.providers.gcp import client as gcp_client
-    from tests.gcp_fake import FakeCompute
+    from tests.fakes.gcp import FakeCompute
 
     with pytest.MonkeyPatch.context() as patch, FakeCompute() as fake:
         patch.setattr(gcp_client, "CALL_OPTIONS", {"timeout": TIMEOUT, "retry": None})
@@ -406,7 +406,7 @@ AZURE_FIELDS = [
 def azure() -> Iterator[Cloud]:
     pytest.importorskip("azure.mgmt.compute", reason="the azure extra is not installed")
     from spotring.providers import azure as azure_provider
-    from tests.azure_fake import FakeArm
+    from tests.fakes.azure import FakeArm
 
     with pytest.MonkeyPatch.context() as patch, FakeArm() as fake:
         patch.setattr(azure_provider, "CONNECTION_TIMEOUT", TIMEOUT)

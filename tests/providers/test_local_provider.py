@@ -11,7 +11,7 @@ import pytest
 from spotring.providers.base import ConfigurationError, InstanceState, Provider, ProviderError
 from spotring.providers.conformance import ProviderContract
 from spotring.providers.local import LocalProvider
-from tests.fakes import ScriptedProvider, instance
+from tests.fakes.scripted import ScriptedProvider, instance
 
 
 class Clock:

@@ -11,10 +11,10 @@ import pytest
 
 from spotring.core.prices import PriceBook
 from spotring.providers.aws import prices
-from tests.aws_helpers import REGION, boto_session, capture_params
-from tests.prices_fakes import AwsPriceList, ec2_product
-from tests.test_aws_capacity import _mixed_group, _template_group
-from tests.test_aws_provider import aws_env, make_provider, moto
+from tests.fakes.aws import REGION, boto_session, capture_params
+from tests.fakes.prices import AwsPriceList, ec2_product
+from tests.providers.test_aws_capacity import _mixed_group, _template_group
+from tests.providers.test_aws_provider import aws_env, make_provider, moto
 
 __all__ = ["aws_env", "moto"]  # fixtures, used by name
 

@@ -12,8 +12,8 @@ pytest.importorskip("azure.mgmt.compute", reason="the azure extra is not install
 from spotring.core.prices import PriceBook
 from spotring.providers.azure import AzureProvider
 from spotring.providers.base import ProviderError
-from tests.azure_fake import FakeArm
-from tests.prices_fakes import AzureRetailPrices, vm_meter
+from tests.fakes.azure import FakeArm
+from tests.fakes.prices import AzureRetailPrices, vm_meter
 
 SIZE = "Standard_D4s_v5"
 

@@ -16,8 +16,8 @@ from google.auth.credentials import AnonymousCredentials
 
 from spotring.core.prices import PriceBook
 from spotring.providers.gcp import GcpProvider
-from tests.gcp_fake import FakeCompute
-from tests.prices_fakes import GcpPrices, compute_sku
+from tests.fakes.gcp import FakeCompute
+from tests.fakes.prices import GcpPrices, compute_sku
 
 ZONE, REGION = "us-central1-a", "us-central1"
 

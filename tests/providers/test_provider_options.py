@@ -163,7 +163,7 @@ def test_azure_options_take_effect() -> None:
 @pytest.fixture
 def compute() -> Iterator[Any]:
     pytest.importorskip("google.cloud.compute_v1", reason="the gcp extra is not installed")
-    from tests.gcp_fake import FakeCompute
+    from tests.fakes.gcp import FakeCompute
 
     with FakeCompute() as fake:
         yield fake

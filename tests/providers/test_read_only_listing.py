@@ -8,7 +8,7 @@ VM at all). Each cloud's request log (the fakes' own, the fault proxy's in front
 moto) must then show reads only: no PUT, PATCH or DELETE, and a POST only where the
 cloud's read is a POST (GCP's listManagedInstances, every Auto Scaling and EC2 query
 action) or for a token. Replacing or resizing is the controller's decision
-(tests/test_azure_provider.py: ``--no-replace``, a plugin's answer).
+(tests/providers/test_azure_provider.py: ``--no-replace``, a plugin's answer).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from spotring.autoscaler.cli import main
-from tests.aws_helpers import running_moto_server
+from tests.fakes.aws import running_moto_server
 
 WRITE_METHODS = frozenset({"PUT", "PATCH", "DELETE"})
 
@@ -41,7 +41,7 @@ def discover(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
 def test_azure_listing_sends_only_gets(capsys: pytest.CaptureFixture[str], mode: str) -> None:
     pytest.importorskip("azure.mgmt.compute", reason="the azure extra is not installed")
     from spotring.providers.azure import AzureProvider
-    from tests.azure_fake import FakeArm
+    from tests.fakes.azure import FakeArm
 
     with FakeArm() as fake:
         vmss = fake.add_scale_set("workers", mode=mode, capacity=2, eviction_policy="Deallocate")
@@ -100,7 +100,7 @@ def test_gcp_listing_sends_only_reads(
 ) -> None:
     pytest.importorskip("google.cloud.compute_v1", reason="the gcp extra is not installed")
     from spotring.providers.gcp import GcpProvider
-    from tests.gcp_fake import FakeCompute
+    from tests.fakes.gcp import FakeCompute
 
     location = "us-central1-a" if where == "zone" else "us-central1"
     with FakeCompute() as fake:
@@ -162,8 +162,8 @@ def test_aws_listing_sends_only_describes(
     capsys: pytest.CaptureFixture[str], moto_server: str
 ) -> None:
     from spotring.providers.aws import AwsProvider
-    from tests.aws_helpers import REGION, boto_session, create_group, moto_members, set_ec2_state
-    from tests.fault_proxy import FaultProxy
+    from tests.fakes.aws import REGION, boto_session, create_group, moto_members, set_ec2_state
+    from tests.fakes.fault_proxy import FaultProxy
 
     ids = create_group("workers", size=5, endpoint_url=moto_server)
     members = moto_members("workers")
@@ -195,7 +195,7 @@ def test_aws_listing_sends_only_describes(
 
 
 def _describe(endpoint: str) -> list[dict[str, str]]:
-    from tests.aws_helpers import REGION, boto_session
+    from tests.fakes.aws import REGION, boto_session
 
     client = boto_session().client("autoscaling", region_name=REGION, endpoint_url=endpoint)
     group = client.describe_auto_scaling_groups(AutoScalingGroupNames=["workers"])

@@ -1,8 +1,8 @@
-"""What the GCP and Azure module tests (tests/test_terraform_gcp.py,
-tests/test_terraform_azure.py) share: the provider's contract (its IAM list, its CLI
+"""What the GCP and Azure module tests (tests/terraform/test_terraform_gcp.py,
+tests/terraform/test_terraform_azure.py) share: the provider's contract (its IAM list, its CLI
 options), the `terraform` runs (fmt, the variables' validations, an output's expression,
 the module's own `terraform test`) and small lookups. The parsing helpers and the URL
-cases stay in tests/test_terraform.py, beside the AWS module's checks that use them.
+cases stay in tests/terraform/test_terraform.py, beside the AWS module's checks that use them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_terraform import (
+from tests.terraform.test_terraform import (
     PLUGIN_DIR,
     REPO,
     TERRAFORM,

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TERRAFORM = REPO / "terraform"
 TOOL_VENV_CHECKOV = REPO / ".venv" / "tools" / "checkov" / "bin" / "checkov"
 MODULES = sorted(

@@ -35,7 +35,7 @@ import pytest
 
 hcl2 = pytest.importorskip("hcl2", reason="python-hcl2 is not installed (pip install python-hcl2)")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TERRAFORM = REPO / "terraform"
 AWS = TERRAFORM / "aws"
 
@@ -822,7 +822,7 @@ def test_checkpoint_permissions_are_scoped_to_the_prefix(aws: Module) -> None:
 def test_checkpoint_uri_splits_into_bucket_and_prefix(
     aws: Module, tmp_path: Path, uri: str, bucket_arn: str, prefix: str
 ) -> None:
-    from tests.terraform_support import evaluate
+    from tests.terraform.support import evaluate
 
     values = evaluate(
         aws,
@@ -879,7 +879,7 @@ def test_aws_driver_runs_the_job_unit(aws: Module) -> None:
 
 @needs_terraform_binary
 def test_aws_unit_runs_the_spotring_command(aws: Module, tmp_path: Path) -> None:
-    from tests.terraform_support import assert_unit_runs_spotring_command
+    from tests.terraform.support import assert_unit_runs_spotring_command
 
     assert_unit_runs_spotring_command(
         aws, tmp_path, AWS_REQUIRED, {"aws_autoscaling_group.workers.name": "var.name"}
@@ -894,7 +894,7 @@ JOB_COMMAND = [
 
 def _driver_job(tmp_path: Path, **inputs: Any) -> dict[str, Any]:
     """The driver-job module's outputs for ``inputs`` (no provider needed)."""
-    from tests.terraform_support import DRIVER_JOB, terraform
+    from tests.terraform.support import DRIVER_JOB, terraform
 
     arguments = {
         "group_name": "spot-train",
@@ -921,7 +921,7 @@ def test_driver_job_unit_runs_the_command_as_given(tmp_path: Path) -> None:
     """Every argument reaches spotring as it is, spaces, quotes, %, $, backslashes and
     semicolons included (systemd's quoting, checked by a parser of its rules and, where
     there is one, by systemd-analyze)."""
-    from tests.terraform_support import systemd_command_line, unit_settings
+    from tests.terraform.support import systemd_command_line, unit_settings
 
     uri = "s3://ckpt-bucket/runs/spot-train"
     out = _driver_job(
@@ -982,7 +982,7 @@ def test_driver_job_unit_runs_the_command_as_given(tmp_path: Path) -> None:
 def test_driver_job_waits_for_an_ssh_key(tmp_path: Path, identity: str) -> None:
     """Without an agent under systemd, a missing key would fail every worker (and have
     the group replace them all): ExecStartPre fails until a key is readable."""
-    from tests.terraform_support import systemd_command_line, unit_settings
+    from tests.terraform.support import systemd_command_line, unit_settings
 
     out = _driver_job(
         tmp_path / "tf", job_command=["python", "train.py"], ssh_identity_file=identity

@@ -1,7 +1,7 @@
 """Static checks of terraform/azure, the spot scale set + driver module for Azure.
 
 No Azure subscription and no `hashicorp/azurerm` provider are at hand, so these tests
-parse the module with python-hcl2 (the helpers of tests/test_terraform.py) and check
+parse the module with python-hcl2 (the helpers of tests/terraform/test_terraform.py) and check
 what a typo or a drifting contract would break: the spot settings and the Flexible
 orchestration of the scale set, no public IP on the workers, ssh keys only, the
 driver's custom roles against the actions spotring's Azure provider performs
@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from tests import test_terraform as generic
-from tests.terraform_support import (
+from tests.terraform import test_terraform as generic
+from tests.terraform.support import (
     CHECKPOINT_URIS,
     assert_formatted,
     assert_software_versions_match_the_setup_script,
@@ -48,7 +48,7 @@ from tests.terraform_support import (
     spotring_argv,
     variables_only_copy,
 )
-from tests.test_terraform import (
+from tests.terraform.test_terraform import (
     _IDENT,
     REPO,
     TERRAFORM,
@@ -113,7 +113,7 @@ def azure() -> Module:
 def test_module_exists_and_is_covered_by_the_generic_checks() -> None:
     files = {p.name for p in _tf_files(AZURE)}
     assert {"versions.tf", "variables.tf", "outputs.tf", "main.tf"} <= files, files
-    # tests/test_terraform.py parametrizes its parse/reference/documentation checks over
+    # tests/terraform/test_terraform.py parametrizes its parse/reference/documentation checks over
     # every directory with .tf files under terraform/; this module must be one of them.
     assert AZURE in {p.parent for p in _tf_files()}
 
@@ -523,7 +523,7 @@ def test_custom_data_renders_the_bootstrap_with_every_variable(azure: Module) ->
         assert re.search(rf'role\s*[=:]\s*"{role}"', args[1]), (site, args[1])
 
 
-worker_image = pytest.importorskip("tests.test_worker_image")
+worker_image = pytest.importorskip("tests.unit.test_worker_image")
 AZURE_VARS = {
     **worker_image.WORKER_VARS,
     "region": "eastus",

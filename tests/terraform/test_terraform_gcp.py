@@ -1,7 +1,7 @@
 """Static checks of terraform/gcp, the spot worker group + driver module for GCP.
 
 No GCP project and no `hashicorp/google` provider are at hand, so these tests parse
-the module with python-hcl2 (the helpers of tests/test_terraform.py) and check what a
+the module with python-hcl2 (the helpers of tests/terraform/test_terraform.py) and check what a
 typo or a drifting contract would break: the spot scheduling of the workers, no
 external address on them, the driver's custom roles against the permissions spotring's
 GCP provider uses (``spotring.providers.gcp.IAM_PERMISSIONS``), the firewall rules, the
@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from tests import test_terraform as generic
-from tests.terraform_support import (
+from tests.terraform import test_terraform as generic
+from tests.terraform.support import (
     CHECKPOINT_URIS,
     assert_formatted,
     assert_software_versions_match_the_setup_script,
@@ -46,7 +46,7 @@ from tests.terraform_support import (
     spotring_argv,
     variables_only_copy,
 )
-from tests.test_terraform import (
+from tests.terraform.test_terraform import (
     _IDENT,
     REPO,
     TERRAFORM,
@@ -100,7 +100,7 @@ def gcp() -> Module:
 def test_module_exists_and_is_covered_by_the_generic_checks() -> None:
     files = {p.name for p in _tf_files(GCP)}
     assert {"versions.tf", "variables.tf", "outputs.tf", "main.tf"} <= files, files
-    # tests/test_terraform.py parametrizes its parse/reference/documentation checks over
+    # tests/terraform/test_terraform.py parametrizes its parse/reference/documentation checks over
     # every directory with .tf files under terraform/; this module must be one of them.
     assert GCP in {p.parent for p in _tf_files()}
 
@@ -475,7 +475,7 @@ def test_bootstrap_skips_the_aws_steps_without_a_hook_name() -> None:
             assert inside or comment, f"{pattern} used outside complete_lifecycle: {match.start()}"
 
 
-worker_image = pytest.importorskip("tests.test_worker_image")
+worker_image = pytest.importorskip("tests.unit.test_worker_image")
 GCP_VARS = {**worker_image.WORKER_VARS, "region": "us-central1", "lifecycle_hook_name": ""}
 
 

@@ -18,7 +18,7 @@ from spotring.autoscaler.composition import (
 )
 from spotring.core import ConfigurationError, CoreOptions
 from spotring.providers.base import Provider
-from tests.fakes import ScriptedProvider
+from tests.fakes.scripted import ScriptedProvider
 
 
 class Named(ScriptedProvider):

@@ -22,7 +22,7 @@ from spotring.providers.base import (
     ProviderError,
     hosts_for_slots,
 )
-from tests.fakes import ScriptedProvider, instance
+from tests.fakes.scripted import ScriptedProvider, instance
 
 JOB = JobShape(num_proc=2, min_num_proc=1, max_num_proc=3)
 

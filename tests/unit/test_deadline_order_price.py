@@ -10,7 +10,7 @@ from spotring.autoscaler.controller import Controller
 from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.autoscaler.plugins.policy import PriceOrder, before_defaults
 from spotring.core import JobShape, Lifecycle
-from tests.test_group_set import Pool
+from tests.unit.test_group_set import Pool
 
 JOB = JobShape(num_proc=2, min_num_proc=1, max_num_proc=2)
 

@@ -21,7 +21,7 @@ from spotring.autoscaler.deadline import (
 )
 from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.core import ConfigurationError, Instance, InstanceState, JobShape, Lifecycle
-from tests.fakes import ScriptedProvider
+from tests.fakes.scripted import ScriptedProvider
 
 NOW = 1_000_000.0
 JOB = JobShape(num_proc=4, min_num_proc=1, max_num_proc=4)

@@ -37,7 +37,7 @@ from spotring.core.prices import HourlyPrice
 from spotring.driver.ring_progress import Hang, RingStatus, Stall
 from spotring.providers import permissions
 from tests.conftest import REPO
-from tests.fakes import ScriptedProvider
+from tests.fakes.scripted import ScriptedProvider
 
 
 @pytest.fixture(scope="module")

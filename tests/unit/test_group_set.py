@@ -29,7 +29,7 @@ from spotring.core import (
     ShortageCause,
 )
 from spotring.providers.base import Provider
-from tests.fakes import ScriptedProvider, instance
+from tests.fakes.scripted import ScriptedProvider, instance
 
 JOB = JobShape(num_proc=4, min_num_proc=1, max_num_proc=4)
 OPTIONS = CapacityOptions(return_after=0)

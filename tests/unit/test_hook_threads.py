@@ -19,8 +19,8 @@ from spotring.autoscaler.observers.progress import ProgressReporter
 from spotring.autoscaler.plugins import get_plugin_manager, provider_registry
 from spotring.core import Instance, InterruptionNotice, JobShape
 from spotring.driver.options import ElasticOptions
-from tests.fakes import ScriptedProvider, instance
-from tests.store_signing import JOB_KEY
+from tests.fakes.scripted import ScriptedProvider, instance
+from tests.fakes.store_signing import JOB_KEY
 
 JOB = JobShape(num_proc=2, min_num_proc=1, max_num_proc=4, target_hosts=3)
 CONTROLLER = "spotring-controller"

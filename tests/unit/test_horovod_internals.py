@@ -4,7 +4,7 @@ spotring relies on private attributes of Horovod 0.28.1 and replaces some of its
 methods. Every such use is a function of :mod:`spotring.driver.horovod_internals`
 (the driver side) or :mod:`spotring.worker_image.horovod_internals` (the worker side),
 whose ``INTERNALS`` tables :mod:`spotring.driver.compat` checks before a run. This test
-reads the product's source with ``ast`` (as ``tests/test_layers.py`` does) and fails
+reads the product's source with ``ast`` (as ``tests/unit/test_layers.py`` does) and fails
 when:
 
 * a module other than those two reaches a private attribute that is Horovod's: on an
@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 INTERNALS_MODULES = ("driver/horovod_internals.py", "worker_image/horovod_internals.py")
 """The two modules allowed to touch Horovod's internals (paths relative to the repo)."""

@@ -20,9 +20,9 @@ from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.core.job import JobShape
 from spotring.driver.ring_progress import Hang, RingStatus, Stall
 from spotring.providers.base import InstanceState, InterruptionNotice
-from tests.fakes import ScriptedProvider, instance
+from tests.fakes.scripted import ScriptedProvider, instance
 
-RECORDED = Path(__file__).parent / "data" / "run_events.jsonl"
+RECORDED = Path(__file__).parents[1] / "data" / "run_events.jsonl"
 """The events of a local run: 2 hosts, a scale-up to 3, a noticed preemption."""
 
 

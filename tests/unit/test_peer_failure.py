@@ -20,7 +20,7 @@ from spotring.worker_image.peer_abort import (
     patch_notification_service,
 )
 from spotring.worker_image.store_auth import AUTH_HEADER, sign
-from tests.store_signing import JOB_KEY
+from tests.fakes.store_signing import JOB_KEY
 
 KEY = bytes(range(32))
 

@@ -1,6 +1,6 @@
 """The docs' permission tables are made from the providers' own lists
 (spotring.providers.permissions; the reference page writes them at build time, and
-tests/test_docs.py checks they are on it), so they cannot drift."""
+tests/unit/test_docs.py checks they are on it), so they cannot drift."""
 
 from __future__ import annotations
 

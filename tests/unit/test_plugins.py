@@ -18,7 +18,7 @@ from spotring.autoscaler.plugins import (
     provider_registry,
 )
 from spotring.providers.local import LocalProvider
-from tests.fakes import ScriptedProvider
+from tests.fakes.scripted import ScriptedProvider
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def fake_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         textwrap.dedent(
             """
             from spotring.autoscaler import hookimpl
-            from tests.fakes import ScriptedProvider
+            from tests.fakes.scripted import ScriptedProvider
 
             class FakeCloud(ScriptedProvider):
                 name = "fakecloud"
@@ -174,7 +174,7 @@ def test_registry_rejects_duplicates_and_non_providers() -> None:
 
 
 def test_every_hookspec_documents_its_parameters() -> None:
-    """The docs' hooks page is generated from these docstrings (tests/test_docs.py
+    """The docs' hooks page is generated from these docstrings (tests/unit/test_docs.py
     checks that every hook is on it, with its parameters)."""
     for name, spec in inspect.getmembers(hookspecs, inspect.isfunction):
         if not name.startswith("spotring_"):

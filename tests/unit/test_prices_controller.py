@@ -12,7 +12,7 @@ from spotring.autoscaler.controller import Controller
 from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.core import ConfigurationError, JobShape, Lifecycle
 from spotring.core.prices import HourlyPrice
-from tests.fakes import ScriptedProvider, instance
+from tests.fakes.scripted import ScriptedProvider, instance
 
 JOB = JobShape(num_proc=2, min_num_proc=1, max_num_proc=4)
 

@@ -12,7 +12,7 @@ from spotring.autoscaler.observers.progress import ProgressReporter
 from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.core import Inventory, JobShape
 from spotring.providers.base import Instance, InstanceState, InterruptionNotice
-from tests.fakes import ScriptedProvider
+from tests.fakes.scripted import ScriptedProvider
 
 
 def host(name: str) -> Instance:

@@ -20,8 +20,8 @@ from spotring.driver.rendezvous import (
     RingTracker,
     rendezvous_handler,
 )
-from tests.store_signing import JOB_KEY, auth_line, is_write
-from tests.test_hostile_endpoints import StubDriver, parse_answer, receive_all
+from tests.e2e.test_hostile_endpoints import StubDriver, parse_answer, receive_all
+from tests.fakes.store_signing import JOB_KEY, auth_line, is_write
 
 ENTRY = 136  # Gloo's TCP pair address
 HOSTS = ["host-a", "host-a", "host-b", "host-b"]  # rank -> host name, 2 slots each

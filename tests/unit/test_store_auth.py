@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spotring.worker_image import store_auth
-from tests.store_signing import JOB_KEY
+from tests.fakes.store_signing import JOB_KEY
 
 
 def library_mac(key: bytes, method: str, path: str, ring: int, nonce: str, body: bytes) -> str:

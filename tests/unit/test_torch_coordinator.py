@@ -17,7 +17,7 @@ dist = pytest.importorskip("torch.distributed")
 from spotring.torch import inplace  # noqa: E402
 from spotring.torch.coordinator import Membership, StoreCoordinator, StorePublisher  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

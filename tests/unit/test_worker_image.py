@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "worker_image" / "bootstrap.sh.tftpl"
 LOCK = REPO / "worker_image" / "requirements-worker-aws.txt"  # the AWS module's
 HOROVOD_PATCHES = [
@@ -130,7 +130,7 @@ def calls(tmp_path: Path) -> list[str]:
 
 
 def test_template_variables_are_the_ones_terraform_passes() -> None:
-    # tests/test_terraform.py checks the templatefile() calls against the template;
+    # tests/terraform/test_terraform.py checks the templatefile() calls against the template;
     # this keeps the sample values here complete.
     assert template_variables() == set(WORKER_VARS)
 
