@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.terraform.test_terraform import (
+    AWS_REQUIRED,
     PLUGIN_DIR,
     REPO,
     TERRAFORM,
@@ -402,6 +403,34 @@ CHECKPOINT_URIS = {
     "aws": "s3://ckpt-bucket/runs/spot-train",
     "gcp": "gs://ckpt-bucket/runs/spot-train",
     "azure": "https://ckptaccount.blob.core.windows.net/checkpoints/runs/spot-train",
+}
+
+
+# Inputs each module takes as they are (every validation passes): the base of its plans.
+VALID_INPUTS: dict[str, dict[str, Any]] = {
+    "aws": AWS_REQUIRED,
+    "gcp": {
+        "project": "my-project",
+        "region": "us-central1",
+        "name": "spot-train",
+        "worker_count": 2,
+        "max_worker_count": 4,
+        "admin_cidrs": ["35.235.240.0/20"],
+        "ssh_public_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver@spotring"],
+        "spotring_package": "spotring[gcp] @ https://example.com/spotring-0.1.0-py3-none-any.whl"
+        "#sha256=" + "b" * 64,
+    },
+    "azure": {
+        "subscription_id": "00000000-0000-0000-0000-000000000000",
+        "location": "eastus",
+        "name": "spot-train",
+        "worker_count": 2,
+        "max_worker_count": 4,
+        "admin_cidrs": ["203.0.113.7/32"],
+        "ssh_public_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver@spotring"],
+        "spotring_package": "spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl"
+        "#sha256=" + "b" * 64,
+    },
 }
 
 

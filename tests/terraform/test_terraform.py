@@ -518,10 +518,6 @@ def assert_https_only_validations(module: Module) -> None:
     assert "https?" not in spotring and "git" not in spotring.split("\n")[0]
 
 
-def test_only_https_urls_for_wheels_and_indexes(aws: Module) -> None:
-    assert_https_only_validations(aws)
-
-
 # The validations themselves, by Terraform: a copy of variables.tf alone needs no
 # provider, so `terraform plan` runs offline.
 AWS_REQUIRED = {
@@ -631,7 +627,6 @@ def aws_variables_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"ssh_ingress_cidrs": ["10.0.0.0/8", "35.235.240.0/20"]}, None),
         ({"ssh_ingress_cidrs": ["0.0.0.0/1", "128.0.0.0/1"]}, "ssh_ingress_cidrs"),
         ({"ssh_ingress_cidrs": ["10.0.0.0/7"]}, "ssh_ingress_cidrs"),
-        *https_url_cases("aws"),
         ({"checkpoint_uri": "s3://ckpt-bucket/runs/spot-train"}, None),
         ({"checkpoint_uri": "s3://ckpt.bucket-1/a/"}, None),
         ({"checkpoint_uri": "s3://ckpt-bucket"}, "checkpoint_uri"),  # no prefix
@@ -642,7 +637,6 @@ def aws_variables_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"checkpoint_uri": "s3://Ckpt/runs"}, "checkpoint_uri"),
         ({"checkpoint_uri": "gs://ckpt-bucket/runs"}, "checkpoint_uri"),
         ({"checkpoint_uri": "/mnt/checkpoints"}, "checkpoint_uri"),
-        *job_input_cases(),
     ],
 )
 def test_terraform_validations(
@@ -727,18 +721,6 @@ def test_user_data_is_the_gzipped_bootstrap_within_ec2s_limit(aws: Module) -> No
         ]
         wanted = f"${{length(base64gzip(local.{local})) <= {USER_DATA_BASE64_LIMIT}}}"
         assert wanted in conditions, conditions
-
-
-def test_software_versions_match_the_setup_script(aws: Module) -> None:
-    """The hosts get the torch and Horovod that scripts/setup.sh tests against."""
-    setup = (REPO / "scripts" / "setup.sh").read_text(encoding="utf-8")
-    for variable, shell_name in (
-        ("torch_version", "torch_version"),
-        ("horovod_version", "horovod_version"),
-    ):
-        pinned = re.search(rf"^{shell_name}=(\S+)$", setup, re.MULTILINE)
-        assert pinned, f"scripts/setup.sh sets no {shell_name}"
-        assert aws.variables[variable]["default"] == pinned.group(1), variable
 
 
 # ------------------------------------------------------------------ durable checkpoints
@@ -875,15 +857,6 @@ def test_aws_driver_runs_the_job_unit(aws: Module) -> None:
     (lifecycle,) = aws.resource("aws_instance", "driver")["lifecycle"]
     conditions = [c["condition"] for c in lifecycle["precondition"]]
     assert '${length(var.job_command) == 0 || var.ssh_user != "root"}' in conditions
-
-
-@needs_terraform_binary
-def test_aws_unit_runs_the_spotring_command(aws: Module, tmp_path: Path) -> None:
-    from tests.terraform.support import assert_unit_runs_spotring_command
-
-    assert_unit_runs_spotring_command(
-        aws, tmp_path, AWS_REQUIRED, {"aws_autoscaling_group.workers.name": "var.name"}
-    )
 
 
 JOB_COMMAND = [
@@ -1132,36 +1105,6 @@ def _terraform_cli_available() -> str | None:
     if not PLUGIN_DIR.is_dir():
         return f"no local provider mirror at {PLUGIN_DIR} (set SPOTRING_TF_PLUGIN_DIR)"
     return None
-
-
-def test_terraform_cli(tmp_path: Path) -> None:
-    reason = _terraform_cli_available()
-    if reason:
-        pytest.skip(reason)
-    # A copy keeps .terraform/ and the lock file out of the repository.
-    shutil.copytree(AWS, tmp_path / "terraform" / "aws")
-    shutil.copytree(TERRAFORM / "modules", tmp_path / "terraform" / "modules")
-    shutil.copytree(REPO / "worker_image", tmp_path / "worker_image")
-    workdir = tmp_path / "terraform" / "aws"
-    env = {**os.environ, "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
-
-    def terraform(*args: str) -> str:
-        done = subprocess.run(
-            ["terraform", *args, "-no-color"],
-            cwd=workdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, f"terraform {args[0]}:\n{done.stdout}\n{done.stderr}"
-        return done.stdout
-
-    terraform("init", "-backend=false", "-input=false", f"-plugin-dir={PLUGIN_DIR}")
-    # `terraform test` validates the configuration first, then runs tests/*.tftest.hcl.
-    out = terraform("test")
-    assert "0 failed" in out, out
 
 
 # ------------------------------------------------------------------ the hosts' bootstrap

@@ -32,9 +32,6 @@ import pytest
 from tests.terraform import test_terraform as generic
 from tests.terraform.support import (
     CHECKPOINT_URIS,
-    assert_formatted,
-    assert_software_versions_match_the_setup_script,
-    assert_unit_runs_spotring_command,
     evaluate,
     evaluate_output,
     needs_terraform,
@@ -44,9 +41,11 @@ from tests.terraform.support import (
     plan_variables,
     provider_class,
     provider_iam,
-    run_module_tests,
     spotring_argv,
     variables_only_copy,
+)
+from tests.terraform.support import (
+    VALID_INPUTS as EVERY_VALID_INPUT,
 )
 from tests.terraform.test_terraform import (
     _IDENT,
@@ -59,12 +58,8 @@ from tests.terraform.test_terraform import (
     _strings,
     _template_variables,
     _templatefile_calls,
-    _tf_files,
     assert_driver_runs_the_job_unit,
-    assert_https_only_validations,
     assert_plan_outcome,
-    https_url_cases,
-    job_input_cases,
 )
 
 AZURE = TERRAFORM / "azure"
@@ -101,6 +96,9 @@ ROLE_SCOPES = {"driver_set": SET_ID, "driver_members": RG_ID, "driver_sizes": SU
 # Any source that means "everywhere" in an Azure security rule.
 EVERYWHERE = {"*", "internet", "any", "0.0.0.0/0", "0.0.0.0", "::/0"}
 
+VALID_INPUTS = EVERY_VALID_INPUT["azure"]
+SUBSCRIPTION = VALID_INPUTS["subscription_id"]
+
 
 @pytest.fixture(scope="module")
 def azure() -> Module:
@@ -108,24 +106,6 @@ def azure() -> Module:
 
 
 # ------------------------------------------------------------------ the module as a whole
-
-
-def test_module_exists_and_is_covered_by_the_generic_checks() -> None:
-    files = {p.name for p in _tf_files(AZURE)}
-    assert {"versions.tf", "variables.tf", "outputs.tf", "main.tf"} <= files, files
-    # tests/terraform/test_terraform.py parametrizes its parse/reference/documentation checks over
-    # every directory with .tf files under terraform/; this module must be one of them.
-    assert AZURE in {p.parent for p in _tf_files()}
-
-
-def test_every_file_parses() -> None:
-    for path in _tf_files(AZURE):
-        assert generic._parse(path), f"{path} parsed to nothing"
-
-
-def test_references_resolve_and_everything_is_documented() -> None:
-    generic.test_references_resolve(AZURE)
-    generic.test_variables_and_outputs_are_documented(AZURE)
 
 
 def test_every_variable_has_a_validation_or_is_free_form(azure: Module) -> None:
@@ -559,10 +539,6 @@ def test_apt_waits_for_the_first_boot_updates() -> None:
             assert "DPkg::Lock::Timeout=" in line, line
 
 
-def test_software_versions_match_the_setup_script(azure: Module) -> None:
-    assert_software_versions_match_the_setup_script(azure)
-
-
 # ------------------------------------------------------------------ spotring_command
 
 
@@ -833,40 +809,8 @@ def test_driver_runs_the_job_unit(azure: Module) -> None:
     assert "ssh -t ${var.ssh_user}@${coalesce(" in journal
 
 
-@needs_terraform
-def test_unit_runs_the_spotring_command(azure: Module, tmp_path: Path) -> None:
-    assert_unit_runs_spotring_command(
-        azure,
-        tmp_path,
-        VALID_INPUTS,
-        {
-            f"{SET}.workers.name": "var.name",
-            "azurerm_resource_group.cluster.name": "local.resource_group_name",
-        },
-    )
-
-
 # ------------------------------------------------------------------ terraform itself
 # These need the binary but no provider: they run wherever `terraform` is on PATH.
-
-
-@needs_terraform
-def test_terraform_fmt() -> None:
-    assert_formatted(AZURE)
-
-
-SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
-VALID_INPUTS: dict[str, Any] = {
-    "subscription_id": SUBSCRIPTION,
-    "location": "eastus",
-    "name": "spot-train",
-    "worker_count": 2,
-    "max_worker_count": 4,
-    "admin_cidrs": ["203.0.113.7/32"],
-    "ssh_public_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver@spotring"],
-    "spotring_package": "spotring[azure] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256="
-    + "b" * 64,
-}
 
 
 @pytest.fixture(scope="module")
@@ -957,26 +901,11 @@ def test_bad_inputs_are_refused(variables_only: Path, variable: str, value: Any)
             None,
         ),
         ({"checkpoint_uri": CHECKPOINT_URIS["azure"] + "/"}, None),
-        *job_input_cases(),
     ],
 )
 def test_job_and_checkpoint_validations(
     variables_only: Path, overrides: dict[str, Any], refused: str | None
 ) -> None:
-    done = plan_variables(variables_only, {**VALID_INPUTS, **overrides})
-    assert_plan_outcome(done, refused)
-
-
-def test_only_https_urls_for_wheels_and_indexes(azure: Module) -> None:
-    assert_https_only_validations(azure)
-
-
-@pytest.mark.parametrize(("overrides", "refused"), https_url_cases("azure"))
-def test_url_validations(
-    variables_only: Path, overrides: dict[str, Any], refused: str | None
-) -> None:
-    """http:// indexes and wheels, and a wheel without #sha256=, are refused at plan
-    time (the bootstrap checks them again at boot), as in terraform/aws."""
     done = plan_variables(variables_only, {**VALID_INPUTS, **overrides})
     assert_plan_outcome(done, refused)
 
@@ -1046,8 +975,3 @@ def test_spotring_command_renders(
     assert command == expected
     options = parse_run_with_checkpoint("azure", shlex.split(command)[1:])
     assert options.azure_subscription == SUBSCRIPTION
-
-
-def test_terraform_cli(tmp_path: Path) -> None:
-    """`terraform test` of the module (tests/plan.tftest.hcl, mocked azurerm provider)."""
-    run_module_tests(AZURE, "azurerm", tmp_path)

@@ -29,10 +29,9 @@ import pytest
 
 from tests.terraform import test_terraform as generic
 from tests.terraform.support import (
-    CHECKPOINT_URIS,
-    assert_formatted,
-    assert_software_versions_match_the_setup_script,
-    assert_unit_runs_spotring_command,
+    VALID_INPUTS as EVERY_VALID_INPUT,
+)
+from tests.terraform.support import (
     evaluate,
     evaluate_output,
     needs_terraform,
@@ -42,7 +41,6 @@ from tests.terraform.support import (
     plan_variables,
     provider_class,
     provider_iam,
-    run_module_tests,
     spotring_argv,
     variables_only_copy,
 )
@@ -57,12 +55,8 @@ from tests.terraform.test_terraform import (
     _strings,
     _template_variables,
     _templatefile_calls,
-    _tf_files,
     assert_driver_runs_the_job_unit,
-    assert_https_only_validations,
     assert_plan_outcome,
-    https_url_cases,
-    job_input_cases,
 )
 
 GCP = TERRAFORM / "gcp"
@@ -88,6 +82,8 @@ SLOTS_LABEL = "spotring-slots"
 WORKER_SA = "${google_service_account.worker.email}"
 DRIVER_SA = "${google_service_account.driver.email}"
 
+VALID_INPUTS = EVERY_VALID_INPUT["gcp"]
+
 
 @pytest.fixture(scope="module")
 def gcp() -> Module:
@@ -95,19 +91,6 @@ def gcp() -> Module:
 
 
 # ------------------------------------------------------------------ the module as a whole
-
-
-def test_module_exists_and_is_covered_by_the_generic_checks() -> None:
-    files = {p.name for p in _tf_files(GCP)}
-    assert {"versions.tf", "variables.tf", "outputs.tf", "main.tf"} <= files, files
-    # tests/terraform/test_terraform.py parametrizes its parse/reference/documentation checks over
-    # every directory with .tf files under terraform/; this module must be one of them.
-    assert GCP in {p.parent for p in _tf_files()}
-
-
-def test_references_resolve_and_everything_is_documented() -> None:
-    generic.test_references_resolve(GCP)
-    generic.test_variables_and_outputs_are_documented(GCP)
 
 
 def test_google_provider_is_pinned_to_5_or_newer(gcp: Module) -> None:
@@ -533,10 +516,6 @@ def test_bootstrap_creates_a_missing_login_user(tmp_path: Path) -> None:
     assert keys == GCP_VARS["ssh_authorized_keys"].split("\n")
 
 
-def test_software_versions_match_the_setup_script(gcp: Module) -> None:
-    assert_software_versions_match_the_setup_script(gcp)
-
-
 # ------------------------------------------------------------------ spotring_command
 
 
@@ -675,37 +654,8 @@ def test_driver_runs_the_job_unit(gcp: Module) -> None:
     assert '${var.driver_external_ip ? "" : " --tunnel-through-iap"}' in journal
 
 
-@needs_terraform
-def test_unit_runs_the_spotring_command(gcp: Module, tmp_path: Path) -> None:
-    assert CHECKPOINT_URIS["gcp"].startswith("gs://")
-    assert_unit_runs_spotring_command(
-        gcp,
-        tmp_path,
-        VALID_INPUTS,
-        {"google_compute_region_instance_group_manager.workers.name": "var.name"},
-    )
-
-
 # ------------------------------------------------------------------ terraform itself
 # These need the binary but no provider: they run wherever `terraform` is on PATH.
-
-
-@needs_terraform
-def test_terraform_fmt() -> None:
-    assert_formatted(GCP)
-
-
-VALID_INPUTS: dict[str, Any] = {
-    "project": "my-project",
-    "region": "us-central1",
-    "name": "spot-train",
-    "worker_count": 2,
-    "max_worker_count": 4,
-    "admin_cidrs": ["35.235.240.0/20"],
-    "ssh_public_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample driver@spotring"],
-    "spotring_package": "spotring[gcp] @ https://example.com/spotring-0.1.0-py3-none-any.whl#sha256="
-    + "b" * 64,
-}
 
 
 @pytest.fixture(scope="module")
@@ -772,26 +722,11 @@ def test_bad_inputs_are_refused(variables_only: Path, variable: str, value: Any)
             },
             None,
         ),
-        *job_input_cases(),
     ],
 )
 def test_job_and_checkpoint_validations(
     variables_only: Path, overrides: dict[str, Any], refused: str | None
 ) -> None:
-    done = plan_variables(variables_only, {**VALID_INPUTS, **overrides})
-    assert_plan_outcome(done, refused)
-
-
-def test_only_https_urls_for_wheels_and_indexes(gcp: Module) -> None:
-    assert_https_only_validations(gcp)
-
-
-@pytest.mark.parametrize(("overrides", "refused"), https_url_cases("gcp"))
-def test_url_validations(
-    variables_only: Path, overrides: dict[str, Any], refused: str | None
-) -> None:
-    """http:// indexes and wheels, and a wheel without #sha256=, are refused at plan
-    time (the bootstrap checks them again at boot), as in terraform/aws."""
     done = plan_variables(variables_only, {**VALID_INPUTS, **overrides})
     assert_plan_outcome(done, refused)
 
@@ -846,8 +781,3 @@ def test_spotring_command_renders(
     command = _evaluate_spotring_command(gcp, tmp_path, {**VALID_INPUTS, **inputs})
     assert command == expected
     parse_run_with_checkpoint("gcp", shlex.split(command)[1:])
-
-
-def test_terraform_cli(tmp_path: Path) -> None:
-    """`terraform test` of the module (tests/plan.tftest.hcl, mocked Google provider)."""
-    run_module_tests(GCP, "google", tmp_path)
