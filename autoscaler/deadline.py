@@ -55,7 +55,7 @@ from spotring.autoscaler.plugins.policy import before_defaults
 from spotring.core.hooks import hookimpl
 from spotring.core.instance import Instance, Lifecycle
 from spotring.core.job import JobShape
-from spotring.driver.ring_progress import RingStatus
+from spotring.driver.ring_events import RingStatus
 
 __all__ = [
     "DEFAULT_RESTART_COST",

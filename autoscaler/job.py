@@ -27,6 +27,7 @@ from spotring.core import ConfigurationError, ProviderError
 from spotring.core.job import JobShape
 from spotring.driver.launcher import SshOptions
 from spotring.driver.options import ElasticOptions
+from spotring.driver.worker_events import WorkerEvents
 from spotring.providers.base import Provider
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ def _run_locked(
     )
     for group in groups:
         if group.tracks_worker_processes:
-            launcher.add_listener(_ProviderProcesses(group))  # type: ignore[arg-type]  # listeners are duck-typed
+            launcher.add_listener(_ProviderProcesses(group))
     plugins = contextlib.ExitStack()  # the run's own: unregistered and closed at its end
     try:
         _register_run_plugins(plugins, config, groups, pm, reporter, controller)
@@ -295,7 +296,7 @@ def _finish(provider: Provider) -> None:
         log.warning("%s: clean-up at the end of the job failed: %s", provider.describe(), error)
 
 
-class _ProviderProcesses:
+class _ProviderProcesses(WorkerEvents):
     """Tells a provider that simulates hosts which process groups run on which host."""
 
     def __init__(self, provider: Provider) -> None:

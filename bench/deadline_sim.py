@@ -66,7 +66,7 @@ from spotring.core import (
     Lifecycle,
     ShortageCause,
 )
-from spotring.driver.ring_progress import RingStatus
+from spotring.driver.ring_events import RingStatus
 from spotring.providers.base import Provider
 
 BENCHMARK = "deadline mode, synthetic spot traces"

@@ -13,7 +13,7 @@ rank's exchange) and each rank's ``DELETE`` (``HTTPStore::Finalize``):
   (``GET /spotring/ring``), then per context of size k > 1 sends one
   ``PUT <scope>/spotring-mesh-<rank>`` (its host name and its k - 1 addresses of 136
   bytes), answered once every rank has sent its own, then ``DELETE``, each write
-  signed under the job key (worker_image/store_auth.py) as the build signs it; a
+  signed under the job key (worker_image/wire.py) as the build signs it; a
   context of one rank sends nothing. The global process set uses the global contexts: three
   contexts per ring (global, local, cross).
 - anchor: Horovod 0.28.1's own ``RendezvousServer`` with stock Horovod's pattern
@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, Row, format_table, row
-from spotring.worker_image import store_auth
+from spotring.worker_image import wire
 
 BENCHMARK = "scale"
 ENTRY = 136  # Gloo's TCP pair address: a sockaddr_storage and a sequence number
@@ -179,8 +179,8 @@ async def _request(
         counts.requests += 1
         signed = b""
         if ring is not None:
-            signature = store_auth.sign(BENCH_KEY, method, path, ring, body)
-            signed = f"{store_auth.AUTH_HEADER}: {signature.header()}\r\n".encode()
+            signature = wire.sign(BENCH_KEY, method, path, ring, body)
+            signed = f"{wire.AUTH_HEADER}: {signature.header()}\r\n".encode()
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             try:

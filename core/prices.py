@@ -43,9 +43,9 @@ class PriceSource(Protocol):
     """What a provider (one group's client) implements to tell its members' price."""
 
     def hourly_price(self) -> HourlyPrice | None:
-        """The price of one member for one hour now; None when it is unknown (the
-        price book then warns once, never fails the job). May raise: the book keeps
-        its last good answer."""
+        """The price of one member for one hour now; None when the group has none to
+        tell (the price book notes it once). Raises when the price cannot be read: the
+        book keeps its last good answer and warns once; the job never fails for it."""
 
 
 class PricedGroup(PriceSource, Protocol):
@@ -132,19 +132,23 @@ class PriceBook:
         return None if lifecycle is None else self._overrides.get(lifecycle.value)
 
     def _ask(self, group: str, source: PricedGroup) -> None:
-        """Ask ``source`` for its price; keep a good answer, warn once per group
-        while its price stays unknown."""
+        """Ask ``source`` for its price and keep a good answer. While the group has
+        none, say so once: a warning when its cloud's price could not be read, a note
+        when the group has no price to read (the local provider, a group reached
+        through a test or private endpoint)."""
         try:
             answer = source.hourly_price()
-            problem = "its price is not known"
+            level, problem = logging.INFO, "no price from its cloud"
         except Exception as error:  # a price API's failure never fails the job
-            answer, problem = None, f"its price could not be read: {error}"
+            answer = None
+            level, problem = logging.WARNING, f"its price could not be read: {error}"
         if answer is not None:
             self._known[group] = answer
             return
         if group not in self._known and group not in self._warned:
             self._warned.add(group)
-            _log.warning(
+            _log.log(
+                level,
                 "group %s: %s; cost is not counted for it (give --price %s=USD_PER_HOUR)",
                 group,
                 problem,

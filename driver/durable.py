@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from spotring.driver import horovod_internals as internals
-from spotring.driver.launcher import WorkerExit
 from spotring.driver.ring_events import RingLoss as RingLoss  # re-exported: its old home
+from spotring.driver.worker_events import WorkerEvents, WorkerExit
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def killed(exit_code: int) -> bool:
     return exit_code < 0 or exit_code > 128
 
 
-class RingLossJudge:
+class RingLossJudge(WorkerEvents):
     """Remembers how each worker ended; a launcher listener.
 
     :meth:`reclaimed` tells a reclaim (some member killed or lost) from a broken

@@ -55,12 +55,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Literal, Protocol
+from typing import IO, Any, Literal
 
 from spotring.core import is_valid_address
 from spotring.driver.output_pump import MAX_LINE_CHARS as MAX_LINE_CHARS  # re-exported
 from spotring.driver.output_pump import Pump, Watch
-from spotring.worker_image.notices import Notice, NoticeMessage
+from spotring.driver.worker_events import WorkerEvents
+from spotring.driver.worker_events import WorkerExit as WorkerExit  # re-exported: its old home
+from spotring.worker_image.notices import NoticeMessage
 from spotring.worker_image.progress import ProgressMessage
 from spotring.worker_image.signed_lines import LineAcceptor, Rejected
 from spotring.worker_image.wire import (
@@ -91,6 +93,12 @@ by a signal can look like that): Horovod takes any 0 as success and ends the job
 
 HostKeyChecking = Literal["accept-new", "yes", "no"]
 
+WorkerListener = WorkerEvents
+"""The old name of :class:`WorkerEvents`."""
+
+Tell = Callable[[Callable[[WorkerEvents], None]], None]
+"""Calls one event on every listener."""
+
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -104,43 +112,6 @@ class WorkerSpec:
     cwd: str = ""
     notices: Mapping[str, Any] | None = None
     """The notice watcher the host's supervisor runs (``Provider.notice_watcher``)."""
-
-
-@dataclass(frozen=True)
-class WorkerExit:
-    """How a worker process ended."""
-
-    host: str
-    local_rank: int
-    rank: int
-    exit_code: int
-    stopped: bool
-    """True when spotring/Horovod stopped the worker (host removed, job over)."""
-    reason: str = ""
-    """Why spotring failed a worker it stopped (:meth:`ProcessLauncher.fail_worker`)."""
-
-    @property
-    def failed(self) -> bool:
-        """A failure is an error exit that nobody asked for."""
-        return self.exit_code != 0 and not self.stopped
-
-
-class WorkerListener(Protocol):
-    """Told of Horovod workers' starts and exits; optionally of notices
-    (``worker_noticed``), of every process group the launcher starts on a host,
-    including workers started ahead of their join (``process_started(host, pid)``,
-    ``process_exited(host, pid)``), of the slot a worker runs
-    (``slot_started(host, local_rank)``, with ``worker_started``) and of its verified
-    progress (``worker_progress(host, local_rank, commits, age_seconds, beat_seconds)``,
-    ``beat_seconds`` None for a worker that never beat)."""
-
-    def worker_started(self, host: str, process_group: int) -> None: ...
-
-    def worker_exited(self, exit: WorkerExit, process_group: int) -> None: ...
-
-
-class NoticeListener(Protocol):
-    def worker_noticed(self, host: str, notice: Notice) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -178,7 +149,7 @@ class ProcessLauncher:
         self,
         *,
         remote: bool,
-        listeners: Sequence[WorkerListener] = (),
+        listeners: Sequence[WorkerEvents] = (),
         ssh: SshOptions = SshOptions(),
         python: str = sys.executable,
         host_alias: Callable[[str], str | None] = lambda address: None,
@@ -202,7 +173,7 @@ class ProcessLauncher:
         # (host, host key alias) -> its ssh master's control socket
         self._masters: dict[tuple[str, str | None], _Master] = {}
 
-    def add_listener(self, listener: WorkerListener) -> None:
+    def add_listener(self, listener: WorkerEvents) -> None:
         self._listeners.append(listener)
 
     def stop_workers_on(self, host: str) -> None:
@@ -283,8 +254,9 @@ class ProcessLauncher:
                 launch = self._start(spec, warm=False)
             with self._host_stops_lock:
                 self._running[(spec.host, spec.local_rank)] = launch
-            self._tell("worker_started", spec.host, launch.process.pid)
-            self._tell("slot_started", spec.host, spec.local_rank)
+            pid = launch.process.pid
+            self._tell(lambda listener: listener.worker_started(spec.host, pid))
+            self._tell(lambda listener: listener.slot_started(spec.host, spec.local_rank))
             exit_code, stopped = self._watch(launch, events, host_stop)
         except Exception as error:
             log.error(
@@ -306,7 +278,7 @@ class ProcessLauncher:
                 reason = launch.failure
         result = WorkerExit(spec.host, spec.local_rank, spec.rank, exit_code, stopped, reason)
         pid = launch.process.pid if launch is not None else -1
-        self._tell("worker_exited", result, pid)
+        self._tell(lambda listener: listener.worker_exited(result, pid))
         if launch is not None:
             launch.exited()
         return exit_code, time.time()
@@ -329,7 +301,7 @@ class ProcessLauncher:
         )
         launch = _Launch(spec, process, secrets.token_hex(8), self._tell)
         launch.prefix = f"[warm]<{spec.host}:{spec.local_rank}>" if warm else _prefix(spec)
-        self._tell("process_started", spec.host, process.pid)
+        self._tell(lambda listener: listener.process_started(spec.host, process.pid))
         assert process.stdin is not None
         line: dict[str, Any] = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": spec.cwd}
         line["grace"] = STOP_GRACE_SECONDS
@@ -563,17 +535,14 @@ class ProcessLauncher:
                     self._output_failed = True
                     log.error("workers' output is lost: %s: %s", type(error).__name__, error)
 
-    def _tell(self, method: str, *args: Any) -> None:
-        """Call every listener that has ``method``; one that raises is logged and does
-        not stop the others."""
+    def _tell(self, event: Callable[[WorkerEvents], None]) -> None:
+        """Tell every listener ``event``; one that raises is logged and does not stop
+        the others."""
         for listener in self._listeners:
-            call = getattr(listener, method, None)
-            if call is None:
-                continue
             try:
-                call(*args)
+                event(listener)
             except Exception:
-                log.exception("worker listener %r failed in %s", listener, method)
+                log.exception("worker listener %r failed", listener)
 
 
 class _Launch:
@@ -587,7 +556,7 @@ class _Launch:
         spec: WorkerSpec,
         process: subprocess.Popen[bytes],
         launch_id: str,
-        tell: Callable[..., None],
+        tell: Tell,
     ) -> None:
         self.spec = spec
         self.process = process
@@ -608,7 +577,7 @@ class _Launch:
         """Tell listeners that the process group is gone (once; it has ended)."""
         if not self._exit_told.is_set():
             self._exit_told.set()
-            self._tell("process_exited", self.spec.host, self.process.pid)
+            self._tell(lambda listener: listener.process_exited(self.spec.host, self.process.pid))
 
 
 class WarmWorker:
@@ -693,7 +662,7 @@ def _prefix(spec: WorkerSpec) -> str:
 class _NoticeReader:
     """Checks the notice lines of one worker launch and passes on the good ones."""
 
-    def __init__(self, spec: WorkerSpec, launch: str, tell: Callable[..., None]) -> None:
+    def __init__(self, spec: WorkerSpec, launch: str, tell: Tell) -> None:
         self._host = spec.host
         key = bytes.fromhex(spec.env.get(JOB_KEY_ENV, ""))
         self._lines = LineAcceptor(NoticeMessage, key, launch)
@@ -708,7 +677,8 @@ class _NoticeReader:
             else:
                 log.warning("rejected a notice from %s: %s", self._host, error)
             return
-        self._tell("worker_noticed", self._host, message.notice)
+        notice = message.notice
+        self._tell(lambda listener: listener.worker_noticed(self._host, notice))
 
 
 class _ProgressReader:
@@ -718,7 +688,7 @@ class _ProgressReader:
     are logged once per launch and then every 1,000th, so a script printing them cannot
     flood the driver's log."""
 
-    def __init__(self, launch: _Launch, tell: Callable[..., None]) -> None:
+    def __init__(self, launch: _Launch, tell: Tell) -> None:
         self._launch = launch
         key = bytes.fromhex(launch.spec.env.get(JOB_KEY_ENV, ""))
         self._lines = LineAcceptor(ProgressMessage, key, launch.id)
@@ -742,7 +712,9 @@ class _ProgressReader:
             return
         spec = self._launch.spec  # a warm worker's slot once it joined
         self._tell(
-            "worker_progress", spec.host, spec.local_rank, message.count, message.age, message.beat
+            lambda listener: listener.worker_progress(
+                spec.host, spec.local_rank, message.count, message.age, message.beat
+            )
         )
 
 

@@ -43,6 +43,7 @@ from typing import Any
 from spotring.driver.ring_events import Hang, NoRingEvents, RingEvents
 from spotring.driver.ring_events import RingStatus as RingStatus  # re-exported: its old home
 from spotring.driver.ring_events import Stall as Stall
+from spotring.driver.worker_events import WorkerEvents
 from spotring.worker_image.progress import KEEPALIVE_SECONDS
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class _Member:
         return self.last_commit is None or self.asked > self.last_commit
 
 
-class RingProgress:
+class RingProgress(WorkerEvents):
     """Tracks each ring member's progress; reports stalls; fails a hung member.
 
     :param hang_timeout: seconds without progress after which the member that holds the

@@ -31,6 +31,7 @@ from spotring.driver.rendezvous import RingTracker
 from spotring.driver.ring_events import Hang, NoRingEvents, RingEvents, RingLoss
 from spotring.driver.ring_progress import RingProgress
 from spotring.driver.warm_pool import WarmPool
+from spotring.driver.worker_events import WorkerEvents
 from spotring.worker_image.notices import REBALANCE, Notice
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class RingSide:
             self.warm_pool.close()
 
 
-class FailureRouter:
+class FailureRouter(WorkerEvents):
     """On a worker failure: take its host out of discovery and free its peers.
 
     Runs on the failed worker's launcher thread, before Horovod records the failure,
@@ -196,7 +197,7 @@ class FailureRouter:
         self._notifier.notify(exit.host, exit.local_rank)
 
 
-class NoticeRouter:
+class NoticeRouter(WorkerEvents):
     """On a host's interruption notice (or the controller handing a host back to its
     group): drain it, and stop its workers once it has left.
 

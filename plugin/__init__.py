@@ -43,7 +43,7 @@ from spotring.providers.base import Provider, ProviderRegistry
 
 if TYPE_CHECKING:
     from spotring.autoscaler.capacity import GroupStatus
-    from spotring.driver.ring_progress import Hang, RingStatus, Stall
+    from spotring.driver.ring_events import Hang, RingStatus, Stall
     from spotring.providers.cloud import CloudGroupProvider
     from spotring.providers.conformance import ProviderContract
 

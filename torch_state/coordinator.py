@@ -7,10 +7,10 @@ one it is in has been given up. :class:`Coordinator` is that contract, the whole
 docs/torch.md states what the driver's implementation must guarantee (bounded,
 authenticated, O(N) requests per formation).
 
-:class:`StoreCoordinator` implements it over one ``torch.distributed`` store (a
-``TCPStore`` or a ``FileStore``) and :class:`StorePublisher` is the driver's half of it
-over the same store: enough for tests and one machine. A plain ``TCPStore`` has no
-authentication, so it is not what a job on a network uses.
+:class:`StoreCoordinator` implements it over one ``torch.distributed`` TCPStore and
+:class:`StorePublisher` is the driver's half of it over the same store: enough for
+tests, the bench and one machine. A plain ``TCPStore`` has no authentication, so it is
+not what a job on a network uses.
 """
 
 from __future__ import annotations

@@ -85,7 +85,6 @@ class ProcessGroup:
 
     def __init__(self, membership: Membership, coordinator: Coordinator) -> None:
         self.membership = membership
-        self.aborted = threading.Event()
         self.abandoned = threading.Event()
         """Set once the coordinator has abandoned this generation."""
         self._coordinator = coordinator
@@ -102,7 +101,6 @@ class ProcessGroup:
             world_size=membership.world_size,
             timeout=GROUP_TIMEOUT,
         )
-        self._store = store
         self._connections = _connections(own_tcp_sockets() - before)
         self._watcher = threading.Thread(target=self._watch_abandoned, name="spotring-watch")
         self._watcher.start()
@@ -123,7 +121,6 @@ class ProcessGroup:
 
     def abort(self) -> None:
         """Fail every collective of this group, now and later."""
-        self.aborted.set()
         shutdown_sockets(self._connections)
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ from spotring.core.hooks import hookimpl
 from spotring.core.inventory import Inventory
 from spotring.core.job import JobShape
 from spotring.core.prices import HourlyPrice
-from spotring.driver.ring_progress import Hang, RingStatus, Stall
+from spotring.driver.ring_events import Hang, RingStatus, Stall
 from spotring.providers.base import Provider
 
 VERSION = 1

@@ -19,19 +19,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spotring.autoscaler.capacity import GroupStatus
-from spotring.autoscaler.observers.cost import LiveCost
+from spotring.autoscaler.observers.cost import BILLED_STATES, LiveCost
 from spotring.core import CapacityShortage, Instance, InstanceState, InterruptionNotice, Lifecycle
 from spotring.core.hooks import hookimpl
 from spotring.core.inventory import Inventory
 from spotring.core.prices import HourlyPrice
-from spotring.driver.ring_progress import RingStatus, Stall
+from spotring.driver.ring_events import RingStatus, Stall
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
     from prometheus_client.metrics import MetricWrapperBase
-
-_RUNNING = (InstanceState.PENDING, InstanceState.READY, InstanceState.DRAINING)
-"""States in which an instance is billed."""
 
 
 @dataclass(frozen=True)
@@ -294,7 +291,7 @@ class Metrics:
             labels = (instance.group or self._provider, instance.lifecycle.value)
             member = (*labels, instance.state.value)
             members[member] = members.get(member, 0) + 1
-            if instance.state in _RUNNING:
+            if instance.state.value in BILLED_STATES:
                 key = instance.lifecycle.value
                 running[key] = running.get(key, 0) + 1
                 by_group[labels] = by_group.get(labels, 0) + 1

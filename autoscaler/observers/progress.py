@@ -18,7 +18,7 @@ from spotring.autoscaler.groups import describe_groups
 from spotring.core import CapacityShortage, Instance, InterruptionNotice
 from spotring.core.hooks import hookimpl
 from spotring.core.inventory import Inventory
-from spotring.driver.ring_progress import Hang
+from spotring.driver.ring_events import Hang
 from spotring.providers.base import Provider
 
 

@@ -125,6 +125,7 @@ class AwsProvider(CloudGroupProvider):
         )
         self.region: str = self.autoscaling.meta.region_name
         self._pricing = pricing
+        self._endpoint_url = endpoint_url
         self._client_args = (profile, max_api_attempts, session)  # for the pricing client
 
     @classmethod
@@ -394,7 +395,9 @@ class AwsProvider(CloudGroupProvider):
         (:meth:`group_lifecycle`): spot from DescribeSpotPriceHistory, on-demand from
         the Price List query API; the median over the group's instance types (and, for
         spot, its zones: see :mod:`spotring.providers.aws.prices`). None when the
-        group's configuration names no instance type or no price is listed."""
+        group's configuration names no instance type, no price is listed, or, for
+        on-demand, the group is reached through ``--endpoint-url`` (a test or private
+        endpoint) and no Price List client was given."""
         record = self._describe_group()
         data = capacity.launch_template_data(self._call, self.ec2, record, self.group)
         types = prices.launch_types(data, record)
@@ -405,6 +408,8 @@ class AwsProvider(CloudGroupProvider):
             zones = record.get("AvailabilityZones") or []
             usd = prices.spot_price(self._call, self.ec2, types, zones)
             return None if usd is None else HourlyPrice(usd, prices.SPOT_SOURCE, now)
+        if self._pricing is None and self._endpoint_url:
+            return None
         if self._pricing is None:
             profile, attempts, session = self._client_args
             (self._pricing,) = client.make_service_clients(

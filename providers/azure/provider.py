@@ -404,8 +404,11 @@ class AzureProvider(CloudGroupProvider):
     def hourly_price(self) -> HourlyPrice | None:
         """A VM's price for one hour from the Azure Retail Prices API: the set's size
         in its location, the spot meter for a spot set (:meth:`group_lifecycle`), the
-        regular one otherwise; Linux. None when the set has no size or no meter is
-        listed (:mod:`spotring.providers.azure.prices`)."""
+        regular one otherwise; Linux. None when the set has no size, no meter is
+        listed (:mod:`spotring.providers.azure.prices`), or the set is reached through
+        ``--endpoint`` (a sovereign cloud or a test server) with the public API's URL."""
+        if self.endpoint and self._retail_prices_url == prices.RETAIL_PRICES_URL:
+            return None
         scale_set = self._set or self._get_set()
         size = scale_set.sku.name if scale_set.sku else None
         if not size or not scale_set.location:

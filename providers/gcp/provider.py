@@ -272,7 +272,11 @@ class GcpProvider(CloudGroupProvider):
         the group's template (machineTypes.get: vCPUs, memory) at its family's Core and
         Ram SKUs for the region, spot or on-demand as the template asks
         (:mod:`spotring.providers.gcp.prices`). None when the group's templates differ,
-        name no machine type, or the catalog lists no such SKUs."""
+        name no machine type, the catalog lists no such SKUs, or the group is reached
+        through ``--endpoint`` (a test or private endpoint) and no catalog endpoint was
+        given."""
+        if self.endpoint and not self._catalog_endpoint:
+            return None
         urls = self._template_urls()
         if len(urls) != 1:
             return None

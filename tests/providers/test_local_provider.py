@@ -237,8 +237,9 @@ def test_the_launcher_tells_only_a_provider_that_declares_it_tracks_workers(
     from spotring.driver.options import ElasticOptions
 
     def run_elastic(command, controller, launcher, *rest, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        launcher._tell("process_started", "host-0", 4242)  # as when a worker starts
-        launcher._tell("process_exited", "host-0", 4242)
+        # as when a worker starts and ends
+        launcher._tell(lambda listener: listener.process_started("host-0", 4242))
+        launcher._tell(lambda listener: listener.process_exited("host-0", 4242))
 
     monkeypatch.setattr(spotring.driver.elastic, "run_elastic", run_elastic)
     provider = provider_class()

@@ -86,3 +86,11 @@ def test_an_unreachable_api_is_a_one_line_provider_error(arm: FakeArm) -> None:
     with pytest.raises(ProviderError, match=r"^azure retail prices: ") as raised:
         group.hourly_price()
     assert "\n" not in str(raised.value)
+
+
+def test_a_set_on_a_test_endpoint_asks_no_public_price(arm: FakeArm) -> None:
+    arm.add_scale_set("workers", vm_size=SIZE, location="eastus")
+    group = AzureProvider(
+        "workers", resource_group="rg", subscription=arm.subscription, endpoint=arm.url
+    )
+    assert group.hourly_price() is None

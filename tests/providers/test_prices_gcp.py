@@ -5,6 +5,7 @@ Compute fake."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,11 +83,24 @@ def test_a_groups_price_is_its_machines_cores_and_memory_at_the_catalogs_price(
     assert any("/machineTypes/n1-standard-4" in r for r in prices.requests)
 
 
-def test_a_family_the_catalog_does_not_name_is_unknown_with_one_warning(
+def test_a_family_the_catalog_does_not_name_is_unknown_and_said_once(
     compute: FakeCompute, prices: GcpPrices, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, "spotring.core.prices")
     group = provider(compute, prices, machine_type="c2-standard-4")
     assert group.hourly_price() is None
     book = PriceBook([group], {})
     assert book.price("workers") is None and book.price("workers") is None
-    assert caplog.text.count("group workers: its price is not known") == 1
+    assert caplog.text.count("group workers: no price from its cloud") == 1
+
+
+def test_a_group_on_a_test_endpoint_asks_no_public_catalog(compute: FakeCompute) -> None:
+    compute.add_group("workers", zone=ZONE)
+    group = GcpProvider(
+        "workers",
+        zone=ZONE,
+        project=compute.project,
+        endpoint=compute.url,
+        credentials=AnonymousCredentials(),
+    )
+    assert group.hourly_price() is None and not compute.requests

@@ -24,12 +24,13 @@ from spotring.driver.launcher import (
     WorkerSpec,
 )
 from spotring.driver.worker_env import parse_forwarded, worker_base_environment
+from spotring.driver.worker_events import WorkerEvents
 from spotring.worker_image.supervisor import SITEHOOK_DIR, interface_towards
 
 ENV = {"PATH": os.environ["PATH"]}
 
 
-class Listener:
+class Listener(WorkerEvents):
     def __init__(self) -> None:
         self.started: list[tuple[str, int]] = []
         self.exits: list[WorkerExit] = []

@@ -86,6 +86,23 @@ def test_an_unknown_price_warns_once_and_is_not_asked_again_until_the_refresh(
     ]
 
 
+def test_a_group_with_no_price_to_read_is_noted_once_not_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "spotring.core.prices")
+    book = PriceBook([Group("local", Lifecycle.SPOT, [])], {}, refresh_s=0.0)
+    for _ in range(3):
+        assert book.price("local") is None
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert said == [
+        (
+            logging.INFO,
+            "group local: no price from its cloud; cost is not counted for it "
+            "(give --price local=USD_PER_HOUR)",
+        )
+    ]
+
+
 def test_per_slot_divides_by_the_slots_the_groups_hosts_hold() -> None:
     book = PriceBook([Group("g", None, [])], {"g": 2.0})
     assert book.per_slot("g") == 2.0

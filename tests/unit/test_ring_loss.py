@@ -7,8 +7,8 @@ import pytest
 
 from spotring.core import Instance, InstanceState, Inventory
 from spotring.driver.durable import RingLossJudge, killed
-from spotring.driver.ring_side import NoticeRouter as _NoticeRouter
 from spotring.driver.launcher import WorkerExit
+from spotring.driver.ring_side import NoticeRouter as _NoticeRouter
 from spotring.worker_image.notices import Notice
 
 

@@ -18,6 +18,7 @@ import pytest
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.ring_events import Hang, NoRingEvents, Stall
 from spotring.driver.ring_progress import STALE_BEAT_SECONDS, RingProgress
+from spotring.driver.worker_events import WorkerEvents
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
 from spotring.worker_image.progress import MESSAGE_MARKER, ProgressMessage
 
@@ -54,7 +55,7 @@ time.sleep(1.5)  # the supervisor reads the page every 0.5 s
 """
 
 
-class Heard:
+class Heard(WorkerEvents):
     def __init__(self) -> None:
         self.progress: list[tuple[str, int, int, float, float | None]] = []
 

@@ -50,8 +50,10 @@ def test_a_watch_ends_on_abandonment_or_when_closed(store) -> None:
     abandoned, closed = worker.watch(0), worker.watch(0)
     results: dict[str, bool] = {}
     threads = [
-        threading.Thread(target=lambda: results.__setitem__("closed", closed.wait())),
-        threading.Thread(target=lambda: results.__setitem__("abandoned", abandoned.wait())),
+        threading.Thread(target=lambda: results.__setitem__("closed", closed.wait()), daemon=True),
+        threading.Thread(
+            target=lambda: results.__setitem__("abandoned", abandoned.wait()), daemon=True
+        ),
     ]
     for thread in threads:
         thread.start()

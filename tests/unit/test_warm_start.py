@@ -21,6 +21,7 @@ import pytest
 from spotring.driver.elastic import warm_worker_env
 from spotring.driver.launcher import ProcessLauncher, WarmWorker, WorkerExit, WorkerSpec
 from spotring.driver.warm_pool import SLOW_START_SECONDS, WarmPool
+from spotring.driver.worker_events import WorkerEvents
 from spotring.worker_image import warm_start
 from spotring.worker_image.peer_abort import JOB_KEY_ENV, JOB_KEY_FD_ENV
 from spotring.worker_image.warm_start import READY_MARKER
@@ -37,7 +38,7 @@ print("joined as", os.environ.get("HOROVOD_RANK"), "on", os.environ.get("HOROVOD
 """Stands for a training script: holds where ``hvd.init`` would, prints its slot."""
 
 
-class Listener:
+class Listener(WorkerEvents):
     """Records every launcher event, in order."""
 
     def __init__(self) -> None:
