@@ -91,12 +91,10 @@ spot VM appearing at once under a new name.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import random
 import re
-import time
 import traceback
 import uuid
 from collections.abc import Iterable
@@ -1188,53 +1186,18 @@ _SKU_FILTER_RE = re.compile(r"^\s*location\s+eq\s+'(?P<location>[^']*)'\s*$", re
 # ----------------------------------------------------------------------------- HTTP
 
 
-class _Handler(fake_server.KeepAliveHandler):
+class _Handler(fake_server.JsonHandler):
     """ARM calls; see :meth:`FakeArm.handle`."""
 
-    def do_GET(self) -> None:
-        self._serve()
+    def extra_headers(self) -> dict[str, str]:
+        return {"x-ms-request-id": str(uuid.uuid4())}
 
-    def do_POST(self) -> None:
-        self._serve()
-
-    def do_PATCH(self) -> None:
-        self._serve()
-
-    def do_PUT(self) -> None:
-        self._serve()
-
-    def do_DELETE(self) -> None:
-        self._serve()
-
-    def _read_body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if not raw:
-            return None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw.decode(errors="replace")
-
-    def _send(self, status: int, body: Any, headers: dict[str, str]) -> None:
-        data = b"" if body is None else json.dumps(body).encode()
-        self.send_response(status)
-        if body is not None:
-            self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("x-ms-request-id", str(uuid.uuid4()))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.wfile.write(data)  # the client may have given up (a hang fault)
-
-    def _serve(self) -> None:
+    def serve(self) -> None:
         fake: FakeArm = self.server.owner
         split = urlsplit(self.path)
         path = split.path
         query = {k: v[0] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-        body = self._read_body()
+        body = self.read_body()
         route = _route(self.command, path)
         api = route[0] if route else None
         record = RecordedRequest(
@@ -1247,20 +1210,8 @@ class _Handler(fake_server.KeepAliveHandler):
             client_request_id=self.headers.get("x-ms-client-request-id"),
         )
         fake._record(record)
-        fault = fake._take_fault(path, api)
-        if fault is not None:
-            record.fault = fault.kind
-            if fault.kind == "drop":
-                self.drop_connection()
-                return
-            if fault.kind == "hang":
-                time.sleep(fault.seconds)
-            else:
-                assert isinstance(fault, Fault)
-                error = fault_error(fault.status, fault.retry_after)
-                record.status = error.status
-                self._send(error.status, error.body(), error.headers)
-                return
+        if self.apply_fault(record, fake._take_fault(path, api), _fault_answer):
+            return
         headers: dict[str, str] = {}
         try:
             status, answer, headers = fake.handle(self.command, path, query, body, route)
@@ -1271,7 +1222,13 @@ class _Handler(fake_server.KeepAliveHandler):
             error = ArmError(500, "InternalServerError", "Internal error in the fake (see stderr)")
             status, answer = error.status, error.body()
         record.status = status
-        self._send(status, answer, headers)
+        self.send_json(status, answer, headers)
+
+
+def _fault_answer(fault: fake_server.Fault) -> tuple[int, Any, dict[str, str]]:
+    assert isinstance(fault, Fault)
+    error = fault_error(fault.status, fault.retry_after)
+    return error.status, error.body(), error.headers
 
 
 # ----------------------------------------------------------------------------- the server

@@ -71,7 +71,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from google.cloud import compute_v1
 
-from tests.fakes.server import FakeServer, KeepAliveHandler
+from tests.fakes.server import FakeServer, Fault, JsonHandler
 
 API = "https://www.googleapis.com/compute/v1"
 MAX_RESULTS = 500  # the real API's default and maximum page size
@@ -1539,7 +1539,7 @@ def _filter_and_order(items: list[dict[str, Any]], query: dict[str, str]) -> lis
 # ----------------------------------------------------------------------------- HTTP
 
 
-class _Handler(KeepAliveHandler):
+class _Handler(JsonHandler):
     """Compute calls under /compute/v1/, the token endpoint, and the control API.
 
     Control API (JSON in, JSON out):
@@ -1569,45 +1569,14 @@ class _Handler(KeepAliveHandler):
     - ``GET /_fake/credentials``: the authorized_user credentials document.
     """
 
-    def do_GET(self) -> None:
-        self._serve()
+    content_type = "application/json; charset=UTF-8"
 
-    def do_POST(self) -> None:
-        self._serve()
-
-    def do_PATCH(self) -> None:
-        self._serve()
-
-    def do_DELETE(self) -> None:
-        self._serve()
-
-    def _read_body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if not raw:
-            return None
-        try:  # JSON first: curl -d sends JSON as form-encoded by default
-            return json.loads(raw)
-        except ValueError:
-            pass
-        if self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded"):
-            return {k: v[0] for k, v in parse_qs(raw.decode()).items()}
-        return raw.decode(errors="replace")
-
-    def _send(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _serve(self) -> None:
+    def serve(self) -> None:
         fake: FakeCompute = self.server.owner
         split = urlsplit(self.path)
         path = split.path
         query = {k: v[0] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-        body = self._read_body()
+        body = self.read_body()
         if path.startswith("/_fake/"):
             try:
                 status, answer = _control(fake, self.command, path, query, body)
@@ -1615,7 +1584,7 @@ class _Handler(KeepAliveHandler):
                 status, answer = 404, {"error": f"not found: {exc}"}
             except (ValueError, TypeError) as exc:
                 status, answer = 400, {"error": f"{type(exc).__name__}: {exc}"}
-            self._send(status, answer)
+            self.send_json(status, answer)
             return
         record = RecordedRequest(
             method=self.command,
@@ -1627,18 +1596,8 @@ class _Handler(KeepAliveHandler):
         )
         fake._record(record)
         fault = fake._take_fault(path) if path != "/token" else None
-        if fault is not None:
-            record.fault = fault.kind
-            if fault.kind == "drop":
-                self.drop_connection()
-                return
-            if fault.kind == "hang":
-                time.sleep(fault.seconds)
-            else:
-                error = fault_error(fault.status)
-                record.status = error.code
-                self._send(error.code, error.body())
-                return
+        if self.apply_fault(record, fault, _fault_answer):
+            return
         try:
             status, answer = fake.handle(self.command, path, query, body, self.headers)
         except ApiError as error:
@@ -1648,10 +1607,15 @@ class _Handler(KeepAliveHandler):
             error = ApiError(500, "Internal error in the fake (see its stderr)", "backendError")
             status, answer = error.code, error.body()
         record.status = status
-        self._send(status, answer)
+        self.send_json(status, answer)
 
 
 FakeCompute.handler_class = _Handler
+
+
+def _fault_answer(fault: Fault) -> tuple[int, Any, dict[str, str]]:
+    error = fault_error(fault.status)
+    return error.code, error.body(), {}
 
 
 def _control(

@@ -2,6 +2,8 @@
 
 - :class:`KeepAliveHandler`: an HTTP/1.1 keep-alive handler with Nagle's algorithm off
   (the fault proxy's too).
+- :class:`JsonHandler`: every method to one ``serve``, the request body read (JSON, a
+  form or text), JSON answers, and an injected fault applied to a request.
 - :class:`Fault` and :class:`FakeServer`'s fault injection: ``fail_next`` (the next
   requests that match), ``fail_rate`` (each request with a probability, from a seeded
   RNG), ``clear_faults``; a fault is ``error`` (the cloud's own error answer), ``drop``
@@ -17,12 +19,15 @@ bodies, routes and what a fault's ``match`` is matched against.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import socket
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from urllib.parse import parse_qs
 
 from spotring.providers.loopback_http import LoopbackHandler, LoopbackHTTPServer
 
@@ -45,6 +50,85 @@ class KeepAliveHandler(LoopbackHandler):
         self.close_connection = True
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
+
+
+class JsonHandler(KeepAliveHandler):
+    """A JSON API's handler: GET, POST, PATCH, PUT and DELETE all go to :meth:`serve`."""
+
+    content_type = "application/json; charset=utf-8"
+
+    def serve(self) -> None:
+        raise NotImplementedError
+
+    def do_GET(self) -> None:
+        self.serve()
+
+    def do_POST(self) -> None:
+        self.serve()
+
+    def do_PATCH(self) -> None:
+        self.serve()
+
+    def do_PUT(self) -> None:
+        self.serve()
+
+    def do_DELETE(self) -> None:
+        self.serve()
+
+    def read_body(self) -> Any:
+        """The body: None when empty, JSON when it parses (curl -d sends JSON as
+        form-encoded), a form's fields, else the text."""
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            pass
+        if self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded"):
+            return {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+        return raw.decode(errors="replace")
+
+    def extra_headers(self) -> dict[str, str]:
+        """Headers the cloud adds to every answer."""
+        return {}
+
+    def send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        """Answer ``body`` as JSON (None: no body)."""
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status)
+        if body is not None:
+            self.send_header("Content-Type", self.content_type)
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in {**self.extra_headers(), **(headers or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.wfile.write(data)  # the client may have given up (a hang fault)
+
+    def apply_fault(
+        self,
+        record: Any,
+        fault: Fault | None,
+        error: Callable[[Fault], tuple[int, Any, dict[str, str]]],
+    ) -> bool:
+        """Apply ``fault`` to the request ``record`` stands for; True when that answered it
+        (a drop, or ``error(fault)``'s status, body and headers), False when the request is
+        to be served (no fault, or after a hang)."""
+        if fault is None:
+            return False
+        record.fault = fault.kind
+        if fault.kind == "drop":
+            self.drop_connection()
+            return True
+        if fault.kind == "hang":
+            time.sleep(fault.seconds)
+            return False
+        status, body, headers = error(fault)
+        record.status = status
+        self.send_json(status, body, headers)
+        return True
 
 
 @dataclass

@@ -762,7 +762,8 @@ def test_subprocess_entry_point_and_control_api(tmp_path: Path, repo: Path) -> N
     proc = subprocess.Popen(
         [
             sys.executable,
-            str(repo / "tests" / "gcp_fake.py"),
+            "-m",
+            "tests.fakes.gcp",
             "--port",
             "0",
             "--state",
@@ -770,6 +771,7 @@ def test_subprocess_entry_point_and_control_api(tmp_path: Path, repo: Path) -> N
         ],
         stdout=subprocess.PIPE,
         text=True,
+        cwd=repo,
     )
     try:
         assert proc.stdout is not None
