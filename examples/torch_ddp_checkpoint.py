@@ -34,10 +34,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--checkpoint", type=Path, required=True, help="checkpoint folder")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every", type=int, default=10, help="checkpoint every K steps")
+    parser.add_argument(
+        "--prefix-per-attempt",
+        action="store_true",
+        help="rendezvous under a key prefix of this restart's own (docs/torch.md)",
+    )
     args = parser.parse_args(argv)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if args.prefix_per_attempt:
+        # torchrun's agent keeps one store for every attempt; keys of our own per attempt
+        # keep a restarted rank from reading a dead worker's address.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        attempt = dist.PrefixStore(f"attempt/{restart}/", store)
+        dist.init_process_group("gloo", store=attempt, rank=rank, world_size=world)
+    else:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank()
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))

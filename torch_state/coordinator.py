@@ -22,8 +22,7 @@ from typing import Protocol
 
 import torch.distributed as dist
 
-from spotring.worker_image.peer_abort import _shutdown as shutdown_sockets
-from spotring.worker_image.peer_abort import own_tcp_sockets
+from spotring.worker_image.peer_abort import own_tcp_sockets, shutdown_sockets
 
 __all__ = ["AbandonWatch", "Coordinator", "Membership", "StoreCoordinator", "StorePublisher"]
 

@@ -51,9 +51,7 @@ from spotring.worker_image.commit_buffers import (
     Offload,
     OptimizerBuffers,
 )
-from spotring.worker_image.peer_abort import _shutdown as shutdown_sockets
-from spotring.worker_image.peer_abort import _tcp_sockets as tcp_sockets
-from spotring.worker_image.peer_abort import own_tcp_sockets
+from spotring.worker_image.peer_abort import own_tcp_sockets, shutdown_sockets, tcp_sockets
 
 __all__ = ["MembershipChanged", "ProcessGroup", "TorchState", "run"]
 
@@ -256,9 +254,8 @@ class TorchState:
         dist.broadcast_object_list(taken, src=root)
         if dist.get_rank() != root:
             self._take_values(taken[0])
-        commits_after = self.commits if dist.get_rank() == root else int(everyone[root])
         self.save()
-        self.commits = commits_after + 1
+        self.commits = int(everyone[root]) + 1
 
     def _sync_parts(self) -> tuple[list[torch.Tensor], dict[str, Any]]:
         """The live tensors to broadcast in place, and the values to send pickled."""
@@ -273,13 +270,21 @@ class TorchState:
             values["optimizer.param_groups"] = [
                 {k: v for k, v in group.items() if k != "params"} for group in opt["param_groups"]
             ]
+            values["optimizer.state"] = {  # per-parameter values that are not tensors
+                index: {k: v for k, v in param_state.items() if not torch.is_tensor(v)}
+                for index, param_state in opt["state"].items()
+            }
         return tensors, values
 
     def _take_values(self, values: dict[str, Any]) -> None:
         groups = values.pop("optimizer.param_groups", None)
+        per_param = values.pop("optimizer.state", None)
         if groups is not None and self.optimizer is not None:
             for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
                 group.update(settings)
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            for index, settings in (per_param or {}).items():
+                self.optimizer.state[params[index]].update(settings)
         for name, value in values.items():
             setattr(self, name, value)
 

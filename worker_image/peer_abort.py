@@ -115,10 +115,10 @@ def own_tcp_sockets() -> set[int]:
     so after a few ring formations on one machine the table held thousands of lines and
     a read took 0.2 s, twice per ``init``, inside the ring's stall.)
     """
-    return {inode for inode, _ in _tcp_sockets()}
+    return {inode for inode, _ in tcp_sockets()}
 
 
-def _tcp_sockets(inodes: Iterable[int] | None = None) -> Iterator[tuple[int, socket.socket]]:
+def tcp_sockets(inodes: Iterable[int] | None = None) -> Iterator[tuple[int, socket.socket]]:
     """``(inode, socket)`` for this process's TCP sockets (of ``inodes``, if given),
     each a duplicate that is closed once the caller moves on."""
     fds = _socket_inodes()
@@ -140,7 +140,7 @@ def _tcp_sockets(inodes: Iterable[int] | None = None) -> Iterator[tuple[int, soc
 def _listening_ports(inodes: Iterable[int]) -> frozenset[int]:
     """Local ports of those of ``inodes`` that are listening sockets."""
     ports: set[int] = set()
-    for _, sock in _tcp_sockets(inodes):
+    for _, sock in tcp_sockets(inodes):
         with contextlib.suppress(OSError):
             if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                 ports.add(sock.getsockname()[1])
@@ -164,7 +164,7 @@ class _Forming:
         counts twice at the driver's barrier."""
         rendezvous = store_client.rendezvous_endpoint()
         found: set[int] = set()
-        for inode, sock in _tcp_sockets():
+        for inode, sock in tcp_sockets():
             if inode in self.before:
                 continue
             try:
@@ -178,7 +178,7 @@ class _Forming:
         return found
 
 
-def _shutdown(inodes: Iterable[int]) -> int:
+def shutdown_sockets(inodes: Iterable[int]) -> int:
     """Shut down these sockets (a listening or connecting one too: Linux then wakes
     whoever polls it with an error); how many were open."""
     fds = _socket_inodes()
@@ -306,7 +306,7 @@ class CollectiveAbort:
                 # first) makes its contexts after this, and they are not aborted. While
                 # one forms, the ring this message is for has been shut down already.
                 self._abort_contexts()
-        return _shutdown(targets) + (self.abort_formation() if newer else 0)
+        return shutdown_sockets(targets) + (self.abort_formation() if newer else 0)
 
     def abort_formation(self) -> int:
         """Make the ring being formed (if an ``init`` attempt is in progress) fail: shut
@@ -320,7 +320,7 @@ class CollectiveAbort:
             if forming is None:
                 return 0
             reaping, self._reaping = self._reaping, forming
-        count = _shutdown(forming.gloo_sockets())
+        count = shutdown_sockets(forming.gloo_sockets())
         if reaping is not forming:
             threading.Thread(
                 target=self._reap, args=(forming,), name="spotring-abort-formation", daemon=True
@@ -333,7 +333,7 @@ class CollectiveAbort:
             with self._lock:
                 if self._forming is not forming:
                     return
-            _shutdown(forming.gloo_sockets())
+            shutdown_sockets(forming.gloo_sockets())
             time.sleep(REAP_EVERY_SECONDS)
 
     def handle(self, request: object) -> bool:

@@ -79,14 +79,17 @@ def test_commit_every_n_and_restore_roll_back_to_the_last_save() -> None:
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     state = inplace.TorchState(model, optimizer, commit_every=2, batch=0)
+    saved = None
     for _ in range(3):  # saves at the 2nd call only
         model.weight.data += 1
         state.batch += 1
         state.commit()
-    weight = model.weight.detach().clone()
+        if state.batch == 2:
+            saved = model.weight.detach().clone()  # not weight - 1 later: float rounding
+    assert saved is not None and not torch.equal(model.weight, saved)
     state.restore()
     assert state.batch == 2
-    assert torch.equal(model.weight, weight - 1)
+    assert torch.equal(model.weight, saved)
     assert state.steps_rolled_back == 1
 
 
