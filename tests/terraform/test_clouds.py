@@ -111,13 +111,13 @@ def test_module_is_covered_by_the_generic_checks(cloud: Cloud) -> None:
 
 
 @every_cloud
-def test_software_versions_match_the_setup_script(cloud: Cloud, modules: dict) -> None:
+def test_software_versions_match_the_setup_script(cloud: Cloud, modules: dict[str, Module]) -> None:
     """The hosts get the torch and Horovod that scripts/setup.sh tests against."""
     assert_software_versions_match_the_setup_script(modules[cloud.name])
 
 
 @every_cloud
-def test_only_https_urls_for_wheels_and_indexes(cloud: Cloud, modules: dict) -> None:
+def test_only_https_urls_for_wheels_and_indexes(cloud: Cloud, modules: dict[str, Module]) -> None:
     assert_https_only_validations(modules[cloud.name])
 
 
@@ -155,7 +155,9 @@ def test_job_input_validations(
 
 @needs_terraform
 @every_cloud
-def test_unit_runs_the_spotring_command(cloud: Cloud, modules: dict, tmp_path: Path) -> None:
+def test_unit_runs_the_spotring_command(
+    cloud: Cloud, modules: dict[str, Module], tmp_path: Path
+) -> None:
     assert_unit_runs_spotring_command(modules[cloud.name], tmp_path, cloud.inputs, cloud.named_by)
 
 
