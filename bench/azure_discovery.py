@@ -1,6 +1,6 @@
 """Azure discovery: what keeping Horovod's host list current costs on a VM scale set.
 
-Both sides talk to the fake ARM server (tests/azure_fake.py), which runs in a thread of
+Both sides talk to the fake ARM server (tests/fakes/azure.py), which runs in a thread of
 this process and counts every request it serves; how each side is measured:
 bench/cloud_discovery.py.
 
@@ -95,7 +95,7 @@ def measure_size(fake: Any, size: int, script: Path, quick: bool) -> list[Row]:
 
 def measure(quick: bool = False) -> list[Row]:
     """The rows of ``bench/run``: 64 and 1,000 VMs, spotring vs the script."""
-    from tests.azure_fake import FakeArm
+    from tests.fakes.azure import FakeArm
 
     rows: list[Row] = []
     with FakeArm() as fake, tempfile.TemporaryDirectory() as folder:

@@ -4,7 +4,7 @@ a commit takes to become durable next to a plain write of the same bytes.
 Everything runs in this process on one Horovod rank (``hvd.init()``, size 1), with the
 worker's own hooks (:class:`spotring.worker_image.durable.DurableCommits`) applied to the
 state's ``commit`` here rather than installed on Horovod's classes, as
-``tests/test_durable_worker.py`` does.
+``tests/unit/test_durable_worker.py`` does.
 
 **Cost on the training loop.** The model of ``bench/commit.py`` (about 28 M float32
 parameters, 26 Linear + LayerNorm blocks, a BatchNorm, SGD momentum: 224 MB of state)

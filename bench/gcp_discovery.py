@@ -1,6 +1,6 @@
 """GCP discovery: what keeping Horovod's host list current costs on a managed instance group.
 
-Both sides talk to the fake Compute Engine REST server (tests/gcp_fake.py), which runs
+Both sides talk to the fake Compute Engine REST server (tests/fakes/gcp.py), which runs
 in a thread of this process and counts every request it serves; how each side is
 measured: bench/cloud_discovery.py.
 
@@ -85,7 +85,7 @@ def measure_size(fake: Any, size: int, script: Path, quick: bool) -> list[Row]:
 
 def measure(quick: bool = False) -> list[Row]:
     """The rows of ``bench/run``: 64 and 1,000 members, spotring vs the script."""
-    from tests.gcp_fake import FakeCompute
+    from tests.fakes.gcp import FakeCompute
 
     rows: list[Row] = []
     with FakeCompute() as fake, tempfile.TemporaryDirectory() as folder:

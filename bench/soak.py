@@ -18,7 +18,7 @@ most every ``--checkpoint-every`` seconds, default 5) while a schedule, for
 
 ``--cloud local`` runs the embedded local group (4 to 6 hosts). ``--cloud aws`` runs an
 Auto Scaling group in a moto server that spotring reaches only through a fault proxy
-(``tests/fault_proxy.py``) making ``--fault-rate`` (30%) of its API calls throttle,
+(``tests/fakes/fault_proxy.py``) making ``--fault-rate`` (30%) of its API calls throttle,
 fail with a 5xx, hang past the client's timeout or drop the connection; the schedule
 itself talks to moto directly. Workers are local processes either way.
 
@@ -161,8 +161,8 @@ class AwsChaos(Chaos):
     def start(self, workdir: Path) -> None:
         from moto.server import ThreadedMotoServer
 
-        from tests.aws_helpers import create_group
-        from tests.fault_proxy import FaultProxy
+        from tests.fakes.aws import create_group
+        from tests.fakes.fault_proxy import FaultProxy
 
         os.environ.update(FAKE_CREDENTIALS)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise

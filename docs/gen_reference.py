@@ -11,7 +11,7 @@ entry of :data:`PAGES`. Each page comes from what the code itself declares:
 * ``reference/metrics.md``: every series of the run's Prometheus registry;
 * ``reference/events.md``: every event of the events file, from ``events.EVENTS``.
 
-Nothing generated is committed; ``tests/test_docs.py`` builds the site and checks that
+Nothing generated is committed; ``tests/unit/test_docs.py`` builds the site and checks that
 each page lists everything its source declares.
 """
 

@@ -5,7 +5,7 @@ client of each worker partly through their private attributes, and replaces some
 their methods. Every such use on the driver side is a small function here (the worker
 side's are in :mod:`spotring.worker_image.horovod_internals`), and :data:`INTERNALS`
 lists what they rely on: :mod:`spotring.driver.compat` checks each entry against the
-installed Horovod before a run, and ``tests/test_horovod_internals.py`` fails when
+installed Horovod before a run, and ``tests/unit/test_horovod_internals.py`` fails when
 spotring touches a private Horovod attribute anywhere else, or here without an entry.
 
 Nothing here imports Horovod (``spotring --help`` imports :mod:`~spotring.driver.compat`,

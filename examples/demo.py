@@ -18,7 +18,7 @@ the clock, so it happens on a fast machine and a slow one alike:
 
 The training runs until the last step asks it to stop; a step that does not come
 within its time ends the run too, with a non-zero status. ``--quick`` runs a shorter
-schedule (``tests/test_e2e_local.py`` runs it); arguments it does not know go to
+schedule (``tests/e2e/test_e2e_local.py`` runs it); arguments it does not know go to
 ``spotring run``.
 """
 

@@ -1,7 +1,7 @@
 """A small HTTP server on loopback, served from a daemon thread.
 
 What the local provider's metadata service (``providers/local/metadata.py``) and the test
-servers (``tests/gcp_fake.py``, ``tests/azure_fake.py``, ``tests/fault_proxy.py``) share:
+servers (``tests/fakes/gcp.py``, ``tests/fakes/azure.py``, ``tests/fakes/fault_proxy.py``) share:
 a ``ThreadingHTTPServer`` bound to 127.0.0.1 on a free port (or a given one), served on a
 daemon thread, with ``start``/``stop``/``port``/``url`` and a context manager::
 

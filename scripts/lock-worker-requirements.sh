@@ -26,7 +26,7 @@
 #   SPOTRING_LOCK_WITHOUT_TORCH=1 ...                    # when the torch index is unreachable:
 #                                                        # torch's own dependencies only
 #
-# The torch and Horovod versions are scripts/setup.sh's (tests/test_terraform.py keeps
+# The torch and Horovod versions are scripts/setup.sh's (tests/terraform/test_terraform.py keeps
 # the modules' defaults equal to them). The hosts' AWS user data must stay under 16 KiB
 # gzipped (terraform/aws checks it at plan time): hashes do not compress, and each extra
 # Python version adds one per compiled package.

@@ -110,7 +110,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   printf '%s' "$want" >"$stamp"
 fi
 
-# Azurite, the Azure Blob emulator the checkpoint tests start (tests/storage_emulators.py
+# Azurite, the Azure Blob emulator the checkpoint tests start (tests/fakes/storage_emulators.py
 # finds it here), from npm, pinned. Installed into a fresh folder and moved into place, so
 # an interrupted install is never taken for a finished one.
 azurite_version=3.35.0
@@ -134,7 +134,7 @@ if [[ ",$extras," == *,dev,* ]] && [ ! -x "$azurite_dir/node_modules/.bin/azurit
   fi
 fi
 
-# checkov (tests/test_checkov.py) pins older boto3, botocore, packaging and networkx
+# checkov (tests/terraform/test_checkov.py) pins older boto3, botocore, packaging and networkx
 # than the dev tools, so it gets a venv of its own.
 checkov_version=3.3.30
 checkov_venv="$venv/tools/checkov"

@@ -5,7 +5,7 @@ the elastic state's and the optimizer's private attributes, and patches the stat
 class's ``reset``. Every such use on the worker side is a small function here (the
 driver side's are in :mod:`spotring.driver.horovod_internals`), and :data:`INTERNALS`
 lists what they rely on: :mod:`spotring.driver.compat` checks each entry against the
-installed Horovod before a run, and ``tests/test_horovod_internals.py`` fails when
+installed Horovod before a run, and ``tests/unit/test_horovod_internals.py`` fails when
 spotring touches a private Horovod attribute anywhere else, or here without an entry.
 
 Importing this module imports neither Horovod nor torch (the driver's compat check

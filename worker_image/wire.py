@@ -3,7 +3,7 @@
 The driver (:mod:`spotring.driver`) and the code on worker hosts
 (:mod:`spotring.worker_image`) import these from here, and only from here; the C++ side,
 spotring's Horovod build (``worker_image/horovod-rendezvous.patch``), spells the same
-constants out, and ``tests/test_wire.py`` checks the patch against this module.
+constants out, and ``tests/unit/test_wire.py`` checks the patch against this module.
 Nothing here is secret and nothing does I/O: it is cheap enough for ``sitecustomize``.
 
 Sections: the environment the driver sets for supervisors and workers; the rendezvous

@@ -1,7 +1,7 @@
 # The driver host: runs `spotring run` (controller + Horovod's elastic driver) on demand.
 # Its instance profile grants exactly the calls spotring's AWS provider makes
 # (spotring.providers.aws.IAM_ACTIONS, split like its IAM_STEERING_ACTIONS;
-# tests/test_terraform.py keeps them equal).
+# tests/terraform/test_terraform.py keeps them equal).
 
 resource "aws_iam_role" "driver" {
   name_prefix        = "${var.name}-driver-"

@@ -1,5 +1,5 @@
 # The driver's custom roles: exactly the actions spotring's Azure provider performs
-# (spotring.providers.azure.IAM_ACTIONS; tests/test_terraform_azure.py keeps them
+# (spotring.providers.azure.IAM_ACTIONS; tests/terraform/test_terraform_azure.py keeps them
 # equal), each assigned at the narrowest scope its calls are authorized at. The
 # provider starts long-running operations and never waits on them; it reads a
 # scale-out's operation status only for its error (ZonalAllocationFailed and the like).

@@ -1,7 +1,7 @@
 # Service accounts of the workers and the driver, and the driver's custom roles.
 #
 # The driver's roles grant exactly the calls spotring's GCP provider makes
-# (spotring.providers.gcp.IAM_PERMISSIONS; tests/test_terraform_gcp.py keeps them
+# (spotring.providers.gcp.IAM_PERMISSIONS; tests/terraform/test_terraform_gcp.py keeps them
 # equal). spotring does not wait on the operations its calls start, so neither
 # compute.regionOperations.get nor compute.zoneOperations.get is granted.
 

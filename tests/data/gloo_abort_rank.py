@@ -1,4 +1,4 @@
-"""One rank of the two-rank Horovod ring of tests/test_gloo_abort.py.
+"""One rank of the two-rank Horovod ring of tests/e2e/test_gloo_abort.py.
 
 Both ranks form the ring and allreduce once. Rank 1 then stops itself (SIGSTOP): alive,
 its sockets open, it never answers, so rank 0's background loop waits in a Gloo receive

@@ -2,8 +2,8 @@
 # calls. It checks what only Terraform itself can: the configuration type-checks, the
 # validations and the size precondition reject bad input, and the outputs render.
 # (The driver policy's actions are checked against spotring.providers.aws.IAM_ACTIONS
-# in tests/test_terraform.py, which can import it.)
-# tests/test_terraform.py runs it when SPOTRING_TERRAFORM_TESTS=1.
+# in tests/terraform/test_terraform.py, which can import it.)
+# tests/terraform/test_terraform.py runs it when SPOTRING_TERRAFORM_TESTS=1.
 
 mock_provider "aws" {
   mock_data "aws_ami" {

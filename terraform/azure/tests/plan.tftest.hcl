@@ -2,8 +2,8 @@
 # calls. It checks what only Terraform itself can: the configuration type-checks, the
 # validations and preconditions reject bad input, and the rendered values come out
 # right. (The custom roles are checked against spotring.providers.azure.IAM_ACTIONS in
-# tests/test_terraform_azure.py, which can import it.)
-# tests/test_terraform_azure.py runs it when SPOTRING_TERRAFORM_TESTS=1 and the provider
+# tests/terraform/test_terraform_azure.py, which can import it.)
+# tests/terraform/test_terraform_azure.py runs it when SPOTRING_TERRAFORM_TESTS=1 and the provider
 # mirror holds hashicorp/azurerm.
 
 mock_provider "azurerm" {}

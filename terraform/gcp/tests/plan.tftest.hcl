@@ -2,8 +2,8 @@
 # calls. It checks what only Terraform itself can: the configuration type-checks, the
 # validations and preconditions reject bad input, and the rendered values come out
 # right. (The custom roles are checked against spotring.providers.gcp.IAM_PERMISSIONS
-# in tests/test_terraform_gcp.py, which can import it.)
-# tests/test_terraform_gcp.py runs it when SPOTRING_TERRAFORM_TESTS=1 and the provider
+# in tests/terraform/test_terraform_gcp.py, which can import it.)
+# tests/terraform/test_terraform_gcp.py runs it when SPOTRING_TERRAFORM_TESTS=1 and the provider
 # mirror holds hashicorp/google.
 
 mock_provider "google" {

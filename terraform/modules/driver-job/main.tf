@@ -2,7 +2,7 @@
 # shell snippet that installs it, appended by the calling module to the driver's
 # bootstrap (user data on AWS, custom data on Azure: run once, at first boot; the
 # startup script on GCP: run at every boot). No provider, no resource: plain strings, so
-# tests/test_terraform.py renders them with `terraform apply` alone.
+# tests/terraform/test_terraform.py renders them with `terraform apply` alone.
 #
 # - It starts when the bootstrap ends (spotring and the job's code are then in place),
 #   and at every boot after that (WantedBy=multi-user.target), after the network.

@@ -1,0 +1,146 @@
+"""The torch.distributed backend's in-place mode on real Gloo groups of local processes.
+
+Each test runs examples/torch_inplace.py as 2-3 worker processes and plays the driver
+with a :class:`StorePublisher` over a TCPStore in this process. Chaos is triggered by
+the workers' progress (the commits rank 0 reports), never by the clock; the waits
+below are upper bounds well under Gloo's own timeout (inplace.GROUP_TIMEOUT, 60 s), so
+a survivor that waited a timeout out fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from spotring.torch.coordinator import StorePublisher  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "torch_inplace.py"
+WAIT = timedelta(seconds=40)
+"""Longest wait for one report: under Gloo's 60 s, so a wait that ran out fails."""
+
+
+class Job:
+    """Worker processes of the example, this process's store, and the driver's half."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=WAIT, wait_for_workers=False)
+        self.publisher = StorePublisher(self.store, "127.0.0.1", self.store.port)
+        self.report = dist.PrefixStore("example/", self.store)
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs = tmp_path
+
+    def start(self, worker: str, *extra: str) -> None:
+        log = open(self._logs / f"{worker}.log", "wb")  # noqa: SIM115  # the child's
+        self.workers[worker] = subprocess.Popen(
+            [sys.executable, str(EXAMPLE), "--store", f"127.0.0.1:{self.store.port}",
+             "--worker-id", worker, *extra],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+
+    def wait(self, key: str) -> str:
+        try:
+            self.report.wait([key], WAIT)
+        except dist.DistStoreError:
+            pytest.fail(f"no {key} within {WAIT}: {self.logs()}")
+        return self.report.get(key).decode()
+
+    def committed_batches(self, up_to: int) -> list[int]:
+        return [b for b in range(1, up_to + 1) if self.report.check([f"committed/{b}"])]
+
+    def finish(self, worker: str) -> tuple[int, int, str]:
+        batch, rolled_back, digest = self.wait(f"done/{worker}").split()
+        assert self.workers[worker].wait(timeout=WAIT.total_seconds()) == 0, self.logs()
+        return int(batch), int(rolled_back), digest
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+            for p in sorted(self._logs.glob("*.log"))
+        )
+
+    def stop(self) -> None:
+        for process in self.workers.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[Job]:
+    job = Job(tmp_path)
+    yield job
+    job.stop()
+
+
+STEPS = "30"
+
+
+def test_killed_peer_survivors_reform_without_losing_a_commit_and_ddp_goes_on(job: Job) -> None:
+    # A commit every 3 steps: the survivors have steps to roll back. DDP, wrapped again
+    # in the new group, must keep the survivors' models equal to the end.
+    extra = ("--steps", STEPS, "--commit-every", "3", "--ddp")
+    for worker in ("a", "b", "c"):
+        job.start(worker, *extra)
+    job.publisher.publish(["a", "b", "c"])
+    job.wait("stepped/8")  # two steps past the commit of 6: steps to roll back
+
+    job.workers["c"].send_signal(signal.SIGKILL)
+    job.workers["c"].wait()
+    last_commit = max(job.committed_batches(int(STEPS)))
+    job.publisher.publish(["a", "b"])
+
+    starts = {w: job.wait(f"start/1/{w}").split() for w in ("a", "b")}
+    # Each survivor starts the new group at a commit, the newest: none lost, and nothing
+    # after it kept (the steps since were rolled back). The newest may be one that was
+    # saved just before the kill and not yet reported.
+    (start,) = {int(batch) for batch, _ in starts.values()}
+    assert start % 3 == 0 and last_commit <= start <= last_commit + 3, (start, last_commit)
+    assert starts["a"][1] == starts["b"][1]  # synced
+    results = {w: job.finish(w) for w in ("a", "b")}
+    assert {batch for batch, _, _ in results.values()} == {int(STEPS)}
+    assert results["a"][2] == results["b"][2]  # the same model and optimizer at the end
+
+
+def test_joiner_is_synced_bit_for_bit_and_nothing_is_rolled_back(job: Job) -> None:
+    for worker in ("a", "b"):
+        job.start(worker, "--steps", STEPS)
+    job.publisher.publish(["a", "b"])
+    job.wait("committed/5")
+
+    job.start("j", "--steps", STEPS)
+    job.publisher.publish(["a", "b", "j"], abandon=False)
+
+    starts = {w: job.wait(f"start/1/{w}").split() for w in ("a", "b", "j")}
+    assert len({digest for _, digest in starts.values()}) == 1, starts
+    assert len({batch for batch, _ in starts.values()}) == 1, starts
+    results = {w: job.finish(w) for w in ("a", "b", "j")}
+    assert {rolled_back for _, rolled_back, _ in results.values()} == {0}
+    assert len({digest for _, _, digest in results.values()}) == 1
+
+
+def test_hung_peer_is_aborted_from_outside_not_waited_out(job: Job) -> None:
+    for worker in ("a", "b", "c"):
+        job.start(worker, "--steps", STEPS)
+    job.publisher.publish(["a", "b", "c"])
+    job.wait("committed/5")
+
+    job.workers["c"].send_signal(signal.SIGSTOP)  # its peers block on it in a collective
+    job.publisher.publish(["a", "b"])  # the driver's verdict: abandon, go on without it
+
+    # WAIT (40 s) is under Gloo's 60 s: only an abort gets the survivors here in time.
+    starts = {w: job.wait(f"start/1/{w}").split() for w in ("a", "b")}
+    assert starts["a"] == starts["b"]
+    results = {w: job.finish(w) for w in ("a", "b")}
+    assert {batch for batch, _, _ in results.values()} == {int(STEPS)}

@@ -1,0 +1,289 @@
+"""The deadline policy (``spotring run --deadline``): the parse of WHEN, the projection,
+uniform progress, hysteresis and the safety net on a fake clock, and its answers to the
+decision hooks through a real plugin manager (a plugin's answer still wins)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from spotring.autoscaler import hookimpl
+from spotring.autoscaler.capacity import GroupStatus
+from spotring.autoscaler.cli import main
+from spotring.autoscaler.composition import deadline_policy
+from spotring.autoscaler.deadline import (
+    DeadlineOptions,
+    DeadlinePolicy,
+    Mode,
+    deadline_plugin,
+    parse_deadline,
+)
+from spotring.autoscaler.plugins import get_plugin_manager
+from spotring.core import ConfigurationError, Instance, InstanceState, JobShape, Lifecycle
+from tests.fakes.scripted import ScriptedProvider
+
+NOW = 1_000_000.0
+JOB = JobShape(num_proc=4, min_num_proc=1, max_num_proc=4)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ------------------------------------------------------------------ WHEN
+
+
+@pytest.mark.parametrize(("when", "seconds"), [("90s", 90), ("45m", 2700), ("2h", 7200)])
+def test_a_duration_counts_from_now(when: str, seconds: float) -> None:
+    assert parse_deadline(when, NOW) == NOW + seconds
+
+
+def test_an_iso_time_is_that_moment() -> None:
+    moment = datetime.datetime(2030, 1, 2, 3, 4, tzinfo=datetime.UTC)
+    assert parse_deadline("2030-01-02T03:04Z", NOW) == moment.timestamp()
+    assert parse_deadline("2030-01-02T05:04+02:00", NOW) == moment.timestamp()
+
+
+@pytest.mark.parametrize("when", ["", "5x", "-3m", "0s", "h", "tomorrow", "1970-01-01T00:00Z"])
+def test_anything_else_is_refused(when: str) -> None:
+    with pytest.raises(ValueError, match="--deadline"):
+        parse_deadline(when, NOW)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--deadline", "5x", "--total-steps", "9"], "give a duration (90s, 45m, 2h)"),
+        (["--deadline", "2020-01-01T00:00Z", "--total-steps", "9"], "is not in the future"),
+        (["--deadline", "5m"], "--deadline needs --total-steps N"),
+        (["--total-steps", "9"], "--total-steps is for --deadline WHEN"),
+        (["--deadline", "5m", "--total-steps", "0"], "--total-steps"),
+    ],
+)
+def test_bad_deadline_input_is_one_line_and_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["run", "--provider", "local", "-np", "1", *args, "--", "true"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert message in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ the policy
+
+
+def policy(
+    clock: Clock, deadline_s: float = 1000.0, steps: int = 1000, restart: float = 50.0
+) -> DeadlinePolicy:
+    return DeadlinePolicy(DeadlineOptions(NOW + deadline_s, steps, 4, restart), clock=clock)
+
+
+def test_the_rate_is_per_slot_so_a_bigger_ring_projects_sooner() -> None:
+    clock = Clock()
+    deadline = policy(clock)
+    deadline.ring_progress(1, 2, 10)  # the first commit: the rate is measured from here
+    clock.now += 100
+    deadline.ring_progress(1, 2, 210)  # 200 steps in 200 slot-seconds: 1 per slot-second
+    small = deadline.project()
+    assert small.rate_per_slot == pytest.approx(1.0)
+    assert small.projected_finish == pytest.approx(clock.now + 790 / 2)
+    assert small.needed_s == pytest.approx(790 / 4)  # on a full ring of -np slots
+    assert small.slack_s == pytest.approx(900 - 790 / 4)
+    deadline.ring_progress(2, 4, 0)  # a ring of 4 formed: its steps count from 0
+    bigger = deadline.project()
+    assert bigger.done == 210
+    assert bigger.projected_finish == pytest.approx(clock.now + 790 / 4)
+
+
+def test_the_rate_is_unknown_until_measured_for_a_restart() -> None:
+    clock = Clock()
+    deadline = policy(clock, restart=50)
+    deadline.ring_progress(1, 4, 0)
+    clock.now += 500  # the hosts' boot and the first formation: not in the rate
+    deadline.ring_progress(1, 4, 10)
+    clock.now += 49
+    deadline.ring_progress(1, 4, 206)
+    assert deadline.project().rate_per_slot is None
+    clock.now += 1
+    assert deadline.project().rate_per_slot == pytest.approx(196 / 200)
+
+
+def test_no_step_since_the_first_commit_is_no_rate() -> None:
+    clock = Clock()
+    deadline = policy(clock, restart=50)
+    deadline.ring_progress(1, 4, 10)
+    clock.now += 100
+    deadline.ring_progress(1, 4, 10)  # a ring that commits less often than it reports
+    projection = deadline.decide()[1]
+    assert projection.rate_per_slot is None and projection.slack_s is None
+
+
+def test_no_ring_makes_no_progress_and_projects_no_finish() -> None:
+    clock = Clock()
+    deadline = policy(clock)
+    deadline.ring_progress(1, 4, 10)
+    clock.now += 50
+    deadline.ring_progress(1, 4, 210)
+    deadline.ring_lost()
+    clock.now += 50
+    lost = deadline.project()
+    assert lost.projected_finish is None and lost.ring_slots == 0
+    assert lost.rate_per_slot == pytest.approx(1.0)  # the time with no ring costs no slots
+
+
+def test_ahead_of_uniform_progress_it_waits_for_spot_behind_it_catches_up() -> None:
+    clock = Clock()
+    deadline = policy(clock, deadline_s=1000, steps=1000, restart=10)
+    deadline.ring_progress(1, 4, 0)
+    clock.now += 100
+    deadline.ring_progress(1, 4, 150)  # 150 done, 100 due
+    assert deadline.decide()[0] is Mode.SPOT
+    deadline.ring_lost()
+    clock.now += 100  # spot gone: no progress, 200 due
+    mode, projection = deadline.decide()
+    assert mode is Mode.CATCH_UP and projection.expected == pytest.approx(200)
+
+
+def test_hysteresis_keeps_catching_up_until_two_restarts_ahead() -> None:
+    clock = Clock()
+    deadline = policy(clock, deadline_s=10_000, steps=10_000, restart=100)
+    deadline.ring_progress(1, 1, 1)  # a ring of 1 slot of -np 4: slack aplenty
+    clock.now += 1000
+    deadline.ring_progress(1, 1, 900)  # 900 of 1,000 due: behind
+    assert deadline.decide()[0] is Mode.CATCH_UP
+    deadline.ring_progress(1, 1, 1100)  # ahead of ep(t), not of ep(t + 2d) = 1,200
+    assert deadline.decide()[0] is Mode.CATCH_UP
+    deadline.ring_progress(1, 1, 1200)
+    assert deadline.decide()[0] is Mode.SPOT
+
+
+def test_the_safety_net_holds_for_the_rest_of_the_job() -> None:
+    clock = Clock()
+    deadline = policy(clock, deadline_s=1000, steps=1000, restart=50)
+    deadline.ring_progress(1, 4, 1)
+    clock.now += 400
+    deadline.ring_progress(1, 4, 401)  # 400 in 1,600 slot-s: 599 left need 599 s of 600
+    mode, projection = deadline.decide()
+    assert mode is Mode.SAFETY_NET and projection.slack_s == pytest.approx(1)
+    clock.now += 1
+    deadline.ring_progress(1, 4, 999)  # far ahead now: still on-demand for the rest
+    assert deadline.decide()[0] is Mode.SAFETY_NET
+    deadline.ring_progress(1, 4, 1000)
+    assert deadline.decide()[0] is Mode.DONE
+
+
+def test_before_the_rate_is_known_there_is_no_safety_net() -> None:
+    clock = Clock()
+    deadline = policy(clock, deadline_s=1000, restart=400)
+    deadline.ring_progress(1, 4, 1)
+    clock.now += 1
+    mode, projection = deadline.decide()
+    assert projection.slack_s is None and mode is Mode.SPOT  # 1 step done, 1 due
+
+
+# ------------------------------------------------------------------ the hooks
+
+
+def status(name: str, lifecycle: Lifecycle, position: int) -> GroupStatus:
+    return GroupStatus(name, lifecycle, position, 2, 0, 0, False, None, 0.0, 0.0, 0, 0.0)
+
+
+SPOT = status("spot", Lifecycle.SPOT, 0)
+OD = status("od", Lifecycle.ON_DEMAND, 1)
+
+
+def host(lifecycle: Lifecycle) -> Instance:
+    return Instance("i-1", "a", InstanceState.READY, 1, lifecycle, group=lifecycle.value)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.modes: list[str] = []
+
+    @hookimpl
+    def spotring_deadline_decided(self, mode: str, reason: str, slack_s: float | None) -> None:
+        self.modes.append(mode)
+
+
+class AlwaysFallBack:
+    @hookimpl
+    def spotring_fall_back(self) -> bool:
+        return True
+
+
+def answers(clock: Clock, deadline: DeadlinePolicy | None, *plugins: object) -> dict[str, object]:
+    pm = get_plugin_manager(load_entry_points=False)
+    for plugin in plugins:
+        pm.register(plugin)
+    with deadline_plugin(pm, deadline):
+        hook = pm.hook
+        return {
+            "order": hook.spotring_order_groups(groups=[SPOT, OD], job=JOB),
+            "fall_back": hook.spotring_fall_back(group=OD, short=SPOT, hosts=2, job=JOB),
+            "hand_od_back": hook.spotring_return_to_spot(
+                instance=host(Lifecycle.ON_DEMAND), group=OD, job=JOB
+            ),
+            "hand_spot_back": hook.spotring_return_to_spot(
+                instance=host(Lifecycle.SPOT), group=SPOT, job=JOB
+            ),
+        }
+
+
+def ahead(clock: Clock) -> DeadlinePolicy:
+    deadline = policy(clock)
+    deadline.ring_progress(1, 4, 1)
+    clock.now += 100
+    deadline.ring_progress(1, 4, 201)
+    return deadline
+
+
+def test_ahead_a_short_spot_group_does_not_fall_back_to_on_demand() -> None:
+    clock = Clock()
+    recorder = Recorder()
+    got = answers(clock, ahead(clock), recorder)
+    assert got == {"order": ["spot", "od"], "fall_back": False, "hand_od_back": True,
+                   "hand_spot_back": True}  # fmt: skip
+    assert recorder.modes == ["spot"]  # once, not once per hook
+
+
+def test_a_plugins_answer_still_wins() -> None:
+    clock = Clock()
+    assert answers(clock, ahead(clock), AlwaysFallBack())["fall_back"] is True
+
+
+def test_behind_it_falls_back_and_keeps_on_demand_hosts() -> None:
+    clock = Clock()
+    deadline = policy(clock, restart=10)
+    clock.now += 100  # nothing done, 100 due
+    got = answers(clock, deadline)
+    assert got["fall_back"] is True and got["hand_od_back"] is False
+
+
+def test_the_safety_net_asks_on_demand_first_and_hands_spot_back() -> None:
+    clock = Clock()
+    deadline = policy(clock, restart=100)
+    deadline.ring_progress(1, 4, 1)
+    clock.now += 100
+    deadline.ring_progress(1, 4, 101)  # 899 need 899 s of 900: slack 1 < 2d
+    recorder = Recorder()
+    got = answers(clock, deadline, recorder)
+    assert got == {"order": ["od", "spot"], "fall_back": True, "hand_od_back": False,
+                   "hand_spot_back": True}  # fmt: skip
+    assert recorder.modes == ["safety-net"]
+
+
+def test_without_a_deadline_spotrings_defaults_answer() -> None:
+    got = answers(Clock(), None)
+    assert got["fall_back"] is True and got["hand_od_back"] is True
+
+
+def test_a_job_of_one_group_cannot_have_a_deadline() -> None:
+    with pytest.raises(ConfigurationError, match="--deadline needs a job of several groups"):
+        deadline_policy(NOW + 60, 10, 5.0, JOB, [ScriptedProvider()])
+    assert deadline_policy(None, None, 5.0, JOB, [ScriptedProvider()]) is None

@@ -1,0 +1,84 @@
+"""The controller owns the job's price book: it reads each group's price after a
+listing, learns the groups' slots per host, and announces each price as it changes;
+``--price`` names a group or a lifecycle, else it is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotring.autoscaler import hookimpl
+from spotring.autoscaler.composition import check_prices
+from spotring.autoscaler.controller import Controller
+from spotring.autoscaler.plugins import get_plugin_manager
+from spotring.core import ConfigurationError, JobShape, Lifecycle
+from spotring.core.prices import HourlyPrice
+from tests.fakes.scripted import ScriptedProvider, instance
+
+JOB = JobShape(num_proc=2, min_num_proc=1, max_num_proc=4)
+
+
+class PricedGroup(ScriptedProvider):
+    """A group whose cloud quotes the prices it is given, one per reading."""
+
+    def __init__(self, name: str, lifecycle: Lifecycle, quotes: list[float | None]) -> None:
+        super().__init__([instance(f"{name}-1", slots=2)])
+        self.name_, self.lifecycle, self.quotes = name, lifecycle, quotes
+
+    def group_name(self) -> str:
+        return self.name_
+
+    def group_lifecycle(self) -> Lifecycle:
+        return self.lifecycle
+
+    def hourly_price(self) -> HourlyPrice | None:
+        usd = self.quotes.pop(0) if self.quotes else None
+        return None if usd is None else HourlyPrice(usd, "cloud", 0.0)
+
+
+class Prices:
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, str | None, float | None, str | None]] = []
+
+    @hookimpl
+    def spotring_price_changed(self, group, lifecycle, price) -> None:  # type: ignore[no-untyped-def]
+        self.heard.append(
+            (group, lifecycle and lifecycle.value, price and price.usd, price and price.source)
+        )
+
+
+def controller_of(groups: list[PricedGroup], prices: dict[str, float], heard: Prices) -> Controller:
+    pm = get_plugin_manager(load_entry_points=False)
+    pm.register(heard)
+    return Controller(groups, pm.hook, job=JOB, prices=prices, price_refresh=0.0)
+
+
+def test_each_groups_price_is_announced_once_per_change_with_its_source() -> None:
+    spot = PricedGroup("spot-g", Lifecycle.SPOT, [0.1, 0.1, 0.2])
+    on_demand = PricedGroup("od-g", Lifecycle.ON_DEMAND, [0.9])
+    heard = Prices()
+    controller = controller_of([spot, on_demand], {"on-demand": 1.0}, heard)
+    for _ in range(3):
+        assert controller.refresh()
+    assert heard.heard == [
+        ("spot-g", "spot", 0.1, "cloud"),
+        ("od-g", "on-demand", 1.0, "--price"),
+        ("spot-g", "spot", 0.2, "cloud"),
+    ]
+    assert controller.prices.per_slot("spot-g") == 0.1  # 0.2 over its hosts' 2 slots
+    assert on_demand.quotes == [0.9]  # overridden: its cloud is never asked
+
+
+def test_a_listing_only_reads_no_price() -> None:
+    group = PricedGroup("g", Lifecycle.SPOT, [0.1])
+    heard = Prices()
+    pm = get_plugin_manager(load_entry_points=False)
+    pm.register(heard)
+    assert Controller([group], pm.hook, job=None).refresh()
+    assert heard.heard == [] and group.quotes == [0.1]
+
+
+def test_a_price_override_must_name_a_group_or_a_lifecycle() -> None:
+    groups = [PricedGroup("a", Lifecycle.SPOT, []), PricedGroup("b", Lifecycle.ON_DEMAND, [])]
+    check_prices({"a": 0.1, "on-demand": 1.0}, groups)
+    with pytest.raises(ConfigurationError, match=r"--price spto=\.\.\.: no group or lifecycle"):
+        check_prices({"spto": 0.1}, groups)
