@@ -713,7 +713,12 @@ class _ProgressReader:
         spec = self._launch.spec  # a warm worker's slot once it joined
         self._tell(
             lambda listener: listener.worker_progress(
-                spec.host, spec.local_rank, message.count, message.age, message.beat
+                spec.host,
+                spec.local_rank,
+                message.count,
+                message.age,
+                message.beat,
+                message.epochs,
             )
         )
 

@@ -32,6 +32,9 @@ class RingStatus:
     """Seconds since the ring's last commit (or its formation, if later)."""
     slowest: str
     """The member (``host[local_rank]``) whose last commit is oldest; "" if none."""
+    epochs: float | None = None
+    """The job's epochs (epoch + its share of samples processed) at the members' latest
+    commit, from their states' elastic samplers; None: no member reported one."""
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,14 @@ class WorkerEvents:
         """A worker's supervisor relayed ``host``'s interruption notice (verified)."""
 
     def worker_progress(
-        self, host: str, local_rank: int, commits: int, age_s: float, beat_s: float | None
+        self,
+        host: str,
+        local_rank: int,
+        commits: int,
+        age_s: float,
+        beat_s: float | None,
+        epochs: float | None = None,
     ) -> None:
-        """A worker's verified progress: its commits, the age of the last, and the age of
-        its last heartbeat (None for a worker that never beat)."""
+        """A worker's verified progress: its commits, the age of the last, the age of its
+        last heartbeat (None for a worker that never beat), and the job's epochs at the
+        last commit, from its state's elastic sampler (None: it has none)."""

@@ -77,7 +77,9 @@ BEAT_SECONDS = 0.25
 MAX_AGE_SECONDS = 1e7
 _COMMIT = struct.Struct("=dQ")  # last commit's time.monotonic(), commits so far
 _BEAT = struct.Struct("=d")  # last beat's time.monotonic() (0: none), written apart
-_RECORD = struct.Struct("=dQd")  # both, as read
+_POSITION = struct.Struct("=QQQ")  # the sampler's epoch, position, epoch size (0: none)
+_RECORD = struct.Struct("=dQdQQQ")  # all three, as read
+MAX_INT = 2**63
 PAGE_BYTES = mmap.PAGESIZE
 
 
@@ -92,8 +94,10 @@ class ProgressMessage(SignedLine):
     ``count``: the worker's ``commit`` calls since it started; ``age``: seconds since
     the last of them, when the supervisor wrote the line; ``beat``: seconds since the
     worker's heartbeat thread last stored the time (None: it never did, e.g. a script
-    run without spotring's ``sitecustomize``). ``launch`` and ``sequence`` as for
-    notices; the MAC covers everything else.
+    run without spotring's ``sitecustomize``). ``position``: at the last commit, the
+    state's ``ElasticSampler``'s epoch, samples processed in it and the dataset's length
+    (None: no sampler). ``launch`` and ``sequence`` as for notices; the MAC covers
+    everything else.
     """
 
     MARKER = MESSAGE_MARKER
@@ -105,10 +109,20 @@ class ProgressMessage(SignedLine):
     count: int
     age: float
     beat: float | None = None
+    position: tuple[int, int, int] | None = None
     mac: str = ""
 
     def fields(self) -> dict[str, Any]:
-        return {"count": self.count, "age": self.age, "beat": self.beat}
+        position = None if self.position is None else list(self.position)
+        return {"count": self.count, "age": self.age, "beat": self.beat, "position": position}
+
+    @property
+    def epochs(self) -> float | None:
+        """The job's progress in epochs at the last commit (None: no sampler)."""
+        if self.position is None:
+            return None
+        epoch, samples, epoch_size = self.position
+        return epoch + samples / epoch_size
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ProgressMessage:
@@ -125,7 +139,21 @@ class ProgressMessage(SignedLine):
         if "beat" not in body:
             raise ValueError("missing beat")
         beat_s = None if beat is None else _seconds(beat, "beat")
-        return cls(launch, sequence, count, _seconds(age, "age"), beat_s, mac)
+        position = _position(body.get("position"))
+        return cls(launch, sequence, count, _seconds(age, "age"), beat_s, position, mac)
+
+
+def _position(value: Any) -> tuple[int, int, int] | None:
+    """A sampler's position on a line: absent or null, or ``[epoch, samples, size]``,
+    integers with ``0 <= samples <= size``, ``1 <= size``, all below 2**63."""
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 3 and all(is_int(v) for v in value)):
+        raise ValueError("bad position")
+    epoch, samples, size = value
+    if not (0 <= epoch < MAX_INT and 1 <= size < MAX_INT and 0 <= samples <= size):
+        raise ValueError("bad position")
+    return epoch, samples, size
 
 
 def _seconds(value: Any, name: str) -> float:
@@ -169,23 +197,27 @@ class ProgressPage:
         finally:
             os.close(fd)
 
-    def record(self, count: int, at: float) -> None:
-        """Store a commit: its time, then the count (the reader checks the count)."""
+    def record(self, count: int, at: float, position: tuple[int, int, int] | None = None) -> None:
+        """Store a commit: the sampler's position, then its time and count (a reader
+        reads all twice)."""
+        epoch, samples, size = position or (0, 0, 0)
+        _POSITION.pack_into(self._memory, _COMMIT.size + _BEAT.size, epoch, samples, size)
         _COMMIT.pack_into(self._memory, 0, at, count)
 
     def beat(self, at: float) -> None:
         """Store a heartbeat's time (a field of its own: no writer waits for the other)."""
         _BEAT.pack_into(self._memory, _COMMIT.size, at)
 
-    def read(self) -> tuple[int, float, float]:
-        """(count, time of the last commit, time of the last beat: 0 for none); a torn
-        read is read again."""
+    def read(self) -> tuple[int, float, float, tuple[int, int, int] | None]:
+        """(count, time of the last commit, time of the last beat: 0 for none, the
+        sampler's position at it: None for none); a torn read is read again."""
         for _ in range(100):
-            at, count, beat = _RECORD.unpack_from(self._memory, 0)
+            record = _RECORD.unpack_from(self._memory, 0)
             again = _RECORD.unpack_from(self._memory, 0)
-            if again == (at, count, beat):
-                return count, at, beat
-        return again[1], again[0], again[2]
+            if again == record:
+                break
+        at, count, beat, epoch, samples, size = again
+        return count, at, beat, (epoch, samples, size) if size else None
 
 
 # ------------------------------------------------------------------ in the worker
@@ -215,7 +247,8 @@ class CommitCounter:
             depth = getattr(counter._depth, "value", 0)
             if depth == 0:
                 counter.count += 1
-                counter.page.record(counter.count, counter._clock())
+                position = sampler_position(args[0]) if args else None
+                counter.page.record(counter.count, counter._clock(), position)
             counter._depth.value = depth + 1
             try:
                 return commit(*args, **kwargs)
@@ -230,6 +263,26 @@ class CommitCounter:
     def install(self, elastic: ModuleType) -> None:
         """Count ``elastic.State.commit`` and every subclass's own ``commit``."""
         wrap_in_state_classes(elastic, "commit", self.wrap)
+
+
+def sampler_position(state: Any) -> tuple[int, int, int] | None:
+    """The epoch, samples processed in it and dataset length of the first
+    ``ElasticSampler`` a (Torch) state holds; None without one. Never imports torch: a
+    script that made a sampler has imported its module already."""
+    module = sys.modules.get("horovod.torch.elastic.sampler")
+    handlers = getattr(state, "_handlers", None)
+    if module is None or not isinstance(handlers, dict):
+        return None
+    for handler in handlers.values():
+        sampler = getattr(handler, "value", None)
+        if isinstance(sampler, module.ElasticSampler):
+            try:
+                size = len(sampler.dataset)
+                # A last batch padded to the ring's size counts past the dataset's end.
+                return _position([sampler.epoch, min(sampler.processed_num, size), size])
+            except (TypeError, ValueError):  # an odd sampler: no position, never a failed commit
+                return None
+    return None
 
 
 def take_progress_page() -> ProgressPage | None:
@@ -321,7 +374,7 @@ class ProgressForwarder:
 
     def forward(self) -> bool:
         """One look at the page; whether a line was written."""
-        count, at, beat_at = self._page.read()
+        count, at, beat_at, position = self._page.read()
         now = self._clock()
         quiet = self._sent_at is not None and now - self._sent_at < KEEPALIVE_SECONDS
         if count == self._sent and quiet:
@@ -329,7 +382,8 @@ class ProgressForwarder:
         self._sent, self._sent_at = count, now
         self._sequence += 1
         beat = None if beat_at == 0 else _age(now, beat_at)
-        message = ProgressMessage(self._launch, self._sequence, count, _age(now, at), beat)
+        age = _age(now, at)
+        message = ProgressMessage(self._launch, self._sequence, count, age, beat, position)
         self._write(message.signed(self._key).line())
         return True
 

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,13 @@ from spotring.driver.ring_events import Hang, NoRingEvents, Stall
 from spotring.driver.ring_progress import STALE_BEAT_SECONDS, RingProgress
 from spotring.driver.worker_events import WorkerEvents
 from spotring.worker_image.peer_abort import JOB_KEY_ENV
-from spotring.worker_image.progress import MESSAGE_MARKER, ProgressMessage
+from spotring.worker_image.progress import (
+    MESSAGE_MARKER,
+    CommitCounter,
+    ProgressForwarder,
+    ProgressMessage,
+    ProgressPage,
+)
 
 ENV = {"PATH": os.environ["PATH"]}
 KEY = os.urandom(32)
@@ -60,7 +67,13 @@ class Heard(WorkerEvents):
         self.progress: list[tuple[str, int, int, float, float | None]] = []
 
     def worker_progress(
-        self, host: str, local_rank: int, commits: int, age: float, beat: float | None
+        self,
+        host: str,
+        local_rank: int,
+        commits: int,
+        age: float,
+        beat: float | None,
+        epochs: float | None = None,
     ) -> None:
         self.progress.append((host, local_rank, commits, age, beat))
 
@@ -144,8 +157,8 @@ def test_progress_lines_are_rejected_when_forged_replayed_or_foreign() -> None:
     good = ProgressMessage("launch-1", 1, 5, 0.25, 0.1).signed(KEY)
     parsed = ProgressMessage.parse(good.line().rstrip("\n"))
     assert parsed == good and parsed.verify(KEY)
-    assert not ProgressMessage("launch-1", 1, 6, 0.25, 0.1, good.mac).verify(KEY)
-    assert not ProgressMessage("launch-1", 1, 5, 0.25, 9.0, good.mac).verify(KEY)
+    assert not ProgressMessage("launch-1", 1, 6, 0.25, 0.1, mac=good.mac).verify(KEY)
+    assert not ProgressMessage("launch-1", 1, 5, 0.25, 9.0, mac=good.mac).verify(KEY)
     assert not ProgressMessage("launch-1", 1, 5, 0.25).signed(os.urandom(32)).verify(KEY)
     never = ProgressMessage("launch-1", 1, 0, 0.0, None).signed(KEY)  # a worker that never beat
     assert ProgressMessage.parse(never.line().rstrip("\n")) == never
@@ -158,11 +171,44 @@ def test_progress_lines_are_rejected_when_forged_replayed_or_foreign() -> None:
         '{"launch":"l","seq":1,"count":1,"age":0,"mac":""}',
         '{"launch":"l","seq":1,"count":1,"age":0,"beat":-1,"mac":""}',
         '{"launch":"l","seq":1,"count":1,"age":0,"beat":"1","mac":""}',
+        '{"launch":"l","seq":1,"count":1,"age":0,"beat":0,"position":[1,5],"mac":""}',
+        '{"launch":"l","seq":1,"count":1,"age":0,"beat":0,"position":[1,11,10],"mac":""}',
+        '{"launch":"l","seq":1,"count":1,"age":0,"beat":0,"position":[-1,0,10],"mac":""}',
+        '{"launch":"l","seq":1,"count":1,"age":0,"beat":0,"position":[1,0,0],"mac":""}',
+        '{"launch":"l","seq":1,"count":1,"age":0,"beat":0,"position":[1,0.5,9],"mac":""}',
         "[1]",
         "x" * 600,
     ):
         with pytest.raises(ValueError):
             ProgressMessage.parse(MESSAGE_MARKER + bad)
+
+
+def test_the_samplers_position_goes_from_the_commit_to_the_line_signed() -> None:
+    from horovod.torch.elastic.sampler import ElasticSampler
+
+    sampler = object.__new__(ElasticSampler)  # its reset() needs a ring; the fields do not
+    sampler.dataset, sampler.epoch, sampler.processed_num = list(range(40)), 2, 10
+
+    class State:  # what a TorchState holds: its handlers, one with the sampler
+        _handlers = {"sampler": types.SimpleNamespace(value=sampler)}
+
+        def commit(self) -> None:
+            pass
+
+    page, fd = ProgressPage.create()
+    os.close(fd)
+    State.commit = CommitCounter(page).wrap(State.commit)  # type: ignore[method-assign]
+    State().commit()
+    lines: list[str] = []
+    ProgressForwarder(page, KEY, "launch-1", lines.append).forward()
+    message = ProgressMessage.parse(lines[0].rstrip("\n"))
+    assert message.verify(KEY) and message.position == (2, 10, 40) and message.epochs == 2.25
+    forged = message.line().replace("[2,10,40]", "[3,10,40]")
+    assert not ProgressMessage.parse(forged.rstrip("\n")).verify(KEY)
+    sampler.processed_num = 48  # a last batch padded to the ring's size
+    State().commit()
+    ProgressForwarder(page, KEY, "launch-1", lines.append).forward()
+    assert ProgressMessage.parse(lines[1].rstrip("\n")).epochs == 3.0
 
 
 # ------------------------------------------------------------------ the tracker
@@ -396,3 +442,19 @@ def test_the_jobs_commits_are_counted_across_rings_and_go_on_from_a_checkpoint()
     progress.ring_formed(2, ["d", "e"])
     train(progress, clock, [("d", 0), ("e", 0)], 3, {})
     assert progress.restart_from(0)[0] == 23
+
+
+def test_the_ring_status_carries_the_jobs_epochs_from_its_members_samplers() -> None:
+    """The epochs are the job's (restored with the sampler), not the ring's: a joining
+    member that has not committed yet neither lowers nor hides them."""
+    progress, clock, recorder = tracker()
+    for host in ("a", "b"):
+        progress.slot_started(host, 0)
+    progress.ring_formed(2, ["a", "b"])
+    progress.tick()
+    assert recorder.records[-1].epochs is None  # no member reported a sampler yet
+    progress.worker_progress("a", 0, 1, 0.0, 0.0, 1.5)
+    progress.worker_progress("b", 0, 1, 0.0, 0.0, None)
+    clock.now += 10.0
+    progress.tick()
+    assert recorder.records[-1].epochs == 1.5
