@@ -65,22 +65,23 @@ def check_prices(prices: Mapping[str, float], groups: Sequence[Provider]) -> Non
 
 def deadline_policy(
     deadline: float | None,
-    total_steps: int | None,
+    totals: tuple[int | None, int | None],
     restart_cost: float,
     shape: JobShape,
     groups: Sequence[Provider],
 ) -> DeadlinePolicy | None:
-    """The deadline policy of ``--deadline`` (epoch seconds; None: no deadline mode),
-    starting now: it steers what falls back to the last group, so a job of one group
-    cannot have it."""
-    if deadline is None or total_steps is None:
+    """The deadline policy of ``--deadline`` (epoch seconds; None: no deadline mode) and
+    ``totals`` (``--total-steps``, ``--total-epochs``: one of them), starting now: it
+    steers what falls back to the last group, so a job of one group cannot have it."""
+    total_steps, total_epochs = totals
+    if deadline is None or (total_steps is None and total_epochs is None):
         return None
     if len(groups) == 1:
         raise ConfigurationError(
             "--deadline needs a job of several groups (spot first, the last on-demand): "
             "give --group more than once"
         )
-    options = DeadlineOptions(deadline, total_steps, shape.num_proc, restart_cost)
+    options = DeadlineOptions(deadline, total_steps, shape.num_proc, restart_cost, total_epochs)
     try:
         return DeadlinePolicy(options)
     except ValueError as error:  # the deadline passed while the job was composed

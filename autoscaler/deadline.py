@@ -28,6 +28,11 @@ it formed, summed over the rings). The rate is unknown until it has been measure
 ``d``: the safety net waits for it (an early rate, over a few steps, is noise), and
 uniform progress still counts the job behind once ``ep(t)`` passes what it did.
 
+With ``--total-epochs`` instead of ``--total-steps``, the work is counted in epochs: the
+job's epoch and its elastic sampler's position, as the workers commit them
+(``RingStatus.epochs``: epoch + samples processed / the dataset's length). A bigger
+ring then finishes an epoch in fewer steps, and the projection sees it.
+
 The policy is spotring's own answer to the decision hooks when ``--deadline`` is
 given (:class:`DeadlinePlugin`): it is asked after any other plugin, before spotring's
 default answers, so a plugin's answer still wins. Each change of mode is an event
@@ -109,11 +114,22 @@ class DeadlineOptions:
 
     deadline: float
     """Epoch seconds."""
-    total_steps: int
-    """Commits the job makes in all (``--total-steps``)."""
+    total_steps: int | None
+    """Commits the job makes in all (``--total-steps``); None: ``total_epochs`` counts."""
     slots: int
     """The slots the job trains on at full size (``-np``): the projection's ring."""
     restart_cost: float = DEFAULT_RESTART_COST
+    total_epochs: int | None = None
+    """Epochs the job trains in all (``--total-epochs``), instead of ``total_steps``."""
+
+    @property
+    def total(self) -> int:
+        """The job's work, in :attr:`unit`."""
+        return self.total_epochs if self.total_epochs is not None else self.total_steps or 0
+
+    @property
+    def unit(self) -> str:
+        return "epochs" if self.total_epochs is not None else "steps"
 
 
 class Mode(enum.Enum):
@@ -135,12 +151,13 @@ class Projection:
     """The job's progress against its deadline at one moment (epoch seconds)."""
 
     at: float
-    done: int
-    total: int
+    done: float
+    """Work done, in steps or epochs (the options' unit)."""
+    total: float
     expected: float
-    """``ep(t)``: the steps uniform progress would have made by now."""
+    """``ep(t)``: the work uniform progress would have done by now."""
     rate_per_slot: float | None
-    """Steps per slot-second since the first commit; None until measured for ``d``."""
+    """Work per slot-second since the first commit; None until measured for ``d``."""
     ring_slots: int
     """The current ring's size (0: none stands)."""
     projected_finish: float | None
@@ -161,8 +178,10 @@ class DeadlinePolicy:
     """
 
     def __init__(self, options: DeadlineOptions, *, clock: Callable[[], float] = time.time) -> None:
-        if options.total_steps < 1:
-            raise ValueError("--total-steps must be at least 1")
+        if (options.total_steps is None) == (options.total_epochs is None):
+            raise ValueError("give one of --total-steps and --total-epochs")
+        if options.total < 1:
+            raise ValueError(f"--total-{options.unit} must be at least 1")
         self.options = options
         self._clock = clock
         self._start = clock()
@@ -174,18 +193,20 @@ class DeadlinePolicy:
         self._ring = 0
         self._ring_steps = 0
         self._ring_slots = 0
+        self._epochs = 0.0  # the job's, as the rings last reported them
+        self._no_epochs_warned = False
         self._seen_at: float | None = None
-        self._first_commit: tuple[float, int] | None = None  # (when, steps done then)
+        self._first_commit: tuple[float, float] | None = None  # (when, work done then)
         self._slot_seconds = 0.0  # since the first commit
 
     @property
     def mode(self) -> Mode:
         return self._mode
 
-    def ring_progress(self, ring: int, size: int, steps: int) -> None:
-        """A ring's progress (``RingStatus``): its generation, size (slots) and steps
-        since it formed. The slot-seconds since the last report are counted at the size
-        the ring had then."""
+    def ring_progress(self, ring: int, size: int, steps: int, epochs: float | None = None) -> None:
+        """A ring's progress (``RingStatus``): its generation, size (slots), steps since
+        it formed and the job's epochs (None: no sampler reported). The slot-seconds
+        since the last report are counted at the size the ring had then."""
         now = self._clock()
         with self._lock:
             self._slot_seconds = self._slot_seconds_at(now)
@@ -195,7 +216,10 @@ class DeadlinePolicy:
                 self._ring, self._ring_steps = ring, 0
             self._ring_steps = max(self._ring_steps, steps)
             self._ring_slots = size
-            done = self._rings_done + self._ring_steps
+            if epochs is not None:
+                self._epochs = epochs  # the job's own count: a restore may lower it
+            self._warn_without_epochs(steps, epochs)
+            done = self._done()
             if self._first_commit is None and done > 0:
                 self._first_commit = (now, done)
 
@@ -220,10 +244,26 @@ class DeadlinePolicy:
 
     # ---------------------------------------------------------------- helpers
 
+    def _done(self) -> float:
+        if self.options.total_epochs is not None:
+            return self._epochs
+        return self._rings_done + self._ring_steps
+
+    def _warn_without_epochs(self, steps: int, epochs: float | None) -> None:
+        """Once: the job counts epochs but its workers commit steps without any."""
+        if self.options.total_epochs is None or epochs is not None or steps == 0:
+            return
+        if not self._no_epochs_warned:
+            self._no_epochs_warned = True
+            log.warning(
+                "--total-epochs: the workers commit no epoch (no hvd.elastic.ElasticSampler "
+                "in their state): the job's progress is not known; give --total-steps instead"
+            )
+
     def _project(self, now: float) -> Projection:
         options = self.options
-        done = self._rings_done + self._ring_steps
-        remaining = max(0, options.total_steps - done)
+        done = self._done()
+        remaining = max(0.0, options.total - done)
         rate = None
         if self._first_commit is not None:
             since, done_then = self._first_commit
@@ -239,7 +279,7 @@ class DeadlinePolicy:
         return Projection(
             at=now,
             done=done,
-            total=options.total_steps,
+            total=options.total,
             expected=self._expected(now),
             rate_per_slot=rate,
             ring_slots=self._ring_slots,
@@ -256,10 +296,10 @@ class DeadlinePolicy:
         return self._slot_seconds + max(0.0, now - self._seen_at) * self._ring_slots
 
     def _expected(self, at: float) -> float:
-        """``ep(at)``: the steps uniform progress makes by ``at``."""
+        """``ep(at)``: the work uniform progress does by ``at``."""
         span = self.options.deadline - self._start
         share = min(1.0, max(0.0, (at - self._start) / span))
-        return self.options.total_steps * share
+        return self.options.total * share
 
     def _next_mode(self, projection: Projection) -> Mode:
         restart = self.options.restart_cost
@@ -275,11 +315,13 @@ class DeadlinePolicy:
         return Mode.CATCH_UP if projection.done < projection.expected else Mode.SPOT
 
 
-def _reason(mode: Mode, projection: Projection) -> str:
+def _reason(mode: Mode, projection: Projection, unit: str) -> str:
     """Why the policy is in ``mode``, in a few words (the event's and the log's reason)."""
-    steps = f"{projection.done} of {projection.total} steps, {projection.expected:.0f} due by now"
+    places = 2 if unit == "epochs" else 0
+    made = f"{projection.done:.{places}f} of {projection.total:.0f} {unit}"
+    steps = f"{made}, {projection.expected:.{places}f} due by now"
     if mode is Mode.DONE:
-        return f"{projection.done} of {projection.total} steps made"
+        return f"{made} made"
     if mode is Mode.SAFETY_NET:
         return (
             f"{steps}; {projection.slack_s:.0f}s of slack left, no more than two restarts: "
@@ -308,7 +350,7 @@ class DeadlinePlugin:
 
     @hookimpl
     def spotring_ring_progress(self, status: RingStatus) -> None:
-        self.policy.ring_progress(status.ring, status.size, status.steps)
+        self.policy.ring_progress(status.ring, status.size, status.steps, status.epochs)
 
     @hookimpl
     def spotring_ring_lost(self) -> None:
@@ -354,14 +396,14 @@ class DeadlinePlugin:
         mode, projection = self.policy.decide()
         if mode is not self._announced:
             self._announced = mode
-            reason = _reason(mode, projection)
+            reason = _reason(mode, projection, self.policy.options.unit)
             log.info("deadline mode %s: %s", mode.value, reason)
             emit(
                 self._hook,
                 "spotring_deadline_decided",
                 mode=mode.value,
                 reason=reason,
-                done=projection.done,
+                done=round(projection.done, 3),
                 total=projection.total,
                 projected_finish=_finite(projection.projected_finish),
                 slack_s=_finite(projection.slack_s),

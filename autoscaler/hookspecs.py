@@ -382,7 +382,8 @@ def spotring_deadline_decided(
         group falls back to on-demand, whose hosts stay until the job is ahead),
         ``safety-net`` (on-demand for the rest) or ``done``.
     :param reason: why, in a few words.
-    :param done: steps the rings committed so far; ``total``: ``--total-steps``.
+    :param done: steps the rings committed so far; ``total``: ``--total-steps``
+        (with ``--total-epochs``: the epochs committed so far, and that total).
     :param projected_finish: epoch seconds the rest is done at the current ring's
         size; None when no ring makes progress.
     :param slack_s: seconds the job can still make no progress and finish on a full

@@ -270,13 +270,21 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         metavar="WHEN",
         help="finish by WHEN (a duration: 90s, 45m, 2h; or an ISO 8601 time), buying "
         "on-demand hosts only when the job falls behind uniform progress towards it; "
-        "needs --total-steps",
+        "needs --total-steps or --total-epochs",
     )
     deadline.add_argument(
         "--total-steps",
         type=positive_int,
         metavar="N",
         help="the commits the job makes in all (its progress is what the rings commit)",
+    )
+    deadline.add_argument(
+        "--total-epochs",
+        type=positive_int,
+        metavar="N",
+        help="instead of --total-steps: the epochs the job trains in all (its progress is "
+        "the epoch and elastic sampler position its workers commit: hvd.elastic.ElasticSampler "
+        "in the state)",
     )
     deadline.add_argument(
         "--restart-cost",
@@ -381,13 +389,21 @@ def finish_options(options: argparse.Namespace, after_dashes: list[str] | None) 
 
 
 def _deadline(options: argparse.Namespace) -> float | None:
-    """``--deadline WHEN`` as epoch seconds, with the ``--total-steps`` it needs."""
+    """``--deadline WHEN`` as epoch seconds, with the ``--total-steps`` or
+    ``--total-epochs`` it needs (one of them)."""
+    totals = [
+        f"--total-{unit}"
+        for unit, value in (("steps", options.total_steps), ("epochs", options.total_epochs))
+        if value is not None
+    ]
     if options.deadline is None:
-        if options.total_steps is not None:
-            raise UsageError(f"{PROG} run: error: --total-steps is for --deadline WHEN")
+        if totals:
+            raise UsageError(f"{PROG} run: error: {totals[0]} is for --deadline WHEN")
         return None
-    if options.total_steps is None:
-        raise UsageError(f"{PROG} run: error: --deadline needs --total-steps N")
+    if not totals:
+        raise UsageError(f"{PROG} run: error: --deadline needs --total-steps N or --total-epochs N")
+    if len(totals) == 2:
+        raise UsageError(f"{PROG} run: error: give --total-steps or --total-epochs, not both")
     try:
         return parse_deadline(options.deadline, time.time())
     except ValueError as error:
@@ -482,7 +498,11 @@ def run_command(
     check_capacity(config.capacity, groups)
     check_prices(config.prices, groups)
     policy = deadline_policy(
-        options.deadline_at, options.total_steps, options.restart_cost, config.shape, groups
+        options.deadline_at,
+        (options.total_steps, options.total_epochs),
+        options.restart_cost,
+        config.shape,
+        groups,
     )
     # SIGTERM (a scheduler, `kill`) stops the job like Ctrl-C: workers first.
     signal.signal(signal.SIGTERM, _interrupt)

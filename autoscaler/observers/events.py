@@ -211,8 +211,8 @@ EVENTS: Mapping[str, EventKind] = {
         {
             "mode": "`spot`, `catch-up`, `safety-net` or `done`",
             "reason": "why, in a few words",
-            "done": "steps the rings committed so far",
-            "total": "`--total-steps`",
+            "done": "steps the rings committed so far (epochs with `--total-epochs`)",
+            "total": "`--total-steps` (or `--total-epochs`)",
             "projected_finish": "epoch seconds the rest is done at the ring's size; null: "
             "no progress",
             "slack_s": "seconds the job may still stand still and finish on a full ring; null: "

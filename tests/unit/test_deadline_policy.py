@@ -60,9 +60,15 @@ def test_anything_else_is_refused(when: str) -> None:
     [
         (["--deadline", "5x", "--total-steps", "9"], "give a duration (90s, 45m, 2h)"),
         (["--deadline", "2020-01-01T00:00Z", "--total-steps", "9"], "is not in the future"),
-        (["--deadline", "5m"], "--deadline needs --total-steps N"),
+        (["--deadline", "5m"], "--deadline needs --total-steps N or --total-epochs N"),
         (["--total-steps", "9"], "--total-steps is for --deadline WHEN"),
+        (["--total-epochs", "9"], "--total-epochs is for --deadline WHEN"),
         (["--deadline", "5m", "--total-steps", "0"], "--total-steps"),
+        (["--deadline", "5m", "--total-epochs", "0"], "--total-epochs"),
+        (
+            ["--deadline", "5m", "--total-steps", "9", "--total-epochs", "9"],
+            "give --total-steps or --total-epochs, not both",
+        ),
     ],
 )
 def test_bad_deadline_input_is_one_line_and_exit_2(
@@ -99,6 +105,35 @@ def test_the_rate_is_per_slot_so_a_bigger_ring_projects_sooner() -> None:
     bigger = deadline.project()
     assert bigger.done == 210
     assert bigger.projected_finish == pytest.approx(clock.now + 790 / 4)
+
+
+def test_with_total_epochs_the_work_is_the_epochs_the_rings_commit() -> None:
+    """An epoch's samples split across the ring: the steps per epoch fall as it grows,
+    so steps would not measure the work; the sampler's position does."""
+    clock = Clock()
+    options = DeadlineOptions(NOW + 1000, None, 4, 50.0, total_epochs=10)
+    deadline = DeadlinePolicy(options, clock=clock)
+    deadline.ring_progress(1, 2, 1, 0.5)  # restored mid-epoch: counted from here
+    clock.now += 100
+    deadline.ring_progress(1, 2, 400, 2.5)  # 2 epochs in 200 slot-seconds
+    small = deadline.project()
+    assert (small.done, small.total) == (2.5, 10)
+    assert small.rate_per_slot == pytest.approx(0.01)
+    assert small.projected_finish == pytest.approx(clock.now + 7.5 / 0.02)
+    assert small.needed_s == pytest.approx(7.5 / 0.04)
+    assert small.expected == pytest.approx(1.0)  # a tenth of the way to the deadline
+    assert deadline.decide()[0] is Mode.SPOT  # 2.5 epochs done, 1 due
+    deadline.ring_progress(2, 4, 0, 2.5)  # a bigger ring: its steps start again, not the epochs
+    assert deadline.project().done == 2.5
+    clock.now += 600
+    deadline.ring_progress(2, 4, 50, 2.6)  # far too slow now: behind uniform progress
+    assert deadline.decide()[0] is not Mode.SPOT
+
+
+def test_total_epochs_and_total_steps_are_one_or_the_other() -> None:
+    for steps, epochs in ((None, None), (10, 10)):
+        with pytest.raises(ValueError, match="--total-steps and --total-epochs"):
+            DeadlinePolicy(DeadlineOptions(NOW + 60, steps, 4, total_epochs=epochs))
 
 
 def test_the_rate_is_unknown_until_measured_for_a_restart() -> None:
@@ -285,5 +320,5 @@ def test_without_a_deadline_spotrings_defaults_answer() -> None:
 
 def test_a_job_of_one_group_cannot_have_a_deadline() -> None:
     with pytest.raises(ConfigurationError, match="--deadline needs a job of several groups"):
-        deadline_policy(NOW + 60, 10, 5.0, JOB, [ScriptedProvider()])
-    assert deadline_policy(None, None, 5.0, JOB, [ScriptedProvider()]) is None
+        deadline_policy(NOW + 60, (10, None), 5.0, JOB, [ScriptedProvider()])
+    assert deadline_policy(None, (None, None), 5.0, JOB, [ScriptedProvider()]) is None
