@@ -389,7 +389,7 @@ class CapacityPolicy:
         self,
         total: int,
         order: Sequence[str] | None = None,
-        allow: Callable[[str, str, int], bool] | None = None,
+        allow: Callable[[str, str, int], int] | None = None,
         limits: Mapping[str, int] | None = None,
     ) -> tuple[dict[str, int], list[Decision]]:
         """The size to ask of each group for a job of ``total`` hosts, and the
@@ -401,9 +401,11 @@ class CapacityPolicy:
         ``on_demand_base`` hosts on top. A group is never asked for fewer than its live
         members (hosts leave only by :meth:`return_candidate`, at a commit).
 
-        :param allow: ``allow(group, short_group, hosts)``: whether ``group`` may be
-            asked for ``hosts`` more because ``short_group`` is short (the
-            ``spotring_fall_back`` hook); a refused group keeps what it has.
+        :param allow: ``allow(group, short_group, hosts)``: how many of the ``hosts``
+            still wanted ``group`` may be asked for because ``short_group`` is short
+            (the ``spotring_fall_back`` and ``spotring_fall_back_hosts`` hooks): 0
+            refuses, ``hosts`` allows all; a group allowed fewer keeps at least what it
+            has.
         :param limits: the most members each group can hold, where it says.
         """
         order = list(order) if order is not None else self.default_order()
@@ -418,14 +420,10 @@ class CapacityPolicy:
             state = self._groups[name]
             own_base = base if name == self.last else 0
             short = self._short(state)
-            vetoed = (
-                not short
-                and remaining > 0
-                and bool(passed)
-                and allow is not None
-                and not allow(name, passed[0][0], remaining)
-            )
-            share = min(state.ready, remaining) if short or vetoed else remaining
+            share = min(state.ready, remaining) if short else remaining
+            if not short and remaining > 0 and passed and allow is not None:
+                allowed = max(0, min(remaining, allow(name, passed[0][0], remaining)))
+                share = min(remaining, max(allowed, state.ready))
             cap = limits.get(name)
             if cap is not None:
                 share = max(0, min(share, cap - own_base))

@@ -244,6 +244,20 @@ class DeadlinePolicy:
 
     # ---------------------------------------------------------------- helpers
 
+    def hosts_to_finish(self, total_hosts: int) -> int | None:
+        """Of the job's ``total_hosts`` (its ``-np`` slots), the hosts whose slots, at
+        the measured rate, finish the rest by the deadline with the safety net's margin
+        kept (``2d``) after the restart the added hosts cost (``d``); None while the
+        rate is unknown or that leaves no time (then: all of them)."""
+        projection = self.project()
+        rate = projection.rate_per_slot
+        time_left = self.options.deadline - projection.at - 3 * self.options.restart_cost
+        if rate is None or time_left <= 0:
+            return None
+        remaining = max(0.0, projection.total - projection.done)
+        slots = min(self.options.slots, math.ceil(remaining / (rate * time_left)))
+        return math.ceil(total_hosts * slots / self.options.slots)
+
     def _done(self) -> float:
         if self.options.total_epochs is not None:
             return self._epochs
@@ -378,6 +392,18 @@ class DeadlinePlugin:
         if group.lifecycle is Lifecycle.ON_DEMAND and self._mode() is Mode.SPOT:
             return False
         return None
+
+    @hookimpl(trylast=True)
+    def spotring_fall_back_hosts(
+        self, group: GroupStatus, short: GroupStatus, hosts: int, total: int, job: JobShape
+    ) -> int | None:
+        """While catching up, an on-demand group is asked only for the hosts that close
+        the gap (:meth:`DeadlinePolicy.hosts_to_finish`, less those the groups before
+        it supply), not the whole spot shortfall; the safety net asks for all."""
+        if group.lifecycle is not Lifecycle.ON_DEMAND or self._mode() is not Mode.CATCH_UP:
+            return None
+        needed = self.policy.hosts_to_finish(total)
+        return None if needed is None else max(0, needed - (total - hosts))
 
     @hookimpl(trylast=True)
     def spotring_return_to_spot(

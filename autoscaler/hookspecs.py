@@ -17,7 +17,8 @@ Threads: each hook's docstring says which thread calls it. In short:
 * the controller's decisions and events (``spotring_target_size``,
   ``spotring_replace_host``, ``spotring_inventory_changed``, ``spotring_refreshed``,
   ``spotring_host_noticed``, ``spotring_host_failed``, and the capacity ones:
-  ``spotring_order_groups``, ``spotring_fall_back``, ``spotring_return_to_spot``,
+  ``spotring_order_groups``, ``spotring_fall_back``, ``spotring_fall_back_hosts``,
+  ``spotring_return_to_spot``,
   ``spotring_capacity_shortage``, ``spotring_fell_back``, ``spotring_returned``,
   ``spotring_group_demoted``, ``spotring_deadline_decided``, and
   ``spotring_price_changed``): the controller's thread
@@ -233,6 +234,27 @@ def spotring_fall_back(
     :param hosts: the hosts still wanted when ``group``'s turn comes.
     :param job: the job's elastic limits and steering options.
     :return: True to ask it, False to skip it, None to leave the answer to others.
+    """
+
+
+@hookspec(firstresult=True)
+def spotring_fall_back_hosts(
+    group: GroupStatus, short: GroupStatus, hosts: int, total: int, job: JobShape
+) -> int | None:
+    """How many of the ``hosts`` a short group cannot supply ``group`` is asked for.
+
+    Called on the controller thread right after ``spotring_fall_back`` allowed ``group``
+    (or left it to spotring), with the same arguments. A group asked for fewer keeps at
+    least the members it has (hosts leave only by being handed back, at a commit).
+    spotring's own answer: all of them, or with ``--deadline`` while the job is behind,
+    only the hosts whose slots let it finish in time (docs/cost.md). Stops at the first
+    non-None result.
+
+    :param hosts: the hosts still wanted when ``group``'s turn comes.
+    :param total: the hosts the job wants in all (``hosts`` is what the groups before
+        ``group`` do not supply).
+    :return: a number of hosts (clamped to 0..``hosts``; 0 as ``spotring_fall_back``'s
+        False), or None to leave the answer to others.
     """
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pluggy
 
-from spotring.autoscaler.calls import call, emit
+from spotring.autoscaler.calls import ControllerError, call, emit
 from spotring.autoscaler.capacity import CapacityOptions, CapacityPolicy, GroupStatus
 from spotring.autoscaler.groups import describe_groups, group_names, job_size_limits
 from spotring.core import Instance, InstanceState, InterruptionNotice, Lifecycle, ProviderError
@@ -259,18 +259,32 @@ class Steering:
 
     def _resize(self, policy: CapacityPolicy, total: int, order: list[str] | None) -> None:
         """Ask each group for its share of ``total``, a short group's shortfall of the
-        groups after it, as the ``spotring_fall_back`` hook allows."""
+        groups after it, as the ``spotring_fall_back`` hook allows, as many hosts as
+        ``spotring_fall_back_hosts`` says (default: all still wanted)."""
 
-        def allow(group: str, short: str, hosts: int) -> bool:
-            answer = call(
-                "the spotring_fall_back hook",
-                self._hook.spotring_fall_back,
-                group=policy.status(group),
-                short=policy.status(short),
-                hosts=hosts,
-                job=self._job,
+        def allow(group: str, short: str, hosts: int) -> int:
+            asked = {
+                "group": policy.status(group),
+                "short": policy.status(short),
+                "hosts": hosts,
+                "job": self._job,
+            }
+            answer = call("the spotring_fall_back hook", self._hook.spotring_fall_back, **asked)
+            if answer is not None and not answer:
+                return 0
+            count = call(
+                "the spotring_fall_back_hosts hook",
+                self._hook.spotring_fall_back_hosts,
+                total=total,
+                **asked,
             )
-            return answer is None or bool(answer)
+            if count is None:
+                return hosts
+            if not isinstance(count, int) or isinstance(count, bool):
+                raise ControllerError(
+                    f"the spotring_fall_back_hosts hook answered {count!r}, not a number of hosts"
+                )
+            return count
 
         if self._limits is None:
             self._limits = call("reading the groups' limits", self._group_limits)

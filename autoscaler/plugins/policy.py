@@ -103,6 +103,14 @@ def spotring_fall_back(group: GroupStatus, short: GroupStatus, hosts: int, job: 
 
 
 @hookimpl(trylast=True)
+def spotring_fall_back_hosts(
+    group: GroupStatus, short: GroupStatus, hosts: int, total: int, job: JobShape
+) -> int:
+    """All the hosts still wanted."""
+    return hosts
+
+
+@hookimpl(trylast=True)
 def spotring_return_to_spot(instance: Instance, group: GroupStatus, job: JobShape) -> bool:
     """Always hand a host back once the capacity policy allows it (``--return-after``,
     one at a time, the job keeping its size)."""

@@ -12,6 +12,7 @@ from spotring.autoscaler import hookimpl
 from spotring.autoscaler.capacity import GroupStatus
 from spotring.autoscaler.cli import main
 from spotring.autoscaler.composition import deadline_policy
+from spotring.autoscaler.controller import Controller
 from spotring.autoscaler.deadline import (
     DeadlineOptions,
     DeadlinePolicy,
@@ -22,6 +23,7 @@ from spotring.autoscaler.deadline import (
 from spotring.autoscaler.plugins import get_plugin_manager
 from spotring.core import ConfigurationError, Instance, InstanceState, JobShape, Lifecycle
 from tests.fakes.scripted import ScriptedProvider
+from tests.unit.test_group_set import Pool
 
 NOW = 1_000_000.0
 JOB = JobShape(num_proc=4, min_num_proc=1, max_num_proc=4)
@@ -322,3 +324,36 @@ def test_a_job_of_one_group_cannot_have_a_deadline() -> None:
     with pytest.raises(ConfigurationError, match="--deadline needs a job of several groups"):
         deadline_policy(NOW + 60, (10, None), 5.0, JOB, [ScriptedProvider()])
     assert deadline_policy(None, (None, None), 5.0, JOB, [ScriptedProvider()]) is None
+
+
+def behind_with_two_slots_enough(clock: Clock) -> DeadlinePolicy:
+    """Behind uniform progress (81 of 100 steps due), at 0.8 steps per slot-second: the
+    919 left need 2 slots to finish 3d before the deadline (919 / 0.8 / 750 s)."""
+    deadline = policy(clock)
+    deadline.ring_progress(1, 1, 1)
+    clock.now += 100
+    deadline.ring_progress(1, 1, 81)
+    return deadline
+
+
+def test_behind_the_on_demand_group_is_asked_only_for_the_hosts_that_close_the_gap() -> None:
+    clock = Clock()
+    deadline = behind_with_two_slots_enough(clock)
+    assert deadline.hosts_to_finish(4) == 2
+    spot = Pool("spot", Lifecycle.SPOT, capacity=1)  # short: 3 of the job's 4 hosts missing
+    od = Pool("od", Lifecycle.ON_DEMAND, capacity=10)
+    pm = get_plugin_manager(load_entry_points=False)
+    with deadline_plugin(pm, deadline):
+        controller = Controller([spot, od], pm.hook, job=JOB)
+        controller.step()
+        controller.step()
+    assert deadline.mode is Mode.CATCH_UP
+    assert od.targets[-1] == 1  # with the spot host, 2 slots: not the 3 spot lacks
+
+
+def test_an_unknown_rate_or_no_time_left_asks_for_the_whole_shortfall() -> None:
+    clock = Clock()
+    assert policy(clock).hosts_to_finish(4) is None  # no rate yet
+    deadline = behind_with_two_slots_enough(clock)
+    clock.now += 760  # 140 s left: less than the margin and a restart (3d)
+    assert deadline.hosts_to_finish(4) is None
