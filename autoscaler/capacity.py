@@ -258,6 +258,7 @@ class CapacityPolicy:
         }
         self._order = list(groups)
         self._shares: dict[str, int] = {}  # the last distribution, before live floors
+        self._limited: set[str] = set()  # groups allowed less than was wanted of them
         self.returning: tuple[str, str] | None = None
         """(instance id, group) of the host being handed back, or None."""
         self._returning_since = 0.0
@@ -402,10 +403,11 @@ class CapacityPolicy:
         members (hosts leave only by :meth:`return_candidate`, at a commit).
 
         :param allow: ``allow(group, short_group, hosts)``: how many of the ``hosts``
-            still wanted ``group`` may be asked for because ``short_group`` is short
-            (the ``spotring_fall_back`` and ``spotring_fall_back_hosts`` hooks): 0
-            refuses, ``hosts`` allows all; a group allowed fewer keeps at least what it
-            has.
+            still wanted ``group`` may hold because ``short_group`` is short (the
+            ``spotring_fall_back`` and ``spotring_fall_back_hosts`` hooks): ``hosts``
+            allows all. A group allowed fewer than it holds is not shrunk here: the
+            hosts beyond are handed back by :meth:`return_candidate`, even though the
+            job is left short.
         :param limits: the most members each group can hold, where it says.
         """
         order = list(order) if order is not None else self.default_order()
@@ -414,6 +416,7 @@ class CapacityPolicy:
         base = min(self.options.on_demand_base, total)
         remaining = total - base
         shares: dict[str, int] = {}
+        self._limited = set()
         decisions: list[Decision] = []
         passed: list[tuple[str, int]] = []  # short groups whose shortfall goes on
         for name in order:
@@ -422,8 +425,9 @@ class CapacityPolicy:
             short = self._short(state)
             share = min(state.ready, remaining) if short else remaining
             if not short and remaining > 0 and passed and allow is not None:
-                allowed = max(0, min(remaining, allow(name, passed[0][0], remaining)))
-                share = min(remaining, max(allowed, state.ready))
+                share = max(0, min(remaining, allow(name, passed[0][0], remaining)))
+                if share < remaining:
+                    self._limited.add(name)
             cap = limits.get(name)
             if cap is not None:
                 share = max(0, min(share, cap - own_base))
@@ -466,19 +470,21 @@ class CapacityPolicy:
     ) -> tuple[str, str] | None:
         """The host to hand back now, as (instance id, group), or None.
 
-        Only when no host is being handed back already, and the job keeps ``total``
-        ready hosts without it: a member of the least preferred group that holds more
-        than its share (its last :meth:`distribute`), in that group for at least
-        ``return_after`` seconds. ``ready``: each group's ready member ids.
+        Only when no host is being handed back already: a member of the least preferred
+        group that holds more than its share (its last :meth:`distribute`), in that
+        group for at least ``return_after`` seconds, when the job keeps ``total`` ready
+        hosts without it, or its group was allowed fewer hosts than were wanted of it
+        (``allow``). ``ready``: each group's ready member ids.
         """
         if self.returning is not None:
             return None
         order = list(order) if order is not None else self.default_order()
-        if sum(len(ids) for ids in ready.values()) - 1 < total:
-            return None
+        keeps_size = sum(len(ids) for ids in ready.values()) - 1 >= total
         now = self._clock()
         for name in reversed(order):
             state = self._groups[name]
+            if not keeps_size and name not in self._limited:
+                continue
             if len(ready.get(name, ())) <= self._shares.get(name, 0):
                 continue
             eligible = [

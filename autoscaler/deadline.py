@@ -385,22 +385,20 @@ class DeadlinePlugin:
         return first + [name for name in order if name not in first]
 
     @hookimpl(trylast=True)
-    def spotring_fall_back(
-        self, group: GroupStatus, short: GroupStatus, hosts: int, job: JobShape
-    ) -> bool | None:
-        """No on-demand host for a short spot group while the job is ahead."""
-        if group.lifecycle is Lifecycle.ON_DEMAND and self._mode() is Mode.SPOT:
-            return False
-        return None
-
-    @hookimpl(trylast=True)
     def spotring_fall_back_hosts(
         self, group: GroupStatus, short: GroupStatus, hosts: int, total: int, job: JobShape
     ) -> int | None:
-        """While catching up, an on-demand group is asked only for the hosts that close
-        the gap (:meth:`DeadlinePolicy.hosts_to_finish`, less those the groups before
-        it supply), not the whole spot shortfall; the safety net asks for all."""
-        if group.lifecycle is not Lifecycle.ON_DEMAND or self._mode() is not Mode.CATCH_UP:
+        """The on-demand hosts a short spot group's shortfall may take: none while the
+        job is ahead (those it holds are handed back: the paper idles on-demand then);
+        while it catches up, only the hosts that close the gap
+        (:meth:`DeadlinePolicy.hosts_to_finish`, less those the groups before it
+        supply); the safety net's: all."""
+        if group.lifecycle is not Lifecycle.ON_DEMAND:
+            return None
+        mode = self._mode()
+        if mode is Mode.SPOT:
+            return 0
+        if mode is not Mode.CATCH_UP:
             return None
         needed = self.policy.hosts_to_finish(total)
         return None if needed is None else max(0, needed - (total - hosts))

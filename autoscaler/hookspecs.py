@@ -241,20 +241,22 @@ def spotring_fall_back(
 def spotring_fall_back_hosts(
     group: GroupStatus, short: GroupStatus, hosts: int, total: int, job: JobShape
 ) -> int | None:
-    """How many of the ``hosts`` a short group cannot supply ``group`` is asked for.
+    """How many of the ``hosts`` a short group cannot supply ``group`` may hold.
 
     Called on the controller thread right after ``spotring_fall_back`` allowed ``group``
-    (or left it to spotring), with the same arguments. A group asked for fewer keeps at
-    least the members it has (hosts leave only by being handed back, at a commit).
-    spotring's own answer: all of them, or with ``--deadline`` while the job is behind,
+    (a refused group keeps what it holds), with the same arguments. ``group`` is asked
+    for no more; the ready hosts it holds beyond are handed back as fallback hosts are
+    (one at a time, after ``--return-after``, each asked ``spotring_return_to_spot``,
+    leaving the ring at a commit), though the job is left short. spotring's own answer:
+    all of them; with ``--deadline``, while the job is ahead none, while it is behind
     only the hosts whose slots let it finish in time (docs/cost.md). Stops at the first
     non-None result.
 
     :param hosts: the hosts still wanted when ``group``'s turn comes.
     :param total: the hosts the job wants in all (``hosts`` is what the groups before
         ``group`` do not supply).
-    :return: a number of hosts (clamped to 0..``hosts``; 0 as ``spotring_fall_back``'s
-        False), or None to leave the answer to others.
+    :return: a number of hosts (clamped to 0..``hosts``), or None to leave the answer
+        to others.
     """
 
 

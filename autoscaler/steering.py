@@ -271,7 +271,7 @@ class Steering:
             }
             answer = call("the spotring_fall_back hook", self._hook.spotring_fall_back, **asked)
             if answer is not None and not answer:
-                return 0
+                return policy.status(group).ready  # refused: it keeps what it holds
             count = call(
                 "the spotring_fall_back_hosts hook",
                 self._hook.spotring_fall_back_hosts,

@@ -9,7 +9,7 @@ import datetime
 import pytest
 
 from spotring.autoscaler import hookimpl
-from spotring.autoscaler.capacity import GroupStatus
+from spotring.autoscaler.capacity import CapacityOptions, GroupStatus
 from spotring.autoscaler.cli import main
 from spotring.autoscaler.composition import deadline_policy
 from spotring.autoscaler.controller import Controller
@@ -250,8 +250,8 @@ class Recorder:
 
 class AlwaysFallBack:
     @hookimpl
-    def spotring_fall_back(self) -> bool:
-        return True
+    def spotring_fall_back_hosts(self, hosts: int) -> int:
+        return hosts
 
 
 def answers(clock: Clock, deadline: DeadlinePolicy | None, *plugins: object) -> dict[str, object]:
@@ -262,7 +262,9 @@ def answers(clock: Clock, deadline: DeadlinePolicy | None, *plugins: object) -> 
         hook = pm.hook
         return {
             "order": hook.spotring_order_groups(groups=[SPOT, OD], job=JOB),
-            "fall_back": hook.spotring_fall_back(group=OD, short=SPOT, hosts=2, job=JOB),
+            "fall_back": hook.spotring_fall_back_hosts(
+                group=OD, short=SPOT, hosts=2, total=4, job=JOB
+            ),
             "hand_od_back": hook.spotring_return_to_spot(
                 instance=host(Lifecycle.ON_DEMAND), group=OD, job=JOB
             ),
@@ -284,14 +286,14 @@ def test_ahead_a_short_spot_group_does_not_fall_back_to_on_demand() -> None:
     clock = Clock()
     recorder = Recorder()
     got = answers(clock, ahead(clock), recorder)
-    assert got == {"order": ["spot", "od"], "fall_back": False, "hand_od_back": True,
+    assert got == {"order": ["spot", "od"], "fall_back": 0, "hand_od_back": True,
                    "hand_spot_back": True}  # fmt: skip
     assert recorder.modes == ["spot"]  # once, not once per hook
 
 
 def test_a_plugins_answer_still_wins() -> None:
     clock = Clock()
-    assert answers(clock, ahead(clock), AlwaysFallBack())["fall_back"] is True
+    assert answers(clock, ahead(clock), AlwaysFallBack())["fall_back"] == 2
 
 
 def test_behind_it_falls_back_and_keeps_on_demand_hosts() -> None:
@@ -299,7 +301,7 @@ def test_behind_it_falls_back_and_keeps_on_demand_hosts() -> None:
     deadline = policy(clock, restart=10)
     clock.now += 100  # nothing done, 100 due
     got = answers(clock, deadline)
-    assert got["fall_back"] is True and got["hand_od_back"] is False
+    assert got["fall_back"] == 2 and got["hand_od_back"] is False  # the rate unknown: all
 
 
 def test_the_safety_net_asks_on_demand_first_and_hands_spot_back() -> None:
@@ -310,14 +312,14 @@ def test_the_safety_net_asks_on_demand_first_and_hands_spot_back() -> None:
     deadline.ring_progress(1, 4, 101)  # 899 need 899 s of 900: slack 1 < 2d
     recorder = Recorder()
     got = answers(clock, deadline, recorder)
-    assert got == {"order": ["od", "spot"], "fall_back": True, "hand_od_back": False,
+    assert got == {"order": ["od", "spot"], "fall_back": 2, "hand_od_back": False,
                    "hand_spot_back": True}  # fmt: skip
     assert recorder.modes == ["safety-net"]
 
 
 def test_without_a_deadline_spotrings_defaults_answer() -> None:
     got = answers(Clock(), None)
-    assert got["fall_back"] is True and got["hand_od_back"] is True
+    assert got["fall_back"] == 2 and got["hand_od_back"] is True
 
 
 def test_a_job_of_one_group_cannot_have_a_deadline() -> None:
@@ -357,3 +359,35 @@ def test_an_unknown_rate_or_no_time_left_asks_for_the_whole_shortfall() -> None:
     deadline = behind_with_two_slots_enough(clock)
     clock.now += 760  # 140 s left: less than the margin and a restart (3d)
     assert deadline.hosts_to_finish(4) is None
+
+
+def test_ahead_with_spot_short_the_on_demand_hosts_are_handed_back_at_a_commit() -> None:
+    """The paper idles on-demand while the job is ahead: the on-demand hosts taken while
+    it was behind leave, one at a time, each once a ring formed without it (nothing
+    rolled back), though spot is still short."""
+    clock, capacity_clock = Clock(), Clock()
+    deadline = policy(clock)
+    clock.now += 100  # nothing done, 100 steps due: behind, the rate unknown: all of it
+    spot = Pool("spot", Lifecycle.SPOT, capacity=2)  # short: 2 of the job's 4 hosts
+    od = Pool("od", Lifecycle.ON_DEMAND, capacity=10)
+    pm = get_plugin_manager(load_entry_points=False)
+    with deadline_plugin(pm, deadline):
+        controller = Controller([spot, od], pm.hook, job=JOB,
+                                capacity=CapacityOptions(return_after=0),
+                                capacity_clock=capacity_clock)  # fmt: skip
+        for _ in range(3):
+            controller.step()
+            capacity_clock.now += 1
+        assert od.targets[-1] == 2 and deadline.mode is Mode.CATCH_UP
+        deadline.ring_progress(1, 4, 1)
+        clock.now += 100
+        deadline.ring_progress(1, 4, 901)  # far ahead now
+        controller.step()
+        assert deadline.mode is Mode.SPOT
+        assert controller.inventory is not None
+        leaving = [i for i in controller.inventory.instances if i.state is InstanceState.DRAINING]
+        assert [i.lifecycle for i in leaving] == [Lifecycle.ON_DEMAND] and od.removed == []
+        controller.ring_formed(sorted(i.address for i in controller.inventory.ready))
+        controller.step()
+        assert od.removed == [leaving[0].id]  # its group shrunk once the ring left it
+        assert spot.targets[-1] == 2  # spot still short: the job trains smaller
