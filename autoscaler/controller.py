@@ -140,7 +140,8 @@ class Controller:
         """The job's groups, in the user's order of preference."""
         self._by_name = dict(zip(group_names(self.groups), self.groups, strict=True))
         self.prices = PriceBook(self.groups, prices or {}, refresh_s=price_refresh)
-        """The job's prices, per group: read after each listing of a job's groups."""
+        """The job's prices, per group: read by its own thread while the controller's
+        runs (a job's only), announced after each listing."""
         self._prices_told: dict[str, HourlyPrice | None] = {}  # group -> as last emitted
         self._lifecycles: dict[str, Lifecycle | None] = {}  # group -> as it says, asked once
         self._hook = hook
@@ -229,6 +230,8 @@ class Controller:
                 target=self._run, name="spotring-controller", daemon=True
             )
             self._thread.start()
+            if self._job is not None:  # a listing only (discover) reads no prices
+                self.prices.start()
 
     STOP_WAIT_SECONDS = 10.0
 
@@ -238,6 +241,7 @@ class Controller:
         daemon; one still in a call ends with the process."""
         self._stopped.set()
         self._wake.set()
+        self.prices.stop()
         if self._thread is not None:
             self._thread.join(self.STOP_WAIT_SECONDS)
             if self._thread.is_alive():
@@ -305,6 +309,8 @@ class Controller:
             self._fail(error)
         except Exception as error:  # a bug of ours: still never die silently
             self._fail(unexpected("spotring's controller", error))
+        finally:
+            self.prices.stop(wait=0)  # the prices stop with the job
 
     def _wait(self, refreshed: bool, next_replacement: float | None) -> None:
         delay = self._refresh_interval if refreshed else self._backoff.delay(self._failures)
@@ -387,13 +393,16 @@ class Controller:
         return True
 
     def _read_prices(self, instances: tuple[Instance, ...]) -> None:
-        """Tell the price book the groups' slots per host, read each group's price (the
-        book asks its cloud at most once per price refresh) and announce a change."""
+        """Tell the price book the groups' slots per host and announce each group's
+        price as it changes (the book's thread reads them from the clouds: this never
+        waits on a price API)."""
         for instance in instances:
             group = self._group_of(instance)
             if group is not None:
                 self.prices.note_slots(group.group_name(), instance.slots)
         for name, group in self._by_name.items():
+            if not self.prices.settled(name):
+                continue  # not read yet: announced once it is
             price = self.prices.price(name)
             told = self._prices_told.get(name)
             if name in self._prices_told and _same_price(told, price):

@@ -3,9 +3,9 @@
 A provider (one group's client) may tell the price of one member for one hour
 (:meth:`PriceSource.hourly_price`, read from its cloud's price API); ``--price
 GROUP_OR_LIFECYCLE=USD`` overrides it. The controller owns one :class:`PriceBook` for
-the job: it asks each group at most every ``refresh_s`` and keeps the last good
-answer, so a price API that fails costs one warning, never the job, and is never
-retried in a tight loop.
+the job: its own thread asks each group at most every ``refresh_s`` and keeps the
+last good answer, so a price API that fails costs one warning, never the job, and is
+never retried in a tight loop, and a slow one never delays the controller.
 """
 
 from __future__ import annotations
@@ -63,9 +63,13 @@ class PriceBook:
     refresh_s, the last good answer kept, --price overrides first.
 
     ``overrides`` maps a group's name, or a lifecycle (``spot``, ``on-demand``), to
-    USD per member-hour; a group's own name wins over its lifecycle. Safe to read
-    from any thread; a provider is asked on the thread that reads its price.
+    USD per member-hour; a group's own name wins over its lifecycle. Reading a price
+    never calls a provider: the providers are asked by :meth:`read_due`, which the
+    book's own thread (:meth:`start`) runs, so a slow price API (the GCP catalog's
+    pages) never delays whoever reads (the controller's refresh). Safe from any thread.
     """
+
+    STOP_WAIT_SECONDS = 2.0
 
     def __init__(
         self,
@@ -81,27 +85,34 @@ class PriceBook:
         self._lock = threading.Lock()
         self._known: dict[str, HourlyPrice] = {}
         self._asked_at: dict[str, float] = {}
+        self._read: set[str] = set()  # groups whose provider has answered (or failed) once
         self._warned: set[str] = set()
         self._slots: dict[str, int] = {}
-        self._lifecycles: dict[str, Lifecycle | None] = {}
+        self._lifecycles: dict[str, Lifecycle | None] = {}  # as each group said, asked once
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def price(self, group: str) -> HourlyPrice | None:
         """The price of one of ``group``'s members for one hour: its override, else
-        its provider's last good answer (asked again once ``refresh_s`` has passed);
-        None when unknown or when no such group is in the job."""
-        source = self._groups.get(group)
-        if source is None:
+        its provider's last good answer; None when unknown (not read yet included) or
+        when no such group is in the job. Never calls the provider."""
+        if group not in self._groups:
             return None
-        override = self._override(group, source)
+        override = self._override(group)
         if override is not None:
             return HourlyPrice(override, OVERRIDE_SOURCE, self._clock())
         with self._lock:
-            now = self._clock()
-            asked = self._asked_at.get(group)
-            if asked is None or now - asked >= self._refresh_s:
-                self._asked_at[group] = now
-                self._ask(group, source)
             return self._known.get(group)
+
+    def settled(self, group: str) -> bool:
+        """Whether :meth:`price` tells ``group``'s price as known for now: it is
+        overridden, or its provider was asked once (its answer, or its failure, in).
+        Until then its price is not known to be unknown: the controller waits to
+        announce it, so the first hours are not counted unpriced."""
+        if self._override(group) is not None:
+            return True
+        with self._lock:
+            return group in self._read
 
     def per_slot(self, group: str) -> float | None:
         """USD per slot-hour of ``group``: its price over its slots per host (the
@@ -120,16 +131,78 @@ class PriceBook:
             with self._lock:
                 self._slots[group] = slots
 
-    def _override(self, group: str, source: PricedGroup) -> float | None:
-        """``--price`` for the group by its name, else by its lifecycle (asked of the
-        group once: it may call the cloud)."""
+    def read_due(self) -> float:
+        """Ask each group whose price is due (never read, or read ``refresh_s`` ago)
+        and not overridden; return the seconds until the next is due. Never raises:
+        a failure of its own is logged and the groups are asked again after
+        ``refresh_s``. On the caller's thread (the book's, or a test's)."""
+        try:
+            return self._read_due()
+        except Exception:  # a bug of ours: logged, never the end of the prices
+            _log.exception("reading the groups' prices failed; retrying in %.0fs", self._refresh_s)
+            return self._refresh_s
+
+    def start(self) -> None:
+        """Start the book's thread, which runs :meth:`read_due` as the groups' prices
+        fall due until :meth:`stop` (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="spotring-prices", daemon=True)
+            self._thread.start()
+
+    def stop(self, wait: float = STOP_WAIT_SECONDS) -> None:
+        """Stop the book's thread, waiting at most ``wait`` seconds for it: a thread
+        still in a price call (a daemon) ends with the process."""
+        self._stopped.set()
+        if self._thread is not None and wait > 0:
+            self._thread.join(wait)
+
+    MIN_WAIT_SECONDS = 1.0
+    """The least time between two readings, whatever ``refresh_s`` says."""
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._stopped.wait(max(self.read_due(), self.MIN_WAIT_SECONDS))
+
+    def _read_due(self) -> float:
+        now = self._clock()
+        next_due = self._refresh_s
+        for group, source in self._groups.items():
+            if self._stopped.is_set():
+                break
+            self._learn_lifecycle(group, source)
+            if self._override(group) is not None:
+                continue
+            asked = self._asked_at.get(group)
+            if asked is None or now - asked >= self._refresh_s:
+                self._asked_at[group] = now
+                self._ask(group, source)
+            else:
+                next_due = min(next_due, asked + self._refresh_s - now)
+        return max(next_due, 0.0)
+
+    def _override(self, group: str) -> float | None:
+        """``--price`` for the group by its name, else by its lifecycle (once
+        :meth:`read_due` has asked the group for it)."""
         if group in self._overrides:
             return self._overrides[group]
         with self._lock:
-            if group not in self._lifecycles:
-                self._lifecycles[group] = source.group_lifecycle()
-            lifecycle = self._lifecycles[group]
+            lifecycle = self._lifecycles.get(group)
         return None if lifecycle is None else self._overrides.get(lifecycle.value)
+
+    def _learn_lifecycle(self, group: str, source: PricedGroup) -> None:
+        """Ask ``source`` its lifecycle once, unless its name is overridden or no
+        lifecycle is (the answer may call the cloud; a failure is asked again)."""
+        if group in self._lifecycles or group in self._overrides:
+            return
+        if not any(lifecycle.value in self._overrides for lifecycle in Lifecycle):
+            return
+        try:
+            lifecycle = source.group_lifecycle()
+        except Exception as error:  # asked again at the next reading
+            _log.warning("group %s: its lifecycle could not be read for --price: %s", group, error)
+            return
+        with self._lock:
+            self._lifecycles[group] = lifecycle
 
     def _ask(self, group: str, source: PricedGroup) -> None:
         """Ask ``source`` for its price and keep a good answer. While the group has
@@ -142,9 +215,11 @@ class PriceBook:
         except Exception as error:  # a price API's failure never fails the job
             answer = None
             level, problem = logging.WARNING, f"its price could not be read: {error}"
-        if answer is not None:
-            self._known[group] = answer
-            return
+        with self._lock:
+            self._read.add(group)
+            if answer is not None:
+                self._known[group] = answer
+                return
         if group not in self._known and group not in self._warned:
             self._warned.add(group)
             _log.log(

@@ -191,7 +191,8 @@ class Provider(abc.ABC):
     def group_lifecycle(self) -> Lifecycle | None:
         """What the group launches (spot or on-demand), read from its configuration,
         or None when unknown (the controller then goes by its members). May call the
-        cloud (reads only); called on the controller's thread."""
+        cloud (reads only); called on the controller's thread, and on the price
+        book's when a ``--price`` names a lifecycle."""
         return None
 
     def capacity_shortage(self, since: float) -> CapacityShortage | None:
@@ -214,8 +215,10 @@ class Provider(abc.ABC):
     def hourly_price(self) -> HourlyPrice | None:
         """The price of one of the group's members for one hour, read from the
         cloud's price API, or None when unknown (the default). Reads only; called
-        on the controller's thread at most once per price refresh; may raise (the
-        job's :class:`~spotring.core.prices.PriceBook` keeps its last good answer)."""
+        on the price book's own thread (beside the controller's calls, so it must
+        not disturb them: the SDK clients are thread-safe) at most once per price
+        refresh; may raise (the job's :class:`~spotring.core.prices.PriceBook`
+        keeps its last good answer)."""
         return None
 
     def size_limits(self) -> tuple[int, int] | None:

@@ -2,7 +2,8 @@
 
 :class:`CostMeter` is fed, in time order, the billed members by (group, lifecycle) and
 each group's price as it changes, and integrates the one over the other: a member-hour
-costs the price its group had at that hour (time-weighted as prices change). The same
+costs the price its group had at that hour (time-weighted as prices change; the hours
+before a group's first price, read off the controller's thread, at that first price). The same
 meter serves the live events file and metrics (fed from the hooks) and ``spotring
 report`` (fed from the events file), so both count alike. Beside the cost it keeps what
 the same hours would have cost all on-demand (each hour at the job's on-demand price:
@@ -113,6 +114,7 @@ class CostMeter:
         self._hours: dict[tuple[str, str], float] = {}
         self._usd: dict[tuple[str, str], float] = {}
         self._unpriced = 0.0
+        self._pending: dict[tuple[str, str], float] = {}  # hours before the group's first price
         self._all_on_demand = 0.0
         self._all_on_demand_known = True
         self._steps: dict[int, int] = {}  # ring generation -> its most commits
@@ -128,6 +130,7 @@ class CostMeter:
         """The billed members by (group, lifecycle) from ``at`` on; the group is ""
         for a job of one group."""
         self._advance(at)
+        self._settle()
         self._members = {key: n for key, n in billed.items() if n}
 
     def progress(self, ring: int, steps: int) -> None:
@@ -135,13 +138,18 @@ class CostMeter:
         self._steps[ring] = max(steps, self._steps.get(ring, 0))
 
     def cost(self, at: float) -> Cost:
-        """The cost up to ``at``."""
+        """The cost up to ``at``; the hours of a group whose price was not told yet
+        count as unpriced until it is."""
         self._advance(at)
+        self._settle()
+        pending = sum(self._pending.values(), 0.0)
         return Cost(
             hours=dict(self._hours),
             usd=dict(self._usd),
-            unpriced_hours=self._unpriced,
-            all_on_demand_usd=self._all_on_demand if self._all_on_demand_known else None,
+            unpriced_hours=self._unpriced + pending,
+            all_on_demand_usd=self._all_on_demand
+            if self._all_on_demand_known and not pending
+            else None,
             steps=sum(self._steps.values()),
         )
 
@@ -152,8 +160,25 @@ class CostMeter:
         self._at = at if self._at is None else max(at, self._at)
 
     def _count(self, key: tuple[str, str], hours: float) -> None:
-        group, lifecycle = key
         self._hours[key] = self._hours.get(key, 0.0) + hours
+        if self._told(*key):
+            self._price_hours(key, hours)
+        else:  # its price is read off the controller's thread: priced once told
+            self._pending[key] = self._pending.get(key, 0.0) + hours
+
+    def _settle(self) -> None:
+        """Price the hours counted before their group's first price, now that it is
+        told (at the next listing or reading: a job's first prices come together)."""
+        for key in [key for key in self._pending if self._told(*key)]:
+            self._price_hours(key, self._pending.pop(key))
+
+    def _told(self, group: str, lifecycle: str) -> bool:
+        """Whether the group's price was told (a price event, or ``--price``)."""
+        group = group or self._only_group()
+        return group in self._overrides or lifecycle in self._overrides or group in self._prices
+
+    def _price_hours(self, key: tuple[str, str], hours: float) -> None:
+        group, lifecycle = key
         usd = self._price_of(group, lifecycle)
         if usd is None:
             self._unpriced += hours

@@ -70,6 +70,7 @@ def test_a_next_page_elsewhere_is_refused_and_the_price_unknown(
     with pytest.raises(ProviderError, match="a next page outside"):
         group.hourly_price()
     book = PriceBook([group], {})
+    book.read_due()
     assert book.price("workers") is None
     assert "group workers: its price could not be read" in caplog.text
 

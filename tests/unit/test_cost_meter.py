@@ -47,6 +47,20 @@ def test_member_hours_are_priced_at_their_groups_price_then() -> None:
     assert cost.per_step_usd == pytest.approx(2.6 / 15)
 
 
+def test_hours_before_a_groups_first_price_are_priced_once_it_is_told() -> None:
+    meter = CostMeter()  # the prices are read off the controller's thread: told late
+    meter.members(0.0, {("spot", "spot"): 2, ("od", "on-demand"): 1})
+    early = meter.cost(HOUR)
+    assert early.unpriced_hours == 3.0 and early.all_on_demand_usd is None
+    meter.price(HOUR, "spot", "spot", 0.1)
+    meter.price(HOUR, "od", "on-demand", 1.0)
+    meter.members(2 * HOUR, {("spot", "spot"): 2, ("od", "on-demand"): 1})
+    cost = meter.cost(2 * HOUR)
+    assert cost.unpriced_hours == 0.0
+    assert cost.usd == pytest.approx({("spot", "spot"): 0.4, ("od", "on-demand"): 2.0})
+    assert cost.all_on_demand_usd == pytest.approx(6.0)
+
+
 def test_overrides_win_and_an_unknown_price_is_counted_apart() -> None:
     meter = CostMeter({"spot": 0.05})
     two_hours(meter)

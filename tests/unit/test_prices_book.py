@@ -4,6 +4,7 @@ the last good answer kept, one warning for a price that cannot be read."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 
@@ -43,6 +44,8 @@ def test_a_groups_name_overrides_its_lifecycle_and_both_override_the_cloud() -> 
     spot = Group("a", Lifecycle.SPOT, [0.1])
     named = Group("b", Lifecycle.SPOT, [0.1])
     book = PriceBook([spot, named], {"spot": 0.3, "b": 0.5})
+    assert book.price("a") is None  # its lifecycle not asked yet: no price call here
+    book.read_due()
     assert (book.price("a").usd, book.price("a").source) == (0.3, "--price")  # type: ignore[union-attr]
     assert book.price("b").usd == 0.5  # type: ignore[union-attr]
     assert spot.asked == named.asked == 0
@@ -53,15 +56,17 @@ def test_the_provider_is_asked_once_per_refresh_and_its_last_good_answer_kept() 
     clock = Clock()
     group = Group("g", None, [0.2, RuntimeError("throttled"), None, 0.4])
     book = PriceBook([group], {}, refresh_s=60.0, clock=clock)
+    assert book.price("g") is None and group.asked == 0  # reading never asks
+    assert book.read_due() == 60.0
     assert book.price("g").usd == 0.2  # type: ignore[union-attr]
     clock.now += 59
-    book.price("g")
+    assert book.read_due() == 1.0
     assert group.asked == 1
-    clock.now += 1
-    assert book.price("g").usd == 0.2  # type: ignore[union-attr]  # the error: kept
-    clock.now += 60
-    assert book.price("g").usd == 0.2  # type: ignore[union-attr]  # unknown: kept
-    clock.now += 60
+    for _ in range(3):  # the error, then unknown, then a new price
+        clock.now += 60
+        book.read_due()
+        if group.asked < 4:
+            assert book.price("g").usd == 0.2  # type: ignore[union-attr]  # kept
     assert book.price("g").usd == 0.4  # type: ignore[union-attr]
     assert group.asked == 4
 
@@ -74,9 +79,11 @@ def test_an_unknown_price_warns_once_and_is_not_asked_again_until_the_refresh(
     book = PriceBook([group], {"spot": 0.3}, refresh_s=60.0, clock=clock)
     with caplog.at_level(logging.WARNING):
         for _ in range(5):
+            book.read_due()
             assert book.price("g") is None
             assert book.per_slot("g") is None
         clock.now += 60
+        book.read_due()
         assert book.price("g") is None
     assert group.asked == 2
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -92,6 +99,7 @@ def test_a_group_with_no_price_to_read_is_noted_once_not_warned(
     caplog.set_level(logging.INFO, "spotring.core.prices")
     book = PriceBook([Group("local", Lifecycle.SPOT, [])], {}, refresh_s=0.0)
     for _ in range(3):
+        book.read_due()
         assert book.price("local") is None
     said = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert said == [
@@ -108,3 +116,43 @@ def test_per_slot_divides_by_the_slots_the_groups_hosts_hold() -> None:
     assert book.per_slot("g") == 2.0
     book.note_slots("g", 4)
     assert book.per_slot("g") == 0.5
+
+
+def test_a_failure_of_the_books_own_is_logged_and_read_again_after_the_refresh(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    times = iter([RuntimeError("clock broke"), 1000.0])
+
+    def clock() -> float:
+        now = next(times)
+        if isinstance(now, Exception):
+            raise now
+        return now
+
+    group = Group("g", None, [0.2])
+    book = PriceBook([group], {}, refresh_s=60.0, clock=clock)
+    assert book.read_due() == 60.0  # not a tight loop
+    assert "reading the groups' prices failed; retrying in 60s" in caplog.text
+    book.read_due()
+    assert book.price("g").usd == 0.2  # type: ignore[union-attr]
+
+
+def test_the_books_thread_reads_the_prices_and_stops_when_told() -> None:
+    asked = threading.Event()
+    release = threading.Event()
+
+    class Blocking(Group):
+        def hourly_price(self) -> HourlyPrice | None:
+            asked.set()
+            release.wait()
+            return super().hourly_price()
+
+    book = PriceBook([Blocking("g", None, [0.2])], {})
+    book.start()
+    assert asked.wait(10)
+    assert book.price("g") is None  # the reader is not held by the call
+    book.stop(wait=0)
+    release.set()
+    book.stop(wait=10)
+    assert book._thread is not None and not book._thread.is_alive()
+    assert book.price("g").usd == 0.2  # type: ignore[union-attr]

@@ -1,8 +1,11 @@
-"""The controller owns the job's price book: it reads each group's price after a
-listing, learns the groups' slots per host, and announces each price as it changes;
-``--price`` names a group or a lifecycle, else it is refused."""
+"""The controller owns the job's price book: the book's thread reads the groups'
+prices, the controller learns the groups' slots per host from each listing and
+announces each price as it changes, never waiting on a price API; ``--price`` names
+a group or a lifecycle, else it is refused."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
@@ -58,6 +61,7 @@ def test_each_groups_price_is_announced_once_per_change_with_its_source() -> Non
     heard = Prices()
     controller = controller_of([spot, on_demand], {"on-demand": 1.0}, heard)
     for _ in range(3):
+        controller.prices.read_due()  # what the book's thread does
         assert controller.refresh()
     assert heard.heard == [
         ("spot-g", "spot", 0.1, "cloud"),
@@ -66,6 +70,51 @@ def test_each_groups_price_is_announced_once_per_change_with_its_source() -> Non
     ]
     assert controller.prices.per_slot("spot-g") == 0.1  # 0.2 over its hosts' 2 slots
     assert on_demand.quotes == [0.9]  # overridden: its cloud is never asked
+
+
+class BlockingGroup(PricedGroup):
+    """A group whose price API does not answer until it is released."""
+
+    def __init__(self) -> None:
+        super().__init__("slow", Lifecycle.SPOT, [0.3])
+        self.asked, self.release = threading.Event(), threading.Event()
+
+    def hourly_price(self) -> HourlyPrice | None:
+        self.asked.set()
+        self.release.wait()
+        return super().hourly_price()
+
+
+def test_a_price_api_that_blocks_does_not_delay_the_controllers_refresh() -> None:
+    group = BlockingGroup()
+    heard = Prices()
+    controller = controller_of([group], {}, heard)
+    refreshed = threading.Event()
+
+    def refresh_twice() -> None:
+        assert controller.refresh() and controller.refresh()
+        refreshed.set()
+
+    controller.prices.start()
+    try:
+        assert group.asked.wait(10)
+        threading.Thread(target=refresh_twice, daemon=True).start()
+        assert refreshed.wait(10), "the controller's refresh waited on the price API"
+        assert controller.refreshes == 2 and heard.heard == []  # not read yet: not told
+    finally:
+        controller.prices.stop(wait=0)
+        group.release.set()
+        controller.prices.stop(wait=10)
+    assert controller.refresh()
+    assert heard.heard[-1] == ("slow", "spot", 0.3, "cloud")  # the last good price, once read
+
+
+def test_the_price_books_thread_runs_and_stops_with_the_controllers() -> None:
+    controller = controller_of([PricedGroup("g", Lifecycle.SPOT, [])], {}, Prices())
+    controller.start()
+    controller.stop()
+    thread = controller.prices._thread
+    assert thread is not None and not thread.is_alive()
 
 
 def test_a_listing_only_reads_no_price() -> None:
