@@ -8,9 +8,10 @@ meter serves the live events file and metrics (fed from the hooks) and ``spotrin
 report`` (fed from the events file), so both count alike. Beside the cost it keeps what
 the same hours would have cost all on-demand (each hour at the job's on-demand price:
 an on-demand group's own, else ``--price on-demand``), the time-weighted share of
-hours on spot, and the cost per committed step (the rings' commits, from their
-progress). Samples are not known to spotring: the rings report commits, not batch
-sizes.
+hours on spot, the cost per committed step (the rings' commits, from their
+progress) and the cost per epoch (the job's epochs as the workers' elastic samplers
+commit them). The cost per sample is the cost per epoch over the dataset's length,
+which the rings do not report.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class Cost:
     on-demand price."""
     steps: int
     """Steps the rings committed (each ring's most commits, summed over rings)."""
+    epochs: float | None = None
+    """Epochs the job trained in the run (its epochs at the latest commit less those at
+    the first reported: a resumed job's earlier epochs are not this run's); None while
+    no worker committed an elastic sampler's position."""
 
     @property
     def total_usd(self) -> float:
@@ -72,6 +77,13 @@ class Cost:
             return None
         return self.total_usd / self.steps
 
+    @property
+    def per_epoch_usd(self) -> float | None:
+        """USD per epoch trained; None before any or while some hours are unpriced."""
+        if self.epochs is None or self.epochs <= 0 or self.unpriced_hours:
+            return None
+        return self.total_usd / self.epochs
+
     def record(self) -> dict[str, object]:
         """The cost as the events file's ``cost`` record holds it."""
         return {
@@ -94,6 +106,8 @@ class Cost:
             "spot_share": None if self.spot_share is None else round(self.spot_share, 4),
             "steps": self.steps,
             "usd_per_step": None if self.per_step_usd is None else round(self.per_step_usd, 9),
+            "epochs": None if self.epochs is None else round(self.epochs, 6),
+            "usd_per_epoch": None if self.per_epoch_usd is None else round(self.per_epoch_usd, 9),
         }
 
 
@@ -118,6 +132,7 @@ class CostMeter:
         self._all_on_demand = 0.0
         self._all_on_demand_known = True
         self._steps: dict[int, int] = {}  # ring generation -> its most commits
+        self._epochs: tuple[float, float] | None = None  # the job's (first, latest) reported
 
     def price(self, at: float, group: str, lifecycle: str | None, usd: float | None) -> None:
         """``group``'s price per member-hour from ``at`` on (None: unknown)."""
@@ -133,9 +148,13 @@ class CostMeter:
         self._settle()
         self._members = {key: n for key, n in billed.items() if n}
 
-    def progress(self, ring: int, steps: int) -> None:
-        """Ring generation ``ring`` has made ``steps`` commits."""
+    def progress(self, ring: int, steps: int, epochs: float | None = None) -> None:
+        """Ring generation ``ring`` has made ``steps`` commits and the job is at
+        ``epochs`` (None: no sampler reported; a ring resumed from an older checkpoint
+        may lower it: the epochs it redoes are not counted again)."""
         self._steps[ring] = max(steps, self._steps.get(ring, 0))
+        if epochs is not None:
+            self._epochs = (epochs if self._epochs is None else self._epochs[0], epochs)
 
     def cost(self, at: float) -> Cost:
         """The cost up to ``at``; the hours of a group whose price was not told yet
@@ -151,6 +170,7 @@ class CostMeter:
             if self._all_on_demand_known and not pending
             else None,
             steps=sum(self._steps.values()),
+            epochs=None if self._epochs is None else self._epochs[1] - self._epochs[0],
         )
 
     def _advance(self, at: float) -> None:
@@ -247,9 +267,9 @@ class LiveCost:
                 None if price is None else price.usd,
             )
 
-    def progressed(self, ring: int, steps: int) -> None:
+    def progressed(self, ring: int, steps: int, epochs: float | None) -> None:
         with self._lock:
-            self._meter.progress(ring, steps)
+            self._meter.progress(ring, steps, epochs)
 
     def cost(self) -> Cost:
         with self._lock:

@@ -130,6 +130,8 @@ EVENTS: Mapping[str, EventKind] = {
             "steps": "the most commits any member made since it formed",
             "idle_s": "seconds since its last commit (or its formation)",
             "slowest": "`host[local_rank]` of the member whose last commit is oldest",
+            "epochs": "the job's epochs (epoch + the elastic sampler's share of the dataset"
+            " processed) at its latest commit; null: no sampler committed",
         },
     ),
     "stall": EventKind(
@@ -243,6 +245,10 @@ EVENTS: Mapping[str, EventKind] = {
             "spot_share": "the time-weighted share of instance-hours on spot",
             "steps": "steps the rings committed (each ring's most commits, summed)",
             "usd_per_step": "USD per committed step; null before one or while hours are unpriced",
+            "epochs": "epochs trained in this run (the job's epochs at the latest commit less"
+            " at the first reported); null: no sampler committed",
+            "usd_per_epoch": "USD per epoch trained (per sample: over the dataset's length);"
+            " null before any or while hours are unpriced",
         },
     ),
 }
@@ -329,8 +335,9 @@ class EventLog:
             steps=status.steps,
             idle_s=status.idle_s,
             slowest=status.slowest,
+            epochs=status.epochs,
         )
-        self._cost.progressed(status.ring, status.steps)
+        self._cost.progressed(status.ring, status.steps, status.epochs)
         self.write("cost", **self._cost.cost().record())
 
     @hookimpl

@@ -61,6 +61,8 @@ class RunSeries:
     spot_share: Gauge
     steps: Gauge
     cost_per_step: Gauge
+    epochs: Gauge
+    cost_per_epoch: Gauge
 
     def collectors(self) -> list[MetricWrapperBase]:
         """The series, in the order they are declared."""
@@ -181,6 +183,18 @@ def run_series() -> RunSeries:
             "USD per committed step (NaN before a step or while hours are unpriced)",
             registry=r,
         ),
+        epochs=Gauge(
+            "spotring_trained_epochs",
+            "Epochs trained in this run, as the workers' elastic samplers commit them (NaN"
+            " while none did)",
+            registry=r,
+        ),
+        cost_per_epoch=Gauge(
+            "spotring_cost_per_epoch_usd",
+            "USD per epoch trained; per sample: over the dataset's length (NaN before any"
+            " or while hours are unpriced)",
+            registry=r,
+        ),
     )
     for state in InstanceState:
         series.hosts.labels(state.value)
@@ -242,7 +256,7 @@ class Metrics:
 
     @hookimpl
     def spotring_ring_progress(self, status: RingStatus) -> None:
-        self._cost.progressed(status.ring, status.steps)
+        self._cost.progressed(status.ring, status.steps, status.epochs)
         self._publish_cost()
 
     @hookimpl
@@ -356,6 +370,8 @@ class Metrics:
         self.series.spot_share.set(cost.spot_share or 0.0)
         self.series.steps.set(cost.steps)
         _set_or_nan(self.series.cost_per_step, cost.per_step_usd)
+        _set_or_nan(self.series.epochs, cost.epochs)
+        _set_or_nan(self.series.cost_per_epoch, cost.per_epoch_usd)
 
     # ------------------------------------------------------------- capacity
 

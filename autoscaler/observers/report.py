@@ -165,7 +165,9 @@ def replay_cost(run: Run, overrides: Mapping[str, float] | None = None) -> Cost:
             usd = float(usd) if isinstance(usd, (int, float)) else None
             meter.price(at, str(event.get("group") or ""), event.get("lifecycle"), usd)
         elif kind == "progress" and isinstance(event.get("steps"), int):
-            meter.progress(int(event.get("ring") or 0), event["steps"])
+            epochs = event.get("epochs")
+            epochs = float(epochs) if isinstance(epochs, (int, float)) else None
+            meter.progress(int(event.get("ring") or 0), event["steps"], epochs)
         elif kind == "instance_state":
             iid, state = str(event.get("id")), event.get("state")
             if state in BILLED_STATES and iid not in billed:
@@ -230,6 +232,8 @@ def group_cost_line(run: Run, prices: Mapping[str, float]) -> str:
         line += f"; {cost.spot_share:.0%} of the hours on spot"
     if cost.per_step_usd is not None:
         line += f"; ${cost.per_step_usd:.6g} per committed step ({cost.steps} steps)"
+    if cost.per_epoch_usd is not None and cost.epochs is not None:
+        line += f"; ${cost.per_epoch_usd:.6g} per epoch ({cost.epochs:.3g} epochs)"
     return line
 
 

@@ -75,6 +75,20 @@ def test_overrides_win_and_an_unknown_price_is_counted_apart() -> None:
     assert cost.per_step_usd is None and cost.all_on_demand_usd is None
 
 
+def test_the_cost_per_epoch_counts_the_epochs_trained_in_the_run() -> None:
+    meter = CostMeter()
+    two_hours(meter)  # $2.60
+    assert meter.cost(2 * HOUR).epochs is None  # no sampler committed
+    meter.progress(1, 10, 10.25)  # a job resumed at its 10th epoch
+    meter.progress(1, 12, 11.25)
+    meter.progress(2, 5, 10.75)  # a ring resumed from an older checkpoint: net progress
+    cost = meter.cost(2 * HOUR)
+    assert cost.epochs == pytest.approx(0.5)
+    assert cost.per_epoch_usd == pytest.approx(2.6 / 0.5)
+    record = cost.record()
+    assert record["epochs"] == 0.5 and record["usd_per_epoch"] == pytest.approx(5.2)
+
+
 def test_a_one_group_jobs_members_take_the_groups_price() -> None:
     meter = CostMeter()
     meter.price(0.0, "workers", "spot", 0.3)
@@ -93,9 +107,9 @@ def events_file(path: Path) -> Path:
             {"event": "instance_state", "id": i, "state": "ready", "lifecycle": lc, "group": g}
             for i, lc, g in [("a", "spot", "spot"), ("b", "spot", "spot"), ("c", "on-demand", "od")]
         ],
-        {"event": "progress", "ring": 1, "steps": 10},
+        {"event": "progress", "ring": 1, "steps": 10, "epochs": 0.25},
         {"event": "price", "group": "spot", "lifecycle": "spot", "usd": 0.2, "t": HOUR},
-        {"event": "progress", "ring": 2, "steps": 5, "t": 2 * HOUR},
+        {"event": "progress", "ring": 2, "steps": 5, "t": 2 * HOUR, "epochs": 1.25},
         {"event": "job_finished", "t": 2 * HOUR},
     ]
     path.write_text("".join(json.dumps({"v": 1, "t": 0.0, **r}) + "\n" for r in records))
@@ -112,6 +126,7 @@ def test_the_report_prices_the_hours_at_the_recorded_prices_unless_given(
     assert "all on-demand $6.00 (saved 57%)" in line
     assert "67% of the hours on spot" in line
     assert "$0.173333 per committed step (15 steps)" in line
+    assert "$2.6 per epoch (1 epochs)" in line
     assert "total $4.40" in group_cost_line(run, {"spot": 0.6})
 
 
@@ -127,7 +142,8 @@ def test_the_events_file_records_prices_and_the_cost_so_far(tmp_path: Path) -> N
     pm.hook.spotring_refreshed(
         inventory=Inventory((host,), 1), seconds=0.0, calls=None, error=None, target=1
     )
-    pm.hook.spotring_ring_progress(status=RingStatus(1, 1, 4, 0.0, "a[0]"))
+    pm.hook.spotring_ring_progress(status=RingStatus(1, 1, 3, 0.0, "a[0]", 0.5))
+    pm.hook.spotring_ring_progress(status=RingStatus(1, 1, 4, 0.0, "a[0]", 0.75))
     pm.hook.spotring_job_finished(ok=True, exit_code=0, seconds=1.0, world_sizes=[1])
     log.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
@@ -140,6 +156,8 @@ def test_the_events_file_records_prices_and_the_cost_so_far(tmp_path: Path) -> N
     )
     cost = [r for r in records if r["event"] == "cost"][-1]
     assert cost["steps"] == 4 and cost["spot_share"] == 1.0
+    assert cost["epochs"] == 0.25 and cost["usd_per_epoch"] is not None
+    assert [r["epochs"] for r in records if r["event"] == "progress"] == [0.5, 0.75]
     assert cost["by_group"][0]["group"] == "spot" and cost["by_group"][0]["usd"] >= 0
     assert records[-1]["cost"]["steps"] == 4  # job_finished's
 
@@ -159,8 +177,12 @@ def test_the_metrics_give_the_price_and_the_cost(tmp_path: Path) -> None:
         pm.hook.spotring_refreshed(
             inventory=Inventory((host,), 1), seconds=0.0, calls=None, error=None, target=1
         )
-        pm.hook.spotring_ring_progress(status=RingStatus(1, 1, 2, 0.0, "a[0]"))
         sample = metrics.registry.get_sample_value
+        pm.hook.spotring_ring_progress(status=RingStatus(1, 1, 1, 0.0, "a[0]", 3.0))
+        assert math.isnan(sample("spotring_cost_per_epoch_usd"))  # type: ignore[arg-type]
+        pm.hook.spotring_ring_progress(status=RingStatus(1, 1, 2, 0.0, "a[0]", 3.5))
+        assert sample("spotring_trained_epochs") == 0.5
+        assert sample("spotring_cost_per_epoch_usd") >= 0  # type: ignore[operator]
         assert (
             sample("spotring_group_price_usd_per_hour", {"group": "od", "source": "--price"}) == 3.0
         )
