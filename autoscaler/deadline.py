@@ -388,19 +388,19 @@ class DeadlinePlugin:
     def spotring_fall_back_hosts(
         self, group: GroupStatus, short: GroupStatus, hosts: int, total: int, job: JobShape
     ) -> int | None:
-        """The on-demand hosts a short spot group's shortfall may take: none while the
-        job is ahead (those it holds are handed back: the paper idles on-demand then);
-        while it catches up, only the hosts that close the gap
-        (:meth:`DeadlinePolicy.hosts_to_finish`, less those the groups before it
-        supply); the safety net's: all."""
+        """The on-demand hosts a short spot group's shortfall may take: what the
+        deadline needs (:meth:`DeadlinePolicy.hosts_to_finish`, less the hosts the
+        groups before it supply). While catching up, that (all while the rate is
+        unknown); while ahead, none bought, and of those it holds only that kept, the
+        rest handed back (the paper idles on-demand when ahead); the safety net's: all."""
         if group.lifecycle is not Lifecycle.ON_DEMAND:
             return None
         mode = self._mode()
-        if mode is Mode.SPOT:
-            return 0
-        if mode is not Mode.CATCH_UP:
+        if mode not in (Mode.SPOT, Mode.CATCH_UP):
             return None
         needed = self.policy.hosts_to_finish(total)
+        if mode is Mode.SPOT:
+            return 0 if needed is None else min(group.ready, max(0, needed - (total - hosts)))
         return None if needed is None else max(0, needed - (total - hosts))
 
     @hookimpl(trylast=True)

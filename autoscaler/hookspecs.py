@@ -248,9 +248,9 @@ def spotring_fall_back_hosts(
     for no more; the ready hosts it holds beyond are handed back as fallback hosts are
     (one at a time, after ``--return-after``, each asked ``spotring_return_to_spot``,
     leaving the ring at a commit), though the job is left short. spotring's own answer:
-    all of them; with ``--deadline``, while the job is ahead none, while it is behind
-    only the hosts whose slots let it finish in time (docs/cost.md). Stops at the first
-    non-None result.
+    all of them; with ``--deadline``, only the hosts whose slots let the job finish in
+    time (while it is ahead, none bought: docs/cost.md). Stops at the first non-None
+    result.
 
     :param hosts: the hosts still wanted when ``group``'s turn comes.
     :param total: the hosts the job wants in all (``hosts`` is what the groups before

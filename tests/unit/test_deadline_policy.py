@@ -4,6 +4,7 @@ decision hooks through a real plugin manager (a plugin's answer still wins)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 import pytest
@@ -391,3 +392,16 @@ def test_ahead_with_spot_short_the_on_demand_hosts_are_handed_back_at_a_commit()
         controller.step()
         assert od.removed == [leaving[0].id]  # its group shrunk once the ring left it
         assert spot.targets[-1] == 2  # spot still short: the job trains smaller
+
+
+def test_ahead_the_on_demand_hosts_the_deadline_needs_are_kept_the_rest_go() -> None:
+    clock = Clock()
+    deadline = ahead(clock)  # 0.5 steps per slot-second, 799 left: 3 slots by D - 3d
+    assert deadline.hosts_to_finish(4) == 3
+    pm = get_plugin_manager(load_entry_points=False)
+    with deadline_plugin(pm, deadline):
+        held = dataclasses.replace(OD, ready=2)  # spot supplies 2 of 4: 1 more is needed
+        hook = pm.hook.spotring_fall_back_hosts
+        assert hook(group=held, short=SPOT, hosts=2, total=4, job=JOB) == 1
+        none_held = dataclasses.replace(OD, ready=0)  # nothing bought while ahead
+        assert hook(group=none_held, short=SPOT, hosts=2, total=4, job=JOB) == 0
