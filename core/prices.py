@@ -70,6 +70,9 @@ class PriceBook:
     """
 
     STOP_WAIT_SECONDS = 2.0
+    """The longest :meth:`stop` waits for the thread by default."""
+    MIN_WAIT_SECONDS = 1.0
+    """The least time between two readings, whatever ``refresh_s`` says."""
 
     def __init__(
         self,
@@ -155,9 +158,6 @@ class PriceBook:
         self._stopped.set()
         if self._thread is not None and wait > 0:
             self._thread.join(wait)
-
-    MIN_WAIT_SECONDS = 1.0
-    """The least time between two readings, whatever ``refresh_s`` says."""
 
     def _run(self) -> None:
         while not self._stopped.is_set():
