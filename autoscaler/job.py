@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pluggy
 
@@ -26,12 +26,13 @@ from spotring.autoscaler.observers.progress import ProgressReporter
 from spotring.core import ConfigurationError, ProviderError
 from spotring.core.job import JobShape
 from spotring.driver.launcher import SshOptions
-from spotring.driver.options import ElasticOptions
+from spotring.driver.options import DEFAULT_MAX_RESTARTS, ElasticOptions
 from spotring.driver.worker_events import WorkerEvents
 from spotring.providers.base import Provider
 
 if TYPE_CHECKING:
     from spotring.autoscaler.durable_job import DurableJob
+    from spotring.driver.launcher import ProcessLauncher
     from spotring.driver.ring_events import Hang, RingLoss, RingStatus, Stall
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,10 @@ class JobConfig:
     """``--price``: USD per member-hour by group name or lifecycle, over the clouds'."""
     """``--fallback-after``, ``--on-demand-base``, ``--return-after``: the capacity
     policy of a job that spans several groups."""
+    backend: str = "horovod"
+    """``--backend``: ``horovod``, or ``torch`` (the restart mode)."""
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    """``--max-restarts`` (``torch`` only): worker failures restarted before the job fails."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +95,10 @@ def run_job(
     Raises :class:`ConfigurationError` (or another ``ProviderError``) when the groups
     cannot be listed at start; later errors end the job and come back as the outcome.
     """
-    from spotring.driver.compat import require_horovod
+    if config.backend == "horovod":
+        from spotring.driver.compat import require_horovod
 
-    require_horovod()
+        require_horovod()
     # Horovod is imported in _run_locked, not at the top: `spotring --help` stays fast.
     durable = None
     if config.elastic.durable is not None:
@@ -110,9 +116,8 @@ def _run_locked(
     reporter: ProgressReporter,
     durable: DurableJob | None,
 ) -> JobOutcome:
-    from spotring.driver.elastic import JobAborted, run_elastic
+    from spotring.driver.elastic import JobAborted
     from spotring.driver.launcher import ProcessLauncher
-    from spotring.driver.ring_side import RingSide
     from spotring.driver.worker_env import worker_base_environment
 
     shape = config.shape
@@ -162,7 +167,9 @@ def _run_locked(
 
     # The driver knows no plugin manager: the rings' events reach the plugins (the
     # progress lines, the events file, the metrics among them) through this adapter.
-    ring = RingSide(controller, launcher, shape, elastic, PluginRingEvents(pm.hook), durable)
+    backend = _backend(
+        config, controller, launcher, elastic, PluginRingEvents(pm.hook), durable, local
+    )
     started = time.monotonic()
     pm.register(reporter, name="spotring.progress")
     controller.start()
@@ -171,7 +178,7 @@ def _run_locked(
         inventory = controller.wait_for_inventory(elastic.start_timeout)
         reporter.started(inventory)
         try:
-            run_elastic(config.command, controller, launcher, shape, elastic, ring)
+            backend.run()
             outcome = JobOutcome(0)
         except JobAborted as aborted:
             if isinstance(aborted.cause, KeyboardInterrupt):
@@ -192,10 +199,10 @@ def _run_locked(
                 ok=code == 0,
                 exit_code=code,
                 seconds=time.monotonic() - started,
-                world_sizes=list(ring.world_sizes),
+                world_sizes=list(backend.world_sizes),
             )
     reporter.summary(
-        ring.world_sizes,
+        backend.world_sizes,
         outcome.exit_code == 0,
         time.monotonic() - started,
         group_events(groups),
@@ -208,6 +215,70 @@ def _run_locked(
                 f"resume from commit {newest['commits']}"
             )
     return outcome
+
+
+class _Backend(Protocol):
+    """What the run needs of a backend's driver."""
+
+    @property
+    def world_sizes(self) -> list[int]:
+        """The size of every ring (attempt) so far, in order."""
+        ...
+
+    def run(self) -> None:
+        """Run the job to its end; raises ``RuntimeError`` (failed) or ``JobAborted``."""
+        ...
+
+
+def _backend(
+    config: JobConfig,
+    controller: Controller,
+    launcher: ProcessLauncher,
+    elastic: ElasticOptions,
+    events: PluginRingEvents,
+    durable: DurableJob | None,
+    local: bool,
+) -> _Backend:
+    """The driver of ``config.backend``, built (its listeners on the launcher) before
+    the controller starts."""
+    if config.backend == "torch":
+        from spotring.driver.torch_restart import TorchRestartDriver
+
+        return TorchRestartDriver(
+            config.command, controller, launcher, config.shape, elastic, events,
+            max_restarts=config.max_restarts, local=local,
+        )  # fmt: skip
+    return _HorovodBackend(
+        config.command, controller, launcher, config.shape, elastic, events, durable
+    )
+
+
+class _HorovodBackend:
+    """Horovod's elastic driver and the ring side around it."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        controller: Controller,
+        launcher: ProcessLauncher,
+        shape: JobShape,
+        elastic: ElasticOptions,
+        events: PluginRingEvents,
+        durable: DurableJob | None,
+    ) -> None:
+        from spotring.driver.ring_side import RingSide
+
+        self._args = (command, controller, launcher, shape, elastic)
+        self._ring = RingSide(controller, launcher, shape, elastic, events, durable)
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return self._ring.world_sizes
+
+    def run(self) -> None:
+        from spotring.driver.elastic import run_elastic
+
+        run_elastic(*self._args, self._ring)
 
 
 def _register_run_plugins(

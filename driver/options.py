@@ -12,6 +12,15 @@ if TYPE_CHECKING:
     from spotring.checkpoint.store import ObjectStore
 
 
+BACKENDS = ("horovod", "torch")
+"""``--backend``: Horovod's elastic driver, or the torch backend's restart mode
+(:mod:`spotring.driver.torch_restart`)."""
+
+DEFAULT_MAX_RESTARTS = 3
+"""``--max-restarts``' default with ``--backend torch``. torchrun's is 0; a spot job
+expects reclaims."""
+
+
 @dataclass(frozen=True)
 class DurableOptions:
     """``--checkpoint`` and its settings: where the workers write durable copies of

@@ -41,7 +41,7 @@ from spotring.autoscaler.plugins.policy import PriceOrder, before_defaults
 from spotring.core import ConfigurationError
 from spotring.core.job import JobShape
 from spotring.driver.launcher import SshOptions
-from spotring.driver.options import ElasticOptions
+from spotring.driver.options import BACKENDS, DEFAULT_MAX_RESTARTS, ElasticOptions
 from spotring.driver.worker_env import parse_forwarded
 from spotring.providers.base import Provider
 from spotring.providers.options import (
@@ -171,6 +171,20 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         help="comma-separated interfaces for Gloo/NCCL (default: detect; 'lo' for local workers)",
     )
     elastic.add_argument("--verbose", "-v", action="count", default=0, help="Horovod verbosity")
+    elastic.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="horovod",
+        help="horovod (default): an hvd.elastic script; torch: an unchanged torchrun script, "
+        "every worker restarted on a membership change (docs/torch.md)",
+    )
+    elastic.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        metavar="N",
+        help="--backend torch: fail the job at the N+1-th worker failure; membership "
+        f"changes do not count (default: {DEFAULT_MAX_RESTARTS}; torchrun's is 0)",
+    )
 
     control = run.add_argument_group("spotring options")
     control.add_argument(
@@ -433,6 +447,25 @@ def _check_elastic(options: argparse.Namespace) -> None:
     if cooldown is not None and cooldown[0] > cooldown[1]:
         raise UsageError(f"{PROG} run: error: --blacklist-cooldown-range needs MIN <= MAX")
     options.nics = tuple(n for n in (options.nics or "").split(",") if n)
+    _check_backend(options)
+
+
+def _check_backend(options: argparse.Namespace) -> None:
+    """The options each backend takes; fills in ``--max-restarts``' default."""
+    if options.backend == "horovod":
+        if options.max_restarts is not None:
+            raise UsageError(f"{PROG} run: error: --max-restarts is for --backend torch")
+        return
+    horovod_only = {
+        "--checkpoint": options.checkpoint,
+        "--hang-timeout": options.hang_timeout,
+        "--reset-limit": options.reset_limit,
+    }
+    for name, value in horovod_only.items():
+        if value is not None:
+            raise UsageError(f"{PROG} run: error: {name} is not supported with --backend torch")
+    if options.max_restarts is None:
+        options.max_restarts = DEFAULT_MAX_RESTARTS
 
 
 def job_config(options: argparse.Namespace) -> JobConfig:
@@ -444,6 +477,8 @@ def job_config(options: argparse.Namespace) -> JobConfig:
         raise UsageError(f"{PROG} run: error: {error}") from None
     return JobConfig(
         command=tuple(options.job),
+        backend=options.backend,
+        max_restarts=options.max_restarts or 0,
         shape=JobShape(
             num_proc=options.num_proc,
             min_num_proc=options.min_num_proc,

@@ -1,0 +1,340 @@
+"""The torch backend's restart mode: unchanged ``torchrun`` scripts on spotring's hosts.
+
+Each attempt starts every worker through the same :class:`ProcessLauncher` as the
+Horovod path, with the variables torchrun's ``LocalElasticAgent._start_workers`` sets
+(``torch/distributed/elastic/agent/server/local_elastic_agent.py``), so a script that
+calls ``init_process_group()`` from the environment and loads its own checkpoint runs
+as under torchrun. On a membership change (a worker exits non-zero, a ring host leaves
+the inventory or announces its interruption, a host joins while the ring is below
+``--max-np``) every worker is stopped (SIGTERM, then the launcher's stop grace, so the
+script's checkpoint on SIGTERM can complete) and the next attempt starts on the hosts
+the inventory gives then.
+
+As torchrun's agent does, only failures count against ``--max-restarts``
+(``SimpleElasticAgent._invoke_run``: "membership changes do not count as retries"),
+and ``TORCHELASTIC_RESTART_COUNT`` is the failures restarted so far. Unlike torchrun,
+each attempt's rank 0 serves the group's store on a FRESH port (``MASTER_PORT``):
+torchrun's agent reuses one store across attempts without a per-attempt prefix, so a
+restarted rank can read a dead worker's Gloo address (docs/torch.md).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import queue
+import secrets
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from spotring.core import InterruptionNotice
+from spotring.core.job import JobShape
+from spotring.driver.launcher import STOP_GRACE_SECONDS, ProcessLauncher, WorkerSpec
+from spotring.driver.options import DEFAULT_MAX_RESTARTS, ElasticOptions
+from spotring.driver.ring_events import RingEvents
+from spotring.driver.ring_side import JobController
+from spotring.driver.worker_events import WorkerEvents
+from spotring.worker_image import wire
+from spotring.worker_image.notices import Notice
+
+log = logging.getLogger(__name__)
+
+ROLE = "default"
+"""torchrun's role name (``--role``'s default): one role, so role ranks are ranks."""
+
+POLL_SECONDS = 0.2
+"""How often an attempt looks at the inventory for a membership change."""
+
+
+class TorchJobFailed(RuntimeError):
+    """The job failed: a worker failed with no restart left, or hosts never came."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One worker of an attempt: where it runs and the ranks torchrun would give it."""
+
+    host: str
+    local_rank: int
+    rank: int
+    group_rank: int
+    """The host's index among the attempt's hosts (torchrun's node rank)."""
+    local_world_size: int
+
+
+def assign_ranks(hosts_and_slots: Mapping[str, int], max_workers: int) -> list[Slot]:
+    """Ranks over the hosts' slots, in the inventory's order, up to ``max_workers``:
+    consecutive ranks per host (as torchrun's node ranks give), each host's local
+    ranks from 0. A host left without a slot is not in the attempt."""
+    taken: list[tuple[str, int]] = []
+    for host, slots in hosts_and_slots.items():
+        share = min(slots, max_workers - sum(n for _, n in taken))
+        if share > 0:
+            taken.append((host, share))
+    result: list[Slot] = []
+    for group_rank, (host, share) in enumerate(taken):
+        for local_rank in range(share):
+            result.append(Slot(host, local_rank, len(result), group_rank, share))
+    return result
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What every worker of one attempt shares."""
+
+    world_size: int
+    group_world_size: int
+    master_addr: str
+    master_port: int
+    run_id: str
+    restart_count: int
+    max_restarts: int
+
+
+def torchrun_env(slot: Slot, attempt: Attempt, omp_num_threads: str | None) -> dict[str, str]:
+    """The variables torchrun's agent sets for ``slot``'s worker (torch 2.13's
+    ``LocalElasticAgent._start_workers``), with ``OMP_NUM_THREADS`` as ``torchrun``
+    sets it (1 with several workers per host, unless the user set it)."""
+    env = {
+        "RANK": str(slot.rank),
+        "LOCAL_RANK": str(slot.local_rank),
+        "GROUP_RANK": str(slot.group_rank),
+        "ROLE_RANK": str(slot.rank),
+        "ROLE_NAME": ROLE,
+        "LOCAL_WORLD_SIZE": str(slot.local_world_size),
+        "WORLD_SIZE": str(attempt.world_size),
+        "GROUP_WORLD_SIZE": str(attempt.group_world_size),
+        "ROLE_WORLD_SIZE": str(attempt.world_size),
+        "MASTER_ADDR": attempt.master_addr,
+        "MASTER_PORT": str(attempt.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(attempt.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(attempt.max_restarts),
+        "TORCHELASTIC_RUN_ID": attempt.run_id,
+        # The worker's rank 0 creates the store (env://): no agent store to reuse.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+    if omp_num_threads is not None:
+        env["OMP_NUM_THREADS"] = omp_num_threads
+    elif slot.local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def free_port(address: str, used: Iterable[int], pick: Callable[[str], int] | None = None) -> int:
+    """A port free on ``address`` now and not one in ``used`` (the earlier attempts'):
+    ``pick(address)`` (default: the kernel's choice of a free port) until one is new."""
+    used = set(used)
+    while True:
+        port = (pick or _kernel_port)(address)
+        if port not in used:
+            return port
+
+
+def _kernel_port(address: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
+
+
+class Outcome(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CHANGED = "membership changed"
+
+
+class TorchRestartDriver:
+    """Runs ``command`` in attempts of every worker, restarting all on a change.
+
+    :param local: the workers run on this machine (the ``local`` provider): the
+        group's store is on 127.0.0.1; otherwise on rank 0's host address, on a port
+        free on this machine and unused by earlier attempts (not probed on the host).
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        controller: JobController,
+        launcher: ProcessLauncher,
+        job: JobShape,
+        options: ElasticOptions,
+        events: RingEvents,
+        *,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        local: bool = False,
+    ) -> None:
+        self._command = tuple(command)
+        self._controller = controller
+        self._launcher = launcher
+        self._job = job
+        self._options = options
+        self._events = events
+        self._max_restarts = max_restarts
+        self._local = local
+        self._run_id = uuid.uuid4().hex
+        self._job_key = secrets.token_bytes(32)  # verifies the supervisors' notice lines
+        self._ports: list[int] = []
+        self.world_sizes: list[int] = []
+        launcher.add_listener(_NoticeToController(controller))
+
+    def run(self) -> None:
+        """Attempts until every worker of one exits 0. Raises :class:`TorchJobFailed`
+        (no restart left, no hosts in time) or ``JobAborted`` (the controller's fatal
+        error, or Ctrl-C once every worker is stopped)."""
+        failures = 0
+        timeout = self._options.start_timeout
+        while True:
+            slots = assign_ranks(self._wait_for_slots(timeout), self._job.max_num_proc)
+            outcome, why = self._run_attempt(slots, failures)
+            if outcome is Outcome.SUCCEEDED:
+                return
+            if outcome is Outcome.FAILED:
+                if failures >= self._max_restarts:
+                    raise TorchJobFailed(f"{why}; no restart left (--max-restarts {failures})")
+                failures += 1
+            log.info("restarting every worker: %s", why)
+            timeout = self._options.elastic_timeout
+
+    def _wait_for_slots(self, timeout: float) -> dict[str, int]:
+        """The inventory's hosts once they have ``--min-np`` slots (``timeout`` s)."""
+        waited = 0.0
+        while True:
+            inventory = self._controller.inventory
+            hosts = inventory.hosts_and_slots() if inventory is not None else {}
+            if sum(hosts.values()) >= self._job.min_num_proc:
+                return hosts
+            if waited >= timeout:
+                raise TorchJobFailed(
+                    f"fewer than --min-np {self._job.min_num_proc} slots for {timeout:g} s"
+                )
+            self._check_fatal(POLL_SECONDS)
+            waited += POLL_SECONDS
+
+    def _check_fatal(self, timeout: float) -> None:
+        from spotring.driver.elastic import JobAborted
+
+        error = self._controller.wait_for_fatal_error(timeout=timeout)
+        if error is not None:
+            raise JobAborted(str(error), error)
+
+    def _run_attempt(self, slots: list[Slot], failures: int) -> tuple[Outcome, str]:
+        hosts = list(dict.fromkeys(slot.host for slot in slots))
+        master = "127.0.0.1" if self._local else hosts[0]
+        port = free_port("127.0.0.1" if self._local else "", self._ports)
+        self._ports.append(port)
+        attempt = Attempt(
+            len(slots), len(hosts), master, port, self._run_id, failures, self._max_restarts
+        )
+        self._controller.hosts_offered(hosts)
+        self._controller.ring_formed(hosts)
+        self.world_sizes.append(len(slots))
+        self._events.ring_formed(len(slots), sorted(hosts))
+        log.info("attempt with %d workers on %s (restart %d, store port %d)",
+                 len(slots), ", ".join(hosts), failures, port)  # fmt: skip
+        stop = threading.Event()
+        exits: queue.Queue[tuple[Slot, int]] = queue.Queue()
+        threads = [
+            threading.Thread(
+                target=self._run_worker,
+                args=(self._spec(slot, attempt), stop, exits, slot),
+                name=f"spotring-torch-{slot.rank}",
+                daemon=True,
+            )
+            for slot in slots
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            return self._watch(set(hosts), len(slots), exits)
+        except KeyboardInterrupt as interrupt:
+            from spotring.driver.elastic import JobAborted
+
+            raise JobAborted("interrupted", interrupt) from None
+        finally:
+            stop.set()
+            for thread in threads:  # the launcher's grace, then its SIGKILL
+                thread.join(STOP_GRACE_SECONDS + 5.0)
+
+    def _run_worker(
+        self, spec: WorkerSpec, stop: threading.Event, exits: queue.Queue[tuple[Slot, int]],
+        slot: Slot,
+    ) -> None:  # fmt: skip
+        exit_code, _ = self._launcher(spec, [stop])  # never raises
+        exits.put((slot, exit_code))
+
+    def _spec(self, slot: Slot, attempt: Attempt) -> WorkerSpec:
+        env = {**self._options.worker_env, "PYTHONUNBUFFERED": "1"}
+        if self._options.nics:
+            env["GLOO_SOCKET_IFNAME"] = self._options.nics[0]
+            env["NCCL_SOCKET_IFNAME"] = ",".join(self._options.nics)
+        env.update(torchrun_env(slot, attempt, os.environ.get("OMP_NUM_THREADS")))
+        env[wire.JOB_KEY_ENV] = self._job_key.hex()  # on stdin only (the launcher)
+        return WorkerSpec(
+            host=slot.host,
+            local_rank=slot.local_rank,
+            rank=slot.rank,
+            argv=self._command,
+            env=env,
+            cwd=os.getcwd(),
+            notices=self._controller.notice_watcher(slot.host),
+        )
+
+    def _watch(
+        self, ring: set[str], size: int, exits: queue.Queue[tuple[Slot, int]]
+    ) -> tuple[Outcome, str]:
+        """Until every worker exits 0, one fails, or the membership changes."""
+        succeeded = 0
+        while True:
+            try:
+                slot, exit_code = exits.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                self._check_fatal(0)
+                change = membership_change(ring, size, self._hosts_now(), self._job.max_num_proc)
+                if change:
+                    return Outcome.CHANGED, change
+                continue
+            if exit_code != 0:
+                why = f"worker rank {slot.rank} on {slot.host} exited with {exit_code}"
+                # As on the Horovod path, the host of the first failure leaves the job
+                # now (its peers' failures follow from it), not at the next refresh:
+                # the next attempt must not plan on a host that is gone.
+                self._controller.host_failed(slot.host, why)
+                return Outcome.FAILED, why
+            succeeded += 1
+            if succeeded == size:
+                return Outcome.SUCCEEDED, ""
+
+    def _hosts_now(self) -> dict[str, int]:
+        inventory = self._controller.inventory
+        return inventory.hosts_and_slots() if inventory is not None else {}
+
+
+def membership_change(
+    ring: set[str], size: int, hosts_now: Mapping[str, int], max_workers: int
+) -> str:
+    """Why an attempt of ``size`` workers on ``ring`` must restart given the hosts
+    the inventory offers now; "" when it need not. A host that left (gone, failed,
+    or draining after its notice) ends it; so does a new host while below ``max_workers``."""
+    left = sorted(ring - hosts_now.keys())
+    if left:
+        return f"{', '.join(left)} left"
+    joined = sorted(set(hosts_now) - ring)
+    if joined and size < max_workers:
+        return f"{', '.join(joined)} joined"
+    return ""
+
+
+class _NoticeToController(WorkerEvents):
+    """A verified interruption notice takes the host out of the inventory (the
+    controller drains it); the attempt's next look sees it leave and restarts while
+    the noticed host's worker still runs."""
+
+    def __init__(self, controller: JobController) -> None:
+        self._controller = controller
+
+    def worker_noticed(self, host: str, notice: Notice) -> None:
+        self._controller.host_noticed(host, InterruptionNotice(notice.kind, notice.deadline))
