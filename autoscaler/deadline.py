@@ -8,8 +8,11 @@ github.com/Michaelvll/skypilot-spot-strategy), stated for a ring of many hosts:
 
 * **Uniform progress.** The job should have done ``ep(t) = W (t - start) / (D - start)``
   of its ``W`` steps by ``t`` (``D`` the deadline). While it has (``cp(t) >= ep(t)``), a
-  short spot group's shortfall is *not* asked of an on-demand group: the job waits for
-  spot, training smaller or not at all. Once it is behind, it is (mode ``catch-up``).
+  short spot group's shortfall is *not* asked of an on-demand group, and the on-demand
+  hosts beyond what the deadline needs are handed back: the job waits for spot,
+  training smaller or not at all. Once it is behind, it is (mode ``catch-up``): the
+  on-demand group is asked for what closes the gap (:meth:`DeadlinePolicy.hosts_to_finish`),
+  not the whole shortfall.
 * **Hysteresis.** Having fallen behind, the job keeps its on-demand hosts until it is
   ahead of where it should be ``2d`` later (``cp(t) >= ep(t + 2d)``, ``d`` the cost of a
   restart: ``--restart-cost``), so a spot pool that flickers does not swap hosts back
@@ -136,9 +139,10 @@ class Mode(enum.Enum):
     """Where the deadline policy wants the job's hosts."""
 
     SPOT = "spot"
-    """Ahead of uniform progress: wait for spot, no on-demand host for a short spot group."""
+    """Ahead of uniform progress: wait for spot, no new on-demand host for a short spot
+    group, those beyond what the deadline needs handed back."""
     CATCH_UP = "catch-up"
-    """Behind: a short spot group's shortfall is asked of the on-demand group; its hosts
+    """Behind: the on-demand group is asked for the hosts that close the gap; its hosts
     are kept until the job is ``2d`` ahead."""
     SAFETY_NET = "safety-net"
     """Too little slack left for another restart: on-demand for the rest."""
