@@ -15,6 +15,9 @@ Rows:
   restart never forms a group (docs/torch.md says why): the row says so;
 - ``torchrun, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: the same with the agent's shared
   store turned off, which makes its restart work: the anchor's figure;
+- ``spotring run --backend torch``: the restart mode on the same unchanged script, 4
+  local hosts of one slot (a fresh store port per attempt: it does not share torchrun's
+  stale keys);
 - ``in place``: the survivors re-form at 3 workers, committing every step. The driver's
   reaction (publishing the next generation) is immediate here: the figure is the
   workers' side only.
@@ -93,24 +96,60 @@ def torchrun_once(every: int, share_store: bool) -> Outcome:
                 if agent.poll() is None:
                     agent.kill()
                     agent.wait()
-        rows = _lines(ckpt / "steps.0")
-        before = max(step for restart, step, t in rows if t <= kill_time)
-        after = [(step, t) for restart, step, t in rows if restart > 0]
-        if not after:
-            return Outcome(None, None)
-        first_step, first_time = min(after, key=lambda row: row[1])
-        return Outcome(first_time - kill_time, before - (first_step - 1))
+        return _outcome(_lines(ckpt / "steps.0"), kill_time)
 
 
-def _kill_worker_at(agent: subprocess.Popen[bytes], progress: Path, step: int) -> float:
-    """SIGKILL local rank 1 once rank 0 has logged ``step``; the kill's time."""
+def spotring_restart_once(every: int) -> Outcome:
+    """One ``spotring run --backend torch`` run (restart mode) with a kill: 4 local
+    hosts of one slot each; the killed worker's host is replaced by one that never
+    boots (``--boot-seconds 3600``), so the job restarts once, at 3 workers."""
+    with tempfile.TemporaryDirectory(prefix="torch-anchor-") as folder:
+        ckpt = Path(folder)
+        command = [
+            str(Path(sys.executable).with_name("spotring")), "run", "--provider", "local",
+            "--backend", "torch", "-np", str(WORKERS), "--min-np", str(WORKERS - 1),
+            "--hosts", str(WORKERS), "--slots-per-host", "1", "--boot-seconds", "3600",
+            "--refresh-interval", "0.5", "--",
+            sys.executable, str(REPO / "examples" / "torch_ddp_checkpoint.py"),
+            "--checkpoint", str(ckpt), "--steps", str(STEPS), "--every", str(every),
+        ]  # fmt: skip
+        with open(ckpt / "spotring.log", "wb") as log:
+            job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                kill_time = _kill_worker_at(job, ckpt / "steps.0", KILL_AT_STEP, "RANK")
+                job.wait(timeout=RUN_BOUND_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                if job.poll() is None:
+                    job.kill()
+                    job.wait()
+        return _outcome(_lines(ckpt / "steps.0"), kill_time)
+
+
+def _outcome(rows: list[tuple[int, int, float]], kill_time: float) -> Outcome:
+    """Rank 0's first step after the kill (restart count > 0), and the steps lost."""
+    before = max(step for restart, step, t in rows if t <= kill_time)
+    after = [(step, t) for restart, step, t in rows if restart > 0]
+    if not after:
+        return Outcome(None, None)
+    first_step, first_time = min(after, key=lambda row: row[1])
+    return Outcome(first_time - kill_time, before - (first_step - 1))
+
+
+def _kill_worker_at(
+    agent: subprocess.Popen[bytes], progress: Path, step: int, rank: str = "LOCAL_RANK"
+) -> float:
+    """SIGKILL the worker whose ``rank`` variable is 1 once rank 0 has logged ``step``;
+    the kill's time."""
     deadline = time.monotonic() + RUN_BOUND_SECONDS
     while not any(s >= step for _, s, _ in _lines(progress)):
         if agent.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"torchrun ended before step {step}")
         time.sleep(0.01)  # polling a file the workers append to: progress, not a trigger
-    for child in psutil.Process(agent.pid).children():
-        if child.environ().get("LOCAL_RANK") == "1":
+    for child in psutil.Process(agent.pid).children(recursive=True):
+        supervisor = "spotring.worker_image.supervisor" in child.cmdline()
+        if child.environ().get(rank) == "1" and not supervisor:
             kill_time = time.time()
             child.send_signal(signal.SIGKILL)
             return kill_time
@@ -190,6 +229,10 @@ def main(argv: list[str]) -> int:
         _row(
             "torchrun, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
             [torchrun_once(args.every, False) for _ in range(args.runs)],
+        ),
+        _row(
+            "spotring run --backend torch (restart mode)",
+            [spotring_restart_once(args.every) for _ in range(args.runs)],
         ),
         _row("in place (spotring.torch.inplace)", [inplace_once() for _ in range(args.runs)]),
     ]
