@@ -153,7 +153,8 @@ def test_run_on_an_unknown_group_exits_2_at_once_with_one_line(
         timeout=120,
         check=False,
     )
-    assert time.monotonic() - began < 15, "it waited for --start-timeout"
+    # Far below --start-timeout (120 s by default), with room for a busy machine.
+    assert time.monotonic() - began < 60, "it waited for --start-timeout"
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "spotring run: error: auto scaling group 'no-such-group' not found in region us-east-1"

@@ -53,18 +53,23 @@ def test_a_missing_hosts_file_option_is_one_line() -> None:
 @pytest.mark.e2e
 def test_a_job_follows_the_host_file(repo: Path, tmp_path: Path) -> None:
     hosts, events = tmp_path / "hosts", tmp_path / "events.jsonl"
+    stop_file = tmp_path / "stop"
     hosts.write_text("10.7.0.1\n10.7.0.2\n")
     argv = [
         *(SPOTRING, "run", "--provider", "hostfile", "--hosts-file", str(hosts)),
         *("--launcher", "local", "--refresh-interval", "0.5"),
         *("-np", "2", "--min-np", "2", "--max-np", "3", "--"),
         *(sys.executable, str(repo / "examples" / "train_digits.py"), "--events", str(events)),
-        *("--epochs", "5", "--step-seconds", "0.05"),
+        # Trains until the stop file, given once the third host trained: a slow
+        # machine's join cannot come after the training's end.
+        *("--epochs", "1000", "--step-seconds", "0.05", "--stop-file", str(stop_file)),
     ]
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
         wait_for_events(process, events, commits(min_step=5), "step 5")
         with hosts.open("a") as stream:
             stream.write("10.7.0.3\n")  # a host joins
+        wait_for_events(process, events, commits(size=3, steps=5), "5 commits of 3 workers")
+        stop_file.touch()
         output = job_output(process, 300)
     assert process.returncode == 0, output[-4000:]
     recorded = read_events(events)

@@ -18,6 +18,7 @@ import pytest
 
 from spotring.autoscaler.controller import Controller
 from spotring.driver.launcher import WorkerSpec, _NoticeReader
+from spotring.driver.worker_events import WorkerEvents
 from spotring.providers.base import InterruptionNotice
 from spotring.providers.local import LocalProvider
 from spotring.providers.local.metadata import FakeImds
@@ -366,19 +367,18 @@ def test_make_watcher_takes_built_in_names_and_import_paths() -> None:
 # -------------------------------------------------------- the driver's checks
 
 
-class _Listener:
+class _Listener(WorkerEvents):
     def __init__(self) -> None:
         self.heard: list[tuple[str, Notice]] = []
 
-    def __call__(self, method: str, host: str, notice: Notice) -> None:
-        assert method == "worker_noticed"
+    def worker_noticed(self, host: str, notice: Notice) -> None:
         self.heard.append((host, notice))
 
 
 def _reader(launch: str = "L1") -> tuple[_NoticeReader, _Listener]:
     spec = WorkerSpec("10.0.0.5", 0, 1, ("python",), env={JOB_KEY_ENV: KEY.hex()}, notices={})
     listener = _Listener()
-    return _NoticeReader(spec, launch, listener), listener
+    return _NoticeReader(spec, launch, lambda event: event(listener)), listener
 
 
 def _line(sequence: int, key: bytes = KEY, launch: str = "L1") -> str:
