@@ -142,6 +142,8 @@ def _kernel_port(address: str) -> int:
 
 
 class Outcome(enum.Enum):
+    """How an attempt ended."""
+
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CHANGED = "membership changed"
@@ -203,8 +205,7 @@ class TorchRestartDriver:
         """The inventory's hosts once they have ``--min-np`` slots (``timeout`` s)."""
         waited = 0.0
         while True:
-            inventory = self._controller.inventory
-            hosts = inventory.hosts_and_slots() if inventory is not None else {}
+            hosts = self._hosts_now()
             if sum(hosts.values()) >= self._job.min_num_proc:
                 return hosts
             if waited >= timeout:
@@ -309,6 +310,7 @@ class TorchRestartDriver:
                 return Outcome.SUCCEEDED, ""
 
     def _hosts_now(self) -> dict[str, int]:
+        """The READY hosts' slots in the controller's latest inventory."""
         inventory = self._controller.inventory
         return inventory.hosts_and_slots() if inventory is not None else {}
 
