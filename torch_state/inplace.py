@@ -46,10 +46,10 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from spotring.torch.coordinator import Coordinator, Membership
 from spotring.worker_image.commit_buffers import (
-    OFFLOADS,
     ModelBuffers,
     Offload,
     OptimizerBuffers,
+    checked_commit_options,
 )
 from spotring.worker_image.peer_abort import own_tcp_sockets, shutdown_sockets, tcp_sockets
 
@@ -166,10 +166,7 @@ class TorchState:
         commit_every: int = 1,
         **kwargs: Any,
     ) -> None:
-        if offload not in OFFLOADS:
-            raise ValueError(f"offload must be one of {OFFLOADS}, not {offload!r}")
-        if int(commit_every) < 1:
-            raise ValueError(f"commit_every must be >= 1, not {commit_every!r}")
+        every = checked_commit_options(offload, commit_every)
         self.model = model
         self.optimizer = optimizer
         self._model = ModelBuffers(model, offload) if model is not None else None
@@ -177,7 +174,7 @@ class TorchState:
         self._names = list(kwargs)
         for name, value in kwargs.items():
             setattr(self, name, value)
-        self._commit_every = int(commit_every)
+        self._commit_every = every
         self._calls_since_save = 0
         self._rolled_back = 0
         self.commits = 0

@@ -23,10 +23,21 @@ from typing import Any, Literal, TypeGuard
 
 import torch
 
-__all__ = ["OFFLOADS", "ModelBuffers", "Offload", "OptimizerBuffers"]
+__all__ = ["OFFLOADS", "ModelBuffers", "Offload", "OptimizerBuffers", "checked_commit_options"]
 
 Offload = Literal["auto", "device", "host"]
 OFFLOADS = ("auto", "device", "host")
+
+
+def checked_commit_options(offload: str, commit_every: int) -> int:
+    """``commit_every`` as an int, once both options are known good (a state object's
+    constructor calls this first); ValueError naming the bad one otherwise."""
+    if offload not in OFFLOADS:
+        raise ValueError(f"offload must be one of {OFFLOADS}, not {offload!r}")
+    if int(commit_every) < 1:
+        raise ValueError(f"commit_every must be >= 1, not {commit_every!r}")
+    return int(commit_every)
+
 
 # Slices start on 256-byte boundaries: vectorised copies and CUDA DMA like aligned
 # addresses, and every element size divides 256.

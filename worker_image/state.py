@@ -25,10 +25,10 @@ from horovod.torch.mpi_ops import broadcast_async_, rank, synchronize
 
 from spotring.worker_image import horovod_internals
 from spotring.worker_image.commit_buffers import (
-    OFFLOADS,
     ModelBuffers,
     Offload,
     OptimizerBuffers,
+    checked_commit_options,
 )
 from spotring.worker_image.sampler_reset import reset_samplers
 
@@ -213,11 +213,8 @@ class TorchState(ObjectState):
         commit_every: int = 1,
         **kwargs: Any,
     ) -> None:
-        if offload not in OFFLOADS:
-            raise ValueError(f"offload must be one of {OFFLOADS}, not {offload!r}")
-        if int(commit_every) < 1:
-            raise ValueError(f"commit_every must be >= 1, not {commit_every!r}")
-        self._commit_every = int(commit_every)
+        every = checked_commit_options(offload, commit_every)
+        self._commit_every = every
         self._calls_since_save = 0
         self._rolled_back = 0
         kwargs.update(model=model, optimizer=optimizer)  # same order as horovod
