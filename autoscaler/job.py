@@ -116,7 +116,7 @@ def _run_locked(
     reporter: ProgressReporter,
     durable: DurableJob | None,
 ) -> JobOutcome:
-    from spotring.driver.elastic import JobAborted
+    from spotring.driver.job_control import JobAborted
     from spotring.driver.launcher import ProcessLauncher
     from spotring.driver.worker_env import worker_base_environment
 

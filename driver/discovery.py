@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Protocol
-
 from horovod.runner.elastic.discovery import HostDiscovery
 
-from spotring.core.inventory import Inventory
+from spotring.driver.job_control import InventorySource
 from spotring.driver.warm_pool import WarmPool
-
-
-class InventorySource(Protocol):
-    """What discovery needs of spotring's controller: its latest good inventory, and
-    an ear for the hosts offered to Horovod."""
-
-    @property
-    def inventory(self) -> Inventory | None:
-        """The inventory of the last successful refresh; None before the first."""
-        ...
-
-    def hosts_offered(self, hosts: Collection[str]) -> None:
-        """The hosts just offered to Horovod (quick: Horovod's thread, its lock held)."""
-        ...
 
 
 class InventoryHostDiscovery(HostDiscovery):

@@ -53,11 +53,13 @@ from horovod.runner.util.network import get_driver_ip
 from spotring.core.job import JobShape
 from spotring.driver import horovod_internals
 from spotring.driver.horovod_driver import SpotringElasticDriver
+from spotring.driver.job_control import JobAborted as JobAborted  # re-exported
+from spotring.driver.job_control import JobController
 from spotring.driver.launcher import ProcessLauncher, WorkerSpec
 from spotring.driver.options import ElasticOptions
 from spotring.driver.rendezvous import RingTracker as RingTracker  # re-exported
 from spotring.driver.rendezvous import rendezvous_handler
-from spotring.driver.ring_side import JobController, RingSide
+from spotring.driver.ring_side import RingSide
 from spotring.worker_image import wire
 from spotring.worker_image.supervisor import local_address_towards
 
@@ -65,14 +67,6 @@ log = logging.getLogger(__name__)
 
 WARM_RANK = -1
 """The rank logged for a worker started ahead, before it joins a ring."""
-
-
-class JobAborted(RuntimeError):
-    """The job was stopped before it could finish: by the controller, or a signal."""
-
-    def __init__(self, message: str, cause: BaseException | None = None) -> None:
-        super().__init__(message)
-        self.cause = cause
 
 
 def run_elastic(

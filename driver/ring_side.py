@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from spotring.core import InterruptionNotice
 from spotring.core.job import JobShape
-from spotring.driver.discovery import InventorySource
 from spotring.driver.durable import RingLossJudge
+from spotring.driver.job_control import JobController as JobController  # re-exported
 from spotring.driver.launcher import ProcessLauncher, WorkerExit, WorkerSpec
 from spotring.driver.options import ElasticOptions
 from spotring.driver.peer_failure import PeerFailureNotifier
@@ -35,26 +35,6 @@ from spotring.driver.worker_events import WorkerEvents
 from spotring.worker_image.notices import REBALANCE, Notice
 
 log = logging.getLogger(__name__)
-
-
-class JobController(InventorySource, Protocol):
-    """What the driver needs of spotring's controller (its ``inventory`` among it)."""
-
-    def host_failed(self, address: str, reason: str) -> object: ...
-
-    def host_noticed(self, address: str, notice: InterruptionNotice) -> bool: ...
-
-    def notice_watcher(self, address: str) -> dict[str, Any] | None: ...
-
-    def ring_formed(self, hosts: Sequence[str]) -> Sequence[str]:
-        """Horovod planned a ring of ``hosts`` (on its thread; quick). Returns the hosts
-        the controller took out of discovery itself (handed back to their group) that
-        the ring left out: their workers are stopped like a noticed host's."""
-        ...
-
-    def wait_for_fatal_error(self, timeout: float | None = None) -> Exception | None:
-        """Block until the controller stops for good; its error, or None on timeout."""
-        ...
 
 
 class DurableCheckpoints(Protocol):

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 from spotring.core import InterruptionNotice
 from spotring.core.job import JobShape
+from spotring.driver.job_control import JobAborted, JobController
 from spotring.driver.launcher import STOP_GRACE_SECONDS, ProcessLauncher, WorkerSpec
 from spotring.driver.options import DEFAULT_MAX_RESTARTS, ElasticOptions
 from spotring.driver.ring_events import RingEvents
-from spotring.driver.ring_side import JobController
 from spotring.driver.worker_events import WorkerEvents
 from spotring.worker_image import wire
 from spotring.worker_image.notices import Notice
@@ -216,7 +216,6 @@ class TorchRestartDriver:
             waited += POLL_SECONDS
 
     def _check_fatal(self, timeout: float) -> None:
-        from spotring.driver.elastic import JobAborted
 
         error = self._controller.wait_for_fatal_error(timeout=timeout)
         if error is not None:
@@ -252,8 +251,6 @@ class TorchRestartDriver:
         try:
             return self._watch(set(hosts), len(slots), exits)
         except KeyboardInterrupt as interrupt:
-            from spotring.driver.elastic import JobAborted
-
             raise JobAborted("interrupted", interrupt) from None
         finally:
             stop.set()

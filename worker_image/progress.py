@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, cast
 
+from spotring.worker_image import horovod_internals
 from spotring.worker_image.signed_lines import SignedLine, is_int
 from spotring.worker_image.state_hooks import wrap_in_state_classes
 from spotring.worker_image.wire import PROGRESS_FD_ENV as PROGRESS_FD_ENV  # re-exported
@@ -270,8 +271,11 @@ def sampler_position(state: Any) -> tuple[int, int, int] | None:
     ``ElasticSampler`` a (Torch) state holds; None without one. Never imports torch: a
     script that made a sampler has imported its module already."""
     module = sys.modules.get("horovod.torch.elastic.sampler")
-    handlers = getattr(state, "_handlers", None)
-    if module is None or not isinstance(handlers, dict):
+    if module is None:
+        return None
+    try:
+        handlers = horovod_internals.state_handlers(state)
+    except AttributeError:  # a state without handlers (an ObjectState)
         return None
     for handler in handlers.values():
         sampler = getattr(handler, "value", None)

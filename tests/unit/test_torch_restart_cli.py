@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from spotring.autoscaler.cli import main, parse
@@ -45,3 +48,18 @@ def test_the_job_config_carries_the_backend(args: list[str], backend: str, resta
     options, _ = parse([*RUN, *args, "--", "true"], get_plugin_manager(load_entry_points=False))
     config = job_config(options)
     assert (config.backend, config.max_restarts) == (backend, restarts)
+
+
+def test_the_torch_backend_imports_no_horovod() -> None:
+    """``--backend torch`` serves those who left Horovod: what its run imports (the CLI,
+    the job, the restart-mode driver, the launcher, the observers) loads no Horovod."""
+    code = (
+        "import sys\n"
+        "import spotring.autoscaler.cli, spotring.autoscaler.job\n"
+        "import spotring.driver.torch_restart, spotring.autoscaler.observers.events\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'horovod'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout
