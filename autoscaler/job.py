@@ -171,6 +171,7 @@ def _run_locked(
         config, controller, launcher, elastic, PluginRingEvents(pm.hook), durable, local
     )
     started = time.monotonic()
+    reporter.restarts_workers = config.backend == "torch"
     pm.register(reporter, name="spotring.progress")
     controller.start()
     outcome: JobOutcome | None = None

@@ -36,6 +36,10 @@ class ProgressReporter:
         """Each lost ring's checkpoint, and what its resume lost."""
         self.capacity: list[str] = []  # fallbacks and hand-backs, for the summary
         self._groups = "the job's groups"  # as the job_started hook describes them
+        self.restarts_workers = False
+        """Every worker restarts on a membership change (``--backend torch``'s restart
+        mode): a noticed host's leaving then costs the steps since the script's own
+        checkpoint, not nothing."""
         self._lock = threading.Lock()  # one write per line
         self._state = threading.Lock()  # the fields above, written from several threads
 
@@ -74,7 +78,13 @@ class ProgressReporter:
         self, instance: Instance, notice: InterruptionNotice, draining: bool
     ) -> None:
         lead = "" if notice.deadline is None else f", {notice.deadline - time.time():.0f} s ahead"
-        then = "leaves the ring at the next commit" if draining else "keeps training"
+        then = "keeps training"
+        if draining:
+            then = (
+                "every worker restarts without it"
+                if self.restarts_workers
+                else "leaves the ring at the next commit"
+            )
         with self._state:
             self.notices[instance.address] = f"{notice.kind}{lead}" + ("" if draining else ", kept")
             if draining:
@@ -100,7 +110,7 @@ class ProgressReporter:
             for address in sorted(set(self._draining) - set(hosts)):
                 # Left at a commit: the survivors saved it and restore nothing, unless a
                 # failure since made the ring roll back anyway.
-                clean = self._draining.pop(address)
+                clean = self._draining.pop(address) and not self.restarts_workers
                 what = "left at a commit, 0 steps rolled back" if clean else "left"
                 self.notices[address] += f": {what}"
                 left.append((address, what))

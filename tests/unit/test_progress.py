@@ -77,3 +77,18 @@ def test_the_first_inventory_names_the_groups_the_job_started_on() -> None:
     )
     reporter.started(Inventory(instances=(host("h0"),)))
     assert f"] {describe_groups(groups)}: 1 members, 1 ready (h0:1)\n" in out.getvalue()
+
+
+def test_in_restart_mode_a_noticed_host_is_not_said_to_roll_nothing_back() -> None:
+    """``--backend torch`` restarts every worker from the script's own checkpoint: the
+    steps since it are redone, so the line does not promise 0 rolled back."""
+    out = io.StringIO()
+    reporter = ProgressReporter(out)
+    reporter.restarts_workers = True
+    hook = plugged(reporter)
+    noticed(hook, "h2")
+    hook.spotring_ring_formed(size=2, hosts=["h0", "h1"])
+    reporter.summary([3, 2], True, 1.0)
+    assert "announced preempt" in out.getvalue() and "every worker restarts" in out.getvalue()
+    assert "host h2 left the ring" in out.getvalue()
+    assert "0 steps rolled back" not in out.getvalue()
