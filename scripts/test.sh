@@ -28,7 +28,28 @@ sed -n 's/^"spotring\.\([a-z_]*\)" = "\([a-z_]*\)"$/\1 \2/p' pyproject.toml \
 # The docs site into build/site, strictly (a broken link or anchor fails), with its
 # reference pages generated from the code (docs/gen_reference.py).
 NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict
-# Two workers (SPOTRING_TEST_WORKERS=0 runs in this process): the end-to-end tests share
-# one of them and run one at a time, as they would alone (tests/conftest.py); the rest of
-# the suite runs beside them on the other.
-exec .venv/bin/python -m pytest -n "${SPOTRING_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# pytest as two processes side by side: the end-to-end tests (marked e2e: real jobs with
+# real workers, whose timing is part of what they check) one at a time, as alone, and
+# the rest of the suite beside them, its output shown once it is done.
+# SPOTRING_TEST_SERIAL=1 runs everything in one process. Arguments go to both.
+if [ "${SPOTRING_TEST_SERIAL:-0}" = 1 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+rest_log=$(mktemp)
+trap 'rm -f "$rest_log"' EXIT
+.venv/bin/python -m pytest -m "not e2e" "$@" >"$rest_log" 2>&1 &
+rest=$!
+set +e
+.venv/bin/python -m pytest -m e2e "$@"
+e2e_status=$?
+wait "$rest"
+rest_status=$?
+set -e
+echo "--- the rest of the suite (not e2e), run beside the end-to-end tests:"
+cat "$rest_log"
+# 5: that half selected no test (arguments that name only the other kind).
+for status in "$e2e_status" "$rest_status"; do
+  if [ "$status" != 0 ] && [ "$status" != 5 ]; then
+    exit "$status"
+  fi
+done

@@ -30,11 +30,3 @@ def python() -> str:
     """The interpreter of the project's venv (the one running the tests)."""
     return sys.executable
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, as scripts/test.sh runs the suite)
-    every end-to-end test goes to one worker and runs one at a time, as without xdist:
-    their timing is part of what they check. The rest runs beside them on the other."""
-    for item in items:
-        if item.get_closest_marker("e2e") is not None:
-            item.add_marker(pytest.mark.xdist_group("e2e"))
