@@ -29,4 +29,3 @@ def repo() -> Path:
 def python() -> str:
     """The interpreter of the project's venv (the one running the tests)."""
     return sys.executable
-
