@@ -140,6 +140,7 @@ class Controller:
         """The job's groups, in the user's order of preference."""
         self._by_name = dict(zip(group_names(self.groups), self.groups, strict=True))
         self.prices = PriceBook(self.groups, prices or {}, refresh_s=price_refresh)
+        self.prices.wait_for_listing()
         """The job's prices, per group: read by its own thread while the controller's
         runs (a job's only), announced after each listing."""
         self._prices_told: dict[str, HourlyPrice | None] = {}  # group -> as last emitted
@@ -389,6 +390,7 @@ class Controller:
         self.refreshes += 1
         self._first.set()
         if self._job is not None:  # a listing only (discover) reads no prices
+            self.prices.groups_listed()
             self._read_prices(instances)
         return True
 

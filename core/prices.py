@@ -94,6 +94,18 @@ class PriceBook:
         self._lifecycles: dict[str, Lifecycle | None] = {}  # as each group said, asked once
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._listed = threading.Event()
+        self._listed.set()
+
+    def wait_for_listing(self) -> None:
+        """Ask no group's price until :meth:`groups_listed`: a job whose group is not
+        there (a typo, a deleted group) then stops with its one line, not a price
+        warning first. The controller calls it before the book's thread starts."""
+        self._listed.clear()
+
+    def groups_listed(self) -> None:
+        """The groups were listed once: their prices may be asked from now on."""
+        self._listed.set()
 
     def price(self, group: str) -> HourlyPrice | None:
         """The price of one of ``group``'s members for one hour: its override, else
@@ -164,6 +176,8 @@ class PriceBook:
             self._stopped.wait(max(self.read_due(), self.MIN_WAIT_SECONDS))
 
     def _read_due(self) -> float:
+        if not self._listed.is_set():
+            return self.MIN_WAIT_SECONDS  # asked again then
         now = self._clock()
         next_due = self._refresh_s
         for group, source in self._groups.items():

@@ -60,6 +60,7 @@ def test_each_groups_price_is_announced_once_per_change_with_its_source() -> Non
     on_demand = PricedGroup("od-g", Lifecycle.ON_DEMAND, [0.9])
     heard = Prices()
     controller = controller_of([spot, on_demand], {"on-demand": 1.0}, heard)
+    controller.prices.groups_listed()  # as after the job's first listing
     for _ in range(3):
         controller.prices.read_due()  # what the book's thread does
         assert controller.refresh()
@@ -95,6 +96,7 @@ def test_a_price_api_that_blocks_does_not_delay_the_controllers_refresh() -> Non
         assert controller.refresh() and controller.refresh()
         refreshed.set()
 
+    controller.prices.groups_listed()  # as after the job's first listing
     controller.prices.start()
     try:
         assert group.asked.wait(10)
@@ -131,3 +133,15 @@ def test_a_price_override_must_name_a_group_or_a_lifecycle() -> None:
     check_prices({"a": 0.1, "on-demand": 1.0}, groups)
     with pytest.raises(ConfigurationError, match=r"--price spto=\.\.\.: no group or lifecycle"):
         check_prices({"spto": 0.1}, groups)
+
+
+def test_no_price_is_asked_before_the_groups_were_listed() -> None:
+    """A job whose group is not there stops with its one line, not a price warning
+    first: the controller's book asks nothing until a listing went through."""
+    group = PricedGroup("spot-g", Lifecycle.SPOT, [0.1])
+    controller = controller_of([group], {}, Prices())
+    controller.prices.read_due()
+    assert group.quotes == [0.1]  # not asked
+    assert controller.refresh()
+    controller.prices.read_due()
+    assert group.quotes == []  # asked once listed
