@@ -69,7 +69,10 @@ class JobConfig:
     """``--fallback-after``, ``--on-demand-base``, ``--return-after``: the capacity
     policy of a job that spans several groups."""
     backend: str = "horovod"
-    """``--backend``: ``horovod``, or ``torch`` (the restart mode)."""
+    """``--backend``: ``horovod``, or ``torch`` (the restart mode, or with ``in_place``
+    the in-place mode)."""
+    in_place: bool = False
+    """``--in-place`` (``torch`` only): survivors keep running across changes."""
     max_restarts: int = DEFAULT_MAX_RESTARTS
     """``--max-restarts`` (``torch`` only): worker failures restarted before the job fails."""
 
@@ -171,7 +174,7 @@ def _run_locked(
         config, controller, launcher, elastic, PluginRingEvents(pm.hook), durable, local
     )
     started = time.monotonic()
-    reporter.restarts_workers = config.backend == "torch"
+    reporter.restarts_workers = config.backend == "torch" and not config.in_place
     pm.register(reporter, name="spotring.progress")
     controller.start()
     outcome: JobOutcome | None = None
@@ -242,6 +245,12 @@ def _backend(
 ) -> _Backend:
     """The driver of ``config.backend``, built (its listeners on the launcher) before
     the controller starts."""
+    if config.backend == "torch" and config.in_place:
+        from spotring.driver.torch_inplace import TorchInplaceDriver
+
+        return TorchInplaceDriver(
+            config.command, controller, launcher, config.shape, elastic, events, local=local
+        )
     if config.backend == "torch":
         from spotring.driver.torch_restart import TorchRestartDriver
 

@@ -181,7 +181,7 @@ class TorchRestartDriver:
         self._job_key = secrets.token_bytes(32)  # verifies the supervisors' notice lines
         self._ports: list[int] = []
         self.world_sizes: list[int] = []
-        launcher.add_listener(_NoticeToController(controller))
+        launcher.add_listener(NoticeToController(controller))
 
     def run(self) -> None:
         """Attempts until every worker of one exits 0. Raises :class:`TorchJobFailed`
@@ -327,7 +327,7 @@ def membership_change(
     return ""
 
 
-class _NoticeToController(WorkerEvents):
+class NoticeToController(WorkerEvents):
     """A verified interruption notice takes the host out of the inventory (the
     controller drains it); the attempt's next look sees it leave and restarts while
     the noticed host's worker still runs."""

@@ -90,6 +90,11 @@ class Coordinator(Protocol):
         pending collectives will never complete."""
         ...
 
+    def group_store(self, membership: Membership) -> dist.Store:
+        """The store the generation's process group rendezvouses through (its keys
+        apart from every other generation's)."""
+        ...
+
 
 class StoreCoordinator:
     """:class:`Coordinator` over a ``torch.distributed`` TCPStore (see the module).
@@ -126,6 +131,13 @@ class StoreCoordinator:
 
     def watch(self, generation: int) -> _StoreWatch:
         return _StoreWatch(self._host, self._port, _abandoned_key(generation))
+
+    def group_store(self, membership: Membership) -> dist.Store:
+        store = dist.TCPStore(
+            membership.master_addr, membership.master_port, is_master=False,
+            timeout=STORE_TIMEOUT,
+        )  # fmt: skip
+        return dist.PrefixStore(f"{PREFIX}group/{membership.generation}/", store)
 
 
 class _StoreWatch:

@@ -75,7 +75,7 @@ class MembershipChanged(Exception):
 class ProcessGroup:
     """One generation's process group: the default group while it lives.
 
-    Formed over a ``PrefixStore`` of the generation's store, so generations never read
+    Formed over the coordinator's store for the generation, so generations never read
     each other's keys. :meth:`abort` shuts down the connections Gloo opened for it
     (not its listening socket: Gloo's listener thread takes an error there for a fatal
     one), which fails every collective pending on them at once, in every thread.
@@ -87,18 +87,16 @@ class ProcessGroup:
         """Set once the coordinator has abandoned this generation."""
         self._coordinator = coordinator
         self._watch = coordinator.watch(membership.generation)
-        store = dist.TCPStore(
-            membership.master_addr, membership.master_port, is_master=False,
-            timeout=GROUP_TIMEOUT,
-        )  # fmt: skip
-        before = own_tcp_sockets()
-        dist.init_process_group(
-            "gloo",
-            store=dist.PrefixStore(f"spotring/group/{membership.generation}/", store),
-            rank=membership.rank,
-            world_size=membership.world_size,
-            timeout=GROUP_TIMEOUT,
-        )
+        try:
+            store = coordinator.group_store(membership)
+            before = own_tcp_sockets()
+            dist.init_process_group(
+                "gloo", store=store, rank=membership.rank, world_size=membership.world_size,
+                timeout=GROUP_TIMEOUT,
+            )  # fmt: skip
+        except BaseException:
+            self._watch.close()
+            raise
         self._connections = _connections(own_tcp_sockets() - before)
         self._watcher = threading.Thread(target=self._watch_abandoned, name="spotring-watch")
         self._watcher.start()
@@ -328,8 +326,25 @@ def _newer_generation_published(group: ProcessGroup) -> bool:
 # -------------------------------------------------------------------------------- run
 
 
-def run(coordinator: Coordinator) -> Callable[[Callable[..., T]], Callable[..., T]]:
+def _abandoned(coordinator: Coordinator, generation: int) -> bool:
+    """Whether ``generation`` is given up, waiting up to :data:`ABANDON_GRACE_SECONDS`
+    for the coordinator to say so."""
+    watch = coordinator.watch(generation)
+    timer = threading.Timer(ABANDON_GRACE_SECONDS, watch.close)
+    timer.start()
+    try:
+        return watch.wait()
+    finally:
+        timer.cancel()
+        watch.close()
+
+
+def run(coordinator: Coordinator | None = None) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """Decorate ``func(state, *args, **kwargs)`` to run elastically (see the module).
+
+    ``coordinator``: where generations come from; by default the one ``spotring run
+    --backend torch --in-place`` serves this worker
+    (:func:`spotring.torch.driver_coordinator.coordinator_from_env`).
 
     On a failure of the group the state is restored and ``func`` called again on the
     next generation; on :class:`MembershipChanged` it is called again at once (the
@@ -340,11 +355,24 @@ def run(coordinator: Coordinator) -> Callable[[Callable[..., T]], Callable[..., 
     def decorate(func: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(func)
         def wrapper(state: TorchState, *args: Any, **kwargs: Any) -> T:
+            nonlocal coordinator
+            if coordinator is None:
+                from spotring.torch.driver_coordinator import coordinator_from_env
+
+                coordinator = coordinator_from_env()
             generation = -1
             while True:
                 membership = coordinator.next_membership(after=generation)
                 generation = membership.generation
-                group = state.group = ProcessGroup(membership, coordinator)
+                try:
+                    group = state.group = ProcessGroup(membership, coordinator)
+                except Exception:
+                    # A member lost while the group formed: the coordinator gives the
+                    # generation up, and the store's waits end with that.
+                    if coordinator.latest() > generation or _abandoned(coordinator, generation):
+                        log.info("generation %d given up while forming", generation)
+                        continue
+                    raise
                 try:
                     state.sync()
                     return func(state, *args, **kwargs)

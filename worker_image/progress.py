@@ -323,7 +323,8 @@ def start_heartbeat(
 
 def install_when_imported() -> CommitCounter | None:
     """In a worker: beat into the supervisor's page from now on, and count commits
-    into it once ``horovod.common.elastic`` is imported. None without a page."""
+    into it once ``horovod.common.elastic`` (or the torch backend's
+    ``spotring.torch.inplace``) is imported. None without a page."""
     from spotring.worker_image.after_import import call_after_import
 
     page = take_progress_page()
@@ -338,7 +339,11 @@ def install_when_imported() -> CommitCounter | None:
         except Exception as error:  # never stop the user's script over this
             print(f"spotring: commits not counted: {error}", file=sys.stderr)
 
+    def install_inplace(module: ModuleType) -> None:  # the torch backend's in-place state
+        module.TorchState.commit = counter.wrap(module.TorchState.commit)
+
     call_after_import("horovod.common.elastic", install)
+    call_after_import("spotring.torch.inplace", install_inplace)
     return counter
 
 

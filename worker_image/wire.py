@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import secrets
 import struct
+import time
 from dataclasses import dataclass
 
 # --------------------------------------------------------------- the environment
@@ -275,3 +276,43 @@ PROGRESS_MARKER = "\x1espotring-progress "
 WARM_READY_MARKER = "\x1espotring-warm-ready "
 """Starts the line by which the supervisor tells the launcher its worker is held,
 followed by the launch id (which the worker never sees, so it cannot forge the line)."""
+
+
+# ------------------------------------------- the in-place torch backend's coordinator
+
+# The driver of ``spotring run --backend torch --in-place`` serves each worker its
+# place in every generation (one process group) and the generation's store, over HTTP
+# (``spotring.driver.torch_group_server``; the worker's side is
+# ``spotring.torch.driver_coordinator``). Every request, reads included, carries the
+# signed header above with one difference: its RING field holds the sender's Unix time
+# in milliseconds, not a ring generation. The server takes a request only within
+# :data:`TORCH_CLOCK_SKEW_MS` of its own clock and each nonce once (it remembers the
+# nonces it took for longer than that window), so a request captured on the network is
+# refused when replayed, and only a holder of the job key can write a group's keys or
+# hold a waiting request open. Paths (a ``wait`` query parameter, in milliseconds up
+# to :data:`TORCH_MAX_WAIT_MS`, lets the server hold the answer until there is one;
+# 204 means "nothing yet, ask again"):
+#
+#   GET /torch/latest                       the newest generation (ASCII digits); 404: none
+#   GET /torch/member/<worker>/<n>?wait=    the worker's n-th membership
+#                                           ("GEN RANK SIZE ADDR PORT"), 404: unknown worker
+#   GET /torch/abandoned/<gen>?wait=        200 once generation <gen> is given up
+#   PUT /torch/group/<gen>/<key>            a key of the generation's group (first write final)
+#   GET /torch/group/<gen>/<key>?wait=      its value; 410: the generation is given up or past
+#
+# ``<key>`` is the c10d store key, percent-encoded (``urllib.parse.quote(key, safe="")``).
+
+TORCH_COORDINATOR_ENV = "SPOTRING_TORCH_COORDINATOR"
+"""``HOST:PORT`` of the driver's coordinator, for an in-place torch worker."""
+TORCH_WORKER_ENV = "SPOTRING_TORCH_WORKER"
+"""The worker's name in the coordinator's memberships (not secret)."""
+TORCH_PREFIX = "/torch/"
+TORCH_CLOCK_SKEW_MS = 60_000
+"""How far a request's time may be from the server's clock (NTP keeps hosts far closer)."""
+TORCH_MAX_WAIT_MS = 30_000
+"""The longest the server holds a waiting request; the client asks again."""
+
+
+def sign_torch_request(key: bytes, method: str, path: str, body: bytes = b"") -> Signature:
+    """A fresh signature of a coordinator request, stamped with the time now."""
+    return sign(key, method, path, int(time.time() * 1000), body)

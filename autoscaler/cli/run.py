@@ -179,6 +179,12 @@ def _add_elastic_options(run: argparse.ArgumentParser) -> None:
         "every worker restarted on a membership change (docs/torch.md)",
     )
     elastic.add_argument(
+        "--in-place",
+        action="store_true",
+        help="--backend torch: a script built on spotring.torch.inplace; the surviving "
+        "workers keep running across membership changes (docs/torch.md)",
+    )
+    elastic.add_argument(
         "--max-restarts",
         type=non_negative_int,
         metavar="N",
@@ -453,17 +459,22 @@ def _check_elastic(options: argparse.Namespace) -> None:
 def _check_backend(options: argparse.Namespace) -> None:
     """The options each backend takes; fills in ``--max-restarts``' default."""
     if options.backend == "horovod":
-        if options.max_restarts is not None:
-            raise UsageError(f"{PROG} run: error: --max-restarts is for --backend torch")
+        for name, given in (("--max-restarts", options.max_restarts is not None),
+                            ("--in-place", options.in_place)):  # fmt: skip
+            if given:
+                raise UsageError(f"{PROG} run: error: {name} is for --backend torch")
         return
-    horovod_only = {
+    mode = "--backend torch --in-place" if options.in_place else "--backend torch"
+    unsupported = {
         "--checkpoint": options.checkpoint,
-        "--hang-timeout": options.hang_timeout,
         "--reset-limit": options.reset_limit,
+        # The restart mode sees no commits; the in-place mode restarts nothing.
+        "--hang-timeout": None if options.in_place else options.hang_timeout,
+        "--max-restarts": options.max_restarts if options.in_place else None,
     }
-    for name, value in horovod_only.items():
+    for name, value in unsupported.items():
         if value is not None:
-            raise UsageError(f"{PROG} run: error: {name} is not supported with --backend torch")
+            raise UsageError(f"{PROG} run: error: {name} is not supported with {mode}")
     if options.max_restarts is None:
         options.max_restarts = DEFAULT_MAX_RESTARTS
 
@@ -478,6 +489,7 @@ def job_config(options: argparse.Namespace) -> JobConfig:
     return JobConfig(
         command=tuple(options.job),
         backend=options.backend,
+        in_place=options.in_place,
         max_restarts=options.max_restarts or 0,
         shape=JobShape(
             num_proc=options.num_proc,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import logging
 import re
-import socket
 import time
 from typing import Any, Protocol
 
@@ -15,6 +14,7 @@ from horovod.runner.http.http_server import (
 )
 
 from spotring.driver import horovod_internals
+from spotring.driver.deadline_reader import DeadlineReader
 from spotring.driver.rendezvous.limits import (
     MAX_BODY_BYTES,
     MAX_WORKER_ADDRESSES_BYTES,
@@ -59,29 +59,6 @@ class ElasticDriverCalls(Protocol):
     ) -> object: ...
 
 
-class _DeadlineReader(io.RawIOBase):
-    """A socket's bytes, until a deadline: a slow sender cannot hold a thread longer."""
-
-    def __init__(self, sock: socket.socket, deadline: float, idle: float) -> None:
-        super().__init__()
-        self._sock = sock
-        self._deadline = deadline
-        self._idle = idle
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("the request was not complete in time")
-        self._sock.settimeout(min(remaining, self._idle))
-        try:
-            return self._sock.recv_into(buffer)
-        finally:
-            self._sock.settimeout(self._idle)  # for the answer
-
-
 class HardenedRendezvousHandler(RendezvousHandler):
     """Horovod's rendezvous request handler, refusing what its clients never send.
 
@@ -101,7 +78,7 @@ class HardenedRendezvousHandler(RendezvousHandler):
         super().setup()
         self.rfile.close()
         deadline = time.monotonic() + self.deadline_seconds
-        reader = _DeadlineReader(self.connection, deadline, float(self.timeout or 3))
+        reader = DeadlineReader(self.connection, deadline, float(self.timeout or 3))
         self.rfile = io.BufferedReader(reader)
 
     def parse_request(self) -> bool:
