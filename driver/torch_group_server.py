@@ -108,8 +108,11 @@ class GroupServer:
         self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._http = _HttpServer((host, port), _Handler, self)
         self._thread = threading.Thread(
-            target=self._http.serve_forever, name="spotring-torch-coordinator", daemon=True
-        )
+            target=self._http.serve_forever,
+            args=(0.1,),
+            name="spotring-torch-coordinator",
+            daemon=True,
+        )  # polls for shutdown every 0.1 s
 
     @property
     def port(self) -> int:
