@@ -24,9 +24,12 @@ import enum
 import logging
 import os
 import queue
+import re
 import secrets
+import signal
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,20 +37,40 @@ from dataclasses import dataclass
 from spotring.core import InterruptionNotice
 from spotring.core.job import JobShape
 from spotring.driver.job_control import JobAborted, JobController
-from spotring.driver.launcher import STOP_GRACE_SECONDS, ProcessLauncher, WorkerSpec
+from spotring.driver.launcher import (
+    LAUNCH_FAILED_EXIT,
+    STOP_GRACE_SECONDS,
+    ProcessLauncher,
+    WarmWorker,
+    WorkerSpec,
+)
 from spotring.driver.options import DEFAULT_MAX_RESTARTS, ElasticOptions
 from spotring.driver.ring_events import RingEvents
+from spotring.driver.warm_pool import SLOW_START_SECONDS
 from spotring.driver.worker_events import WorkerEvents
 from spotring.worker_image import wire
 from spotring.worker_image.notices import Notice
 
 log = logging.getLogger(__name__)
 
+WARM_RANK = -1
+"""The rank of a worker started ahead, until its attempt gives it one."""
+
 ROLE = "default"
 """torchrun's role name (``--role``'s default): one role, so role ranks are ranks."""
 
 POLL_SECONDS = 0.2
 """How often an attempt looks at the inventory for a membership change."""
+
+WARM_MODULE = "spotring.worker_image.torch_warm_start"
+"""Runs the user's script in a worker started ahead of its attempt."""
+
+WARM_DELAY_SECONDS = 3.0
+"""How long after an attempt starts its hosts' workers for the next one are started:
+not at once, so they do not compete with the attempt's own start (the group's
+formation, the checkpoint's load) for the host's CPUs."""
+
+_PYTHON = re.compile(r"python[0-9.]*")
 
 
 class TorchJobFailed(RuntimeError):
@@ -95,6 +118,14 @@ class Attempt:
     max_restarts: int
 
 
+def omp_threads(local_world_size: int, given: str | None) -> str | None:
+    """``OMP_NUM_THREADS`` as ``torchrun`` sets it: the user's (``given``), else 1 with
+    several workers per host, else unset (None)."""
+    if given is not None:
+        return given
+    return "1" if local_world_size > 1 else None
+
+
 def torchrun_env(slot: Slot, attempt: Attempt, omp_num_threads: str | None) -> dict[str, str]:
     """The variables torchrun's agent sets for ``slot``'s worker (torch 2.13's
     ``LocalElasticAgent._start_workers``), with ``OMP_NUM_THREADS`` as ``torchrun``
@@ -118,11 +149,22 @@ def torchrun_env(slot: Slot, attempt: Attempt, omp_num_threads: str | None) -> d
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
-    if omp_num_threads is not None:
-        env["OMP_NUM_THREADS"] = omp_num_threads
-    elif slot.local_world_size > 1:
-        env["OMP_NUM_THREADS"] = "1"
+    threads = omp_threads(slot.local_world_size, omp_num_threads)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = threads
     return env
+
+
+def warm_command(command: Sequence[str]) -> tuple[str, ...] | None:
+    """``command`` run through :data:`WARM_MODULE`, so that its workers can be started
+    ahead of their attempt; None when it is not ``python SCRIPT ...`` or ``python -m
+    MODULE ...`` (an interpreter option, a shell script: started cold each attempt)."""
+    if len(command) < 2 or not _PYTHON.fullmatch(os.path.basename(command[0])):
+        return None
+    first = command[1]
+    if (first == "-m" and len(command) > 2) or not first.startswith("-"):
+        return (command[0], "-m", WARM_MODULE, *command[1:])
+    return None
 
 
 def free_port(address: str, used: Iterable[int], pick: Callable[[str], int] | None = None) -> int:
@@ -182,11 +224,21 @@ class TorchRestartDriver:
         self._ports: list[int] = []
         self.world_sizes: list[int] = []
         launcher.add_listener(NoticeToController(controller))
+        warm = warm_command(command) if options.warm_start else None
+        self._argv = warm or self._command
+        self._warm = _WarmSlots(launcher, self._warm_spec) if warm else None
 
     def run(self) -> None:
         """Attempts until every worker of one exits 0. Raises :class:`TorchJobFailed`
         (no restart left, no hosts in time) or ``JobAborted`` (the controller's fatal
         error, or Ctrl-C once every worker is stopped)."""
+        try:
+            self._run_attempts()
+        finally:
+            if self._warm is not None:
+                self._warm.close()
+
+    def _run_attempts(self) -> None:
         failures = 0
         timeout = self._options.start_timeout
         while True:
@@ -206,6 +258,8 @@ class TorchRestartDriver:
         waited = 0.0
         while True:
             hosts = self._hosts_now()
+            if self._warm is not None:
+                self._warm.refill(hosts)
             if sum(hosts.values()) >= self._job.min_num_proc:
                 return hosts
             if waited >= timeout:
@@ -240,7 +294,7 @@ class TorchRestartDriver:
         threads = [
             threading.Thread(
                 target=self._run_worker,
-                args=(self._spec(slot, attempt), stop, exits, slot),
+                args=(self._spec(slot, attempt), stop, exits, slot, self._take_warm(slot)),
                 name=f"spotring-torch-{slot.rank}",
                 daemon=True,
             )
@@ -259,26 +313,41 @@ class TorchRestartDriver:
 
     def _run_worker(
         self, spec: WorkerSpec, stop: threading.Event, exits: queue.Queue[tuple[Slot, int]],
-        slot: Slot,
+        slot: Slot, warm: WarmWorker | None,
     ) -> None:  # fmt: skip
-        exit_code, _ = self._launcher(spec, [stop])  # never raises
+        exit_code, _ = self._launcher(spec, [stop], warm)  # never raises
         exits.put((slot, exit_code))
 
+    def _take_warm(self, slot: Slot) -> WarmWorker | None:
+        return self._warm.take(slot.host, slot.local_rank) if self._warm is not None else None
+
     def _spec(self, slot: Slot, attempt: Attempt) -> WorkerSpec:
-        env = {**self._options.worker_env, "PYTHONUNBUFFERED": "1"}
+        env = torchrun_env(slot, attempt, os.environ.get("OMP_NUM_THREADS"))
+        return self._worker_spec(slot.host, slot.local_rank, slot.rank, env)
+
+    def _warm_spec(self, host: str, local_rank: int, slots: int) -> WorkerSpec:
+        """A worker for ``host[local_rank]`` started ahead: what every attempt gives
+        it, and the threads torch takes at import as if the host's ``slots`` join."""
+        threads = omp_threads(slots, os.environ.get("OMP_NUM_THREADS"))
+        env = {"OMP_NUM_THREADS": threads} if threads is not None else {}
+        return self._worker_spec(host, local_rank, WARM_RANK, env)
+
+    def _worker_spec(
+        self, host: str, local_rank: int, rank: int, env: Mapping[str, str]
+    ) -> WorkerSpec:
+        base = {**self._options.worker_env, "PYTHONUNBUFFERED": "1"}
         if self._options.nics:
-            env["GLOO_SOCKET_IFNAME"] = self._options.nics[0]
-            env["NCCL_SOCKET_IFNAME"] = ",".join(self._options.nics)
-        env.update(torchrun_env(slot, attempt, os.environ.get("OMP_NUM_THREADS")))
-        env[wire.JOB_KEY_ENV] = self._job_key.hex()  # on stdin only (the launcher)
+            base["GLOO_SOCKET_IFNAME"] = self._options.nics[0]
+            base["NCCL_SOCKET_IFNAME"] = ",".join(self._options.nics)
+        base[wire.JOB_KEY_ENV] = self._job_key.hex()  # on stdin only (the launcher)
         return WorkerSpec(
-            host=slot.host,
-            local_rank=slot.local_rank,
-            rank=slot.rank,
-            argv=self._command,
-            env=env,
+            host=host,
+            local_rank=local_rank,
+            rank=rank,
+            argv=self._argv,
+            env={**base, **env},
             cwd=os.getcwd(),
-            notices=self._controller.notice_watcher(slot.host),
+            notices=self._controller.notice_watcher(host),
         )
 
     def _watch(
@@ -286,21 +355,33 @@ class TorchRestartDriver:
     ) -> tuple[Outcome, str]:
         """Until every worker exits 0, one fails, or the membership changes."""
         succeeded = 0
+        started = time.monotonic()
         while True:
             try:
                 slot, exit_code = exits.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 self._check_fatal(0)
-                change = membership_change(ring, size, self._hosts_now(), self._job.max_num_proc)
+                hosts = self._hosts_now()
+                if self._warm is not None:
+                    settling = time.monotonic() - started < WARM_DELAY_SECONDS
+                    self._warm.refill(hosts, later=ring if settling else set())
+                    if not all(self._warm.ready(host) for host in hosts):
+                        # A join waits, the ring training on, until every host's
+                        # workers for the next attempt wait for their slots.
+                        hosts = {host: n for host, n in hosts.items() if host in ring}
+                change = membership_change(ring, size, hosts, self._job.max_num_proc)
                 if change:
                     return Outcome.CHANGED, change
                 continue
             if exit_code != 0:
                 why = f"worker rank {slot.rank} on {slot.host} exited with {exit_code}"
-                # As on the Horovod path, the host of the first failure leaves the job
-                # now (its peers' failures follow from it), not at the next refresh:
-                # the next attempt must not plan on a host that is gone.
-                self._controller.host_failed(slot.host, why)
+                if host_lost(exit_code):
+                    # Out of the job now, not at the next refresh: the next attempt must
+                    # not plan on it, and the controller starts its replacement.
+                    self._controller.host_failed(slot.host, why)
+                else:
+                    log.info("%s; its host stays in the job: its worker was neither killed "
+                             "nor cut off (the script failed, not the host)", why)  # fmt: skip
                 return Outcome.FAILED, why
             succeeded += 1
             if succeeded == size:
@@ -310,6 +391,16 @@ class TorchRestartDriver:
         """The READY hosts' slots in the controller's latest inventory."""
         inventory = self._controller.inventory
         return inventory.hosts_and_slots() if inventory is not None else {}
+
+
+def host_lost(exit_code: int) -> bool:
+    """Whether the exit of a worker that ended by itself (not stopped by spotring) says
+    that its host, not the script, failed: it was SIGKILLed (a preemption without notice takes
+    the machine and everything on it at once; the local provider's does the same to
+    the host's processes; the kernel's OOM killer too) or cut off (the launcher's and
+    ssh's 255: the host could not be reached, or its connection dropped). A script that
+    fails by itself raises or exits: 1, or its own code, with the host still there."""
+    return exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL, LAUNCH_FAILED_EXIT)
 
 
 def membership_change(
@@ -325,6 +416,78 @@ def membership_change(
     if joined and size < max_workers:
         return f"{', '.join(joined)} joined"
     return ""
+
+
+class _WarmSlots:
+    """A worker started ahead (:meth:`ProcessLauncher.prestart`) for each slot of the
+    READY hosts, for the next attempt to take; the launcher hands each its attempt's
+    environment, or starts its slot cold if it has died
+    (:meth:`ProcessLauncher.__call__`). The Horovod path's
+    :class:`~spotring.driver.warm_pool.WarmPool` offers a host to Horovod once; here
+    every attempt takes every worker, and the pool is refilled for the next one.
+
+    :param make_spec: ``(host, local_rank, host's slots)`` -> the worker to start ahead.
+    """
+
+    def __init__(
+        self, launcher: ProcessLauncher, make_spec: Callable[[str, int, int], WorkerSpec]
+    ) -> None:
+        self._launcher = launcher
+        self._make_spec = make_spec
+        self._workers: dict[tuple[str, int], WarmWorker | None] = {}  # None: could not start
+        self._since: dict[str, float] = {}
+
+    def refill(
+        self, hosts: Mapping[str, int], later: set[str] | frozenset[str] = frozenset()
+    ) -> None:
+        """Stop the workers of slots no longer in ``hosts``; start one for every slot
+        of ``hosts`` without one, except on the hosts in ``later``."""
+        for key in [key for key in self._workers if key[1] >= hosts.get(key[0], 0)]:
+            worker = self._workers.pop(key)
+            if worker is not None:
+                worker.stop()
+        for host in [host for host in self._since if host not in hosts]:
+            del self._since[host]
+        for host, slots in hosts.items():
+            if host in later:
+                continue
+            for local_rank in range(slots):
+                if (host, local_rank) not in self._workers:
+                    self._workers[host, local_rank] = self._start(host, local_rank, slots)
+                    self._since.setdefault(host, time.monotonic())
+
+    def _start(self, host: str, local_rank: int, slots: int) -> WarmWorker | None:
+        try:
+            return self._launcher.prestart(self._make_spec(host, local_rank, slots))
+        except (OSError, ValueError) as error:  # the cold start meets it too, and reports it
+            log.warning("cannot start a worker ahead on %s: %s", host, error)
+            return None
+
+    def ready(self, host: str) -> bool:
+        """Whether ``host``'s workers started ahead wait for their slot (or ended, or
+        could not start: those slots start cold), or have been starting for longer
+        than :data:`~spotring.driver.warm_pool.SLOW_START_SECONDS`."""
+        since = self._since.get(host)
+        if since is None:
+            return False
+        workers = [w for (h, _), w in self._workers.items() if h == host and w is not None]
+        waiting = all(worker.held or worker.exited for worker in workers)
+        return waiting or time.monotonic() - since > SLOW_START_SECONDS
+
+    def take(self, host: str, local_rank: int) -> WarmWorker | None:
+        """The worker started ahead for this slot (None: start it cold); taken once."""
+        worker = self._workers.pop((host, local_rank), None)
+        if not any(h == host for h, _ in self._workers):
+            self._since.pop(host, None)
+        return worker
+
+    def close(self) -> None:
+        """Stop every worker not taken."""
+        for worker in self._workers.values():
+            if worker is not None:
+                worker.stop()
+        self._workers.clear()
+        self._since.clear()
 
 
 class NoticeToController(WorkerEvents):

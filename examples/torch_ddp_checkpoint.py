@@ -7,7 +7,9 @@ It calls ``init_process_group`` from the environment torchrun sets, loads
 ``DIR/checkpoint.pt`` if there is one, and rank 0 saves it every K steps (written
 aside, then renamed). Each rank appends ``RESTART STEP UNIX_TIME`` to ``DIR/steps.RANK``
 after each step, so bench/torch_anchor.py can time a restart. The model and the data
-are those of examples/torch_inplace.py, so both modes run the same workload.
+are those of examples/torch_inplace.py, so both modes run the same workload. With
+``--stop-file F`` it also stops once F exists (the ranks agree on the step: one more
+all-reduce per step), so a test can end a run on progress.
 """
 
 from __future__ import annotations
@@ -29,11 +31,25 @@ def batch_of(batch: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True)
 
 
+def stop_asked(stop_file: Path | None) -> bool:
+    """Whether any rank sees ``stop_file`` (all ranks agree: one more collective)."""
+    if stop_file is None:
+        return False
+    seen = torch.tensor([float(stop_file.exists())])
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+    return bool(seen.item())
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="checkpoint folder")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every", type=int, default=10, help="checkpoint every K steps")
+    parser.add_argument(
+        "--stop-file",
+        type=Path,
+        help="also stop (every rank at the same step) once this file exists",
+    )
     parser.add_argument(
         "--prefix-per-attempt",
         action="store_true",
@@ -64,7 +80,7 @@ def main(argv: list[str]) -> int:
         step = saved["step"]
     net = DistributedDataParallel(model)
     with open(args.checkpoint / f"steps.{rank}", "a", buffering=1) as progress:
-        while step < args.steps:
+        while step < args.steps and not stop_asked(args.stop_file):
             x, y = batch_of(step, rank)
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(net(x), y).backward()

@@ -56,7 +56,7 @@ def hold_until_assigned(init: Callable[..., Any]) -> Callable[..., Any]:
     """``init``, which in a warm worker first waits for the slot's environment."""
 
     def init_when_assigned(*args: Any, **kwargs: Any) -> Any:
-        channel = _take_channel()
+        channel = take_channel()
         if channel is not None:
             with channel:
                 os.environ.update(wait_for_slot(channel))
@@ -66,8 +66,9 @@ def hold_until_assigned(init: Callable[..., Any]) -> Callable[..., Any]:
     return init_when_assigned
 
 
-def _take_channel() -> socket.socket | None:
-    """The channel to the supervisor, the first time only (later inits are resets)."""
+def take_channel() -> socket.socket | None:
+    """The channel to the supervisor, the first time only (later inits are resets;
+    the torch backend's warm worker takes it itself: ``torch_warm_start``)."""
     global _channel_fd
     with _channel_lock:
         fd, _channel_fd = _channel_fd, None

@@ -1,19 +1,41 @@
-"""The torch restart mode's pure parts: ranks over the hosts' slots, torchrun's
-environment, the port of each attempt's store, and what counts as a membership change."""
+"""The torch restart mode: ranks over the hosts' slots, torchrun's environment, the port
+of each attempt's store, what counts as a membership change; the workers started ahead
+(the command that runs the script in them, the hand-over of the attempt's environment);
+and a failed worker's host taken out only when the host, not the script, failed."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
+from spotring.core.job import JobShape
+from spotring.driver.launcher import LAUNCH_FAILED_EXIT, ProcessLauncher, WorkerSpec
+from spotring.driver.options import ElasticOptions
+from spotring.driver.ring_events import NoRingEvents
 from spotring.driver.torch_restart import (
+    WARM_MODULE,
     Attempt,
     Slot,
+    TorchJobFailed,
+    TorchRestartDriver,
     assign_ranks,
     free_port,
+    host_lost,
     membership_change,
     torchrun_env,
+    warm_command,
 )
 
 
@@ -102,3 +124,166 @@ def test_the_kernel_picks_a_free_port() -> None:
 )
 def test_membership_changes(hosts_now: dict[str, int], size: int, expected: str) -> None:
     assert membership_change({"a", "b"}, size, hosts_now, max_workers=3) == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (["python", "train.py", "-v"], ["python", "-m", WARM_MODULE, "train.py", "-v"]),
+        (["/v/python3.11", "-m", "t"], ["/v/python3.11", "-m", WARM_MODULE, "-m", "t"]),
+        (["python", "-u", "train.py"], None),  # an interpreter option: cold
+        (["python", "-m"], None),
+        (["python"], None),
+        (["bash", "train.sh"], None),
+        (["./train.py"], None),
+    ],
+)  # fmt: skip
+def test_python_scripts_and_modules_can_be_started_ahead(
+    command: list[str], expected: list[str] | None
+) -> None:
+    warm = warm_command(command)
+    assert (list(warm) if warm is not None else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "lost"),
+    [
+        (-signal.SIGKILL, True),  # the local launcher: the supervisor dies as its worker did
+        (128 + signal.SIGKILL, True),  # a shell's way of saying the same
+        (LAUNCH_FAILED_EXIT, True),  # unreachable, or ssh's connection dropped
+        (1, False),  # a Python exception
+        (2, False),
+        (-signal.SIGSEGV, False),  # the script's (or its extension's) crash
+    ],
+)
+def test_only_a_killed_or_unreachable_worker_says_its_host_was_lost(
+    exit_code: int, lost: bool
+) -> None:
+    assert host_lost(exit_code) is lost
+
+
+SCRIPT = """\
+import json, os, sys
+with open(os.environ["OUT"], "w") as out:
+    json.dump({"name": __name__, "argv": sys.argv, "path0": sys.path[0],
+               "rank": os.environ.get("RANK"), "torch": "torch" in sys.modules}, out)
+"""
+
+
+def _script(folder: Path) -> Path:
+    script = folder / "sub" / "train.py"
+    script.parent.mkdir()
+    script.write_text(SCRIPT)
+    return script
+
+
+def test_started_cold_the_script_runs_as_python_runs_it(tmp_path: Path) -> None:
+    script, out = _script(tmp_path), tmp_path / "out.json"
+    command = warm_command([sys.executable, str(script), "--lr", "1"])
+    assert command is not None
+    env = {**os.environ, "OUT": str(out)}
+    subprocess.run(command, env=env, cwd=tmp_path, check=True, timeout=60)
+    seen = json.loads(out.read_text())
+    assert seen["name"] == "__main__"
+    assert seen["argv"] == [str(script), "--lr", "1"]
+    assert seen["path0"] == str(script.parent)
+
+
+def test_a_missing_script_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    command = warm_command([sys.executable, str(tmp_path / "nope.py")])
+    assert command is not None
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_started_ahead_it_waits_and_runs_the_script_with_its_attempts_environment(
+    tmp_path: Path,
+) -> None:
+    """Through the launcher and the supervisor, as the driver starts it; a ``torch``
+    that cannot be imported keeps this test in milliseconds (the import is what the
+    end-to-end test pays ahead)."""
+    script, out = _script(tmp_path), tmp_path / "out.json"
+    (tmp_path / "stub").mkdir()
+    (tmp_path / "stub" / "torch.py").write_text("raise ImportError('not in this test')\n")
+    argv = warm_command([sys.executable, str(script), "x"])
+    assert argv is not None
+    env = {"OUT": str(out), "PYTHONPATH": str(tmp_path / "stub")}
+    ahead = WorkerSpec("localhost", 0, -1, argv, env, str(tmp_path))
+    launcher = ProcessLauncher(remote=False, output=io.StringIO())
+    try:
+        warm = launcher.prestart(ahead)
+        assert warm.wait_held(30.0), "never held"
+        assert not out.exists()  # the script has not run
+        spec = replace(ahead, rank=3, env={**ahead.env, "RANK": "3"})
+        code, _ = launcher(spec, [threading.Event()], warm)
+    finally:
+        launcher.close()
+    assert code == 0
+    seen = json.loads(out.read_text())
+    assert (seen["rank"], seen["argv"], seen["name"]) == ("3", [str(script), "x"], "__main__")
+
+
+class _Inventory:
+    def __init__(self, hosts: dict[str, int]) -> None:
+        self._hosts = hosts
+
+    def hosts_and_slots(self) -> dict[str, int]:
+        return dict(self._hosts)
+
+
+class _Controller:
+    """The controller's side the restart driver uses, with two healthy hosts."""
+
+    def __init__(self) -> None:
+        self.inventory = _Inventory({"host-0": 1, "host-1": 1})
+        self.failed: list[str] = []
+
+    def host_failed(self, address: str, reason: str) -> None:
+        self.failed.append(address)
+
+    def host_noticed(self, address: str, notice: Any) -> bool:
+        return False
+
+    def notice_watcher(self, address: str) -> None:
+        return None
+
+    def ring_formed(self, hosts: Sequence[str]) -> Sequence[str]:
+        return []
+
+    def hosts_offered(self, hosts: Any) -> None:
+        pass
+
+    def wait_for_fatal_error(self, timeout: float | None = None) -> None:
+        return None
+
+
+def _run(command: list[str], max_restarts: int) -> _Controller:
+    controller = _Controller()
+    launcher = ProcessLauncher(remote=False, output=io.StringIO())
+    driver = TorchRestartDriver(
+        command, cast(Any, controller), launcher, JobShape(2, 1, 2), ElasticOptions(),
+        NoRingEvents(), max_restarts=max_restarts, local=True,
+    )  # fmt: skip
+    try:
+        with pytest.raises(TorchJobFailed, match="no restart left"):
+            driver.run()
+    finally:
+        launcher.close()
+    assert len(driver.world_sizes) == max_restarts + 1
+    return controller
+
+
+def test_a_script_that_fails_by_itself_replaces_no_host() -> None:
+    controller = _run([sys.executable, "-c", "raise SystemExit(1)"], max_restarts=1)
+    assert controller.failed == []  # both attempts on the same two hosts
+
+
+def test_a_killed_worker_takes_its_host_out_at_once() -> None:
+    kill_rank_1 = (
+        "import os, signal, time\n"
+        "if os.environ['RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(60)\n"
+    )
+    controller = _run([sys.executable, "-c", kill_rank_1], max_restarts=0)
+    assert controller.failed == ["host-1"]
