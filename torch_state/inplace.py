@@ -234,6 +234,29 @@ class TorchState:
         self._rolled_back += self._calls_since_save
         self._calls_since_save = 0
 
+    def durable_tree(self) -> dict[str, Any]:
+        """The committed state as a durable checkpoint holds it, read right after a
+        commit saved it (so the live objects are the commit): the model's and the
+        optimizer's ``state_dict`` (not copied) and the committed plain values."""
+        handlers = {}
+        if self.model is not None:
+            handlers["model"] = self.model.state_dict()
+        if self.optimizer is not None:
+            handlers["optimizer"] = self.optimizer.state_dict()
+        return {"handlers": handlers, "attributes": dict(self._saved)}
+
+    def load_durable_tree(self, tree: dict[str, Any]) -> None:
+        """Load a durable checkpoint's state into the live objects, then commit it."""
+        objects = {"model": self.model, "optimizer": self.optimizer}
+        present = {name for name, value in objects.items() if value is not None}
+        if set(tree["handlers"]) != present or set(tree["attributes"]) != set(self._names):
+            raise ValueError("the checkpoint does not match the state's objects")
+        for name, state_dict in tree["handlers"].items():
+            objects[name].load_state_dict(state_dict)  # type: ignore[union-attr]
+        for name, value in tree["attributes"].items():
+            setattr(self, name, value)
+        self.save()
+
     def sync(self) -> None:
         """Take the state of the member with the newest commit, then commit it, so every
         member's commit agrees. Collective over the current group."""

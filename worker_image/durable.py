@@ -57,6 +57,7 @@ from spotring.worker_image.wire import (
     CHECKPOINT_URI_ENV,
     FLUSH_KEY,
     JOB_ID_ENV,
+    TORCH_COORDINATOR_ENV,
 )
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,12 @@ class Snapshot:
 
 def _state_tree(state: Any) -> dict[str, Any]:
     """Each handler's live ``state_dict`` (right after a commit saved it: the committed
-    state) and the committed plain attributes, without copying anything."""
+    state) and the committed plain attributes, without copying anything. A state that
+    says so itself (the torch backend's in-place ``TorchState``: ``durable_tree``) is
+    asked; Horovod's are read."""
+    if hasattr(state, "durable_tree"):
+        tree: dict[str, Any] = state.durable_tree()
+        return tree
     from spotring.worker_image.horovod_internals import saved_attributes, state_handlers
 
     handlers = {}
@@ -176,6 +182,9 @@ def snapshot_state(state: Any, buffers: PayloadBuffers | None = None) -> Snapsho
 
 def apply_snapshot(state: Any, snapshot: Mapping[str, Any]) -> None:
     """Load ``snapshot`` into the live objects of ``state`` and commit it there."""
+    if hasattr(state, "load_durable_tree"):
+        state.load_durable_tree(snapshot)
+        return
     from spotring.worker_image.horovod_internals import state_handlers
 
     handlers = state_handlers(state)
@@ -378,9 +387,17 @@ class DurableCommits:
 
     # -- commit
 
-    def wrap_commit(self, commit: Callable[..., Any]) -> Callable[..., Any]:
-        from horovod.common.exceptions import HostsUpdatedInterrupt
+    def wrap_commit(
+        self, commit: Callable[..., Any], ring_change: type[BaseException] | None = None
+    ) -> Callable[..., Any]:
+        """``commit`` copying each commit that saved, every interval; ``ring_change``:
+        what the commit raises, after saving, when the ring is about to change
+        (default: Horovod's ``HostsUpdatedInterrupt``)."""
+        if ring_change is None:
+            from horovod.common.exceptions import HostsUpdatedInterrupt
 
+            ring_change = HostsUpdatedInterrupt
+        changing: type[BaseException] = ring_change
         hooks = self
 
         def durable_commit(state: Any, *args: Any, **kwargs: Any) -> Any:
@@ -392,7 +409,7 @@ class DurableCommits:
                 hooks.commits += 1
                 try:
                     result = commit(state, *args, **kwargs)
-                except HostsUpdatedInterrupt:
+                except changing:
                     hooks._after_commit(state, ring_changing=True)
                     raise
                 hooks._after_commit(state, ring_changing=False)
@@ -529,6 +546,13 @@ class DurableCommits:
         wrap_in_state_classes(elastic, "commit", self.wrap_commit)
         wrap_in_state_classes(elastic, "sync", self.wrap_sync)
 
+    def install_inplace(self, inplace: ModuleType) -> None:
+        """Wrap ``commit`` and ``sync`` of the torch backend's in-place ``TorchState``
+        (``spotring.torch.inplace``)."""
+        state = inplace.TorchState
+        state.commit = self.wrap_commit(state.commit, inplace.MembershipChanged)
+        state.sync = self.wrap_sync(state.sync)
+
 
 def _marked(wrapper: Callable[..., Any], wrapped: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__wrapped__ = wrapped  # type: ignore[attr-defined]  # as functools.wraps
@@ -568,12 +592,37 @@ def install_when_imported(env: Mapping[str, str] = os.environ) -> DurableCommits
         return read_generation_key(FLUSH_KEY) is not None
 
     hooks = DurableCommits(config, checkpoints, rank, broadcast_object, flush_requested)
+    call_after_import("horovod.common.elastic", _installer(hooks.install))
+    if env.get(TORCH_COORDINATOR_ENV):  # the torch backend's in-place mode: its own ring
+        inplace = DurableCommits(
+            config, checkpoints, _torch_rank, _torch_broadcast_object, lambda: False
+        )
+        call_after_import("spotring.torch.inplace", _installer(inplace.install_inplace))
+        return inplace
+    return hooks
 
-    def install(module: ModuleType) -> None:
+
+def _installer(install: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+    def installing(module: ModuleType) -> None:
         try:
-            hooks.install(module)
+            install(module)
         except Exception as error:  # say so: the job runs, without durable copies
             _say(f"not installed, no durable checkpoints: {error}")
 
-    call_after_import("horovod.common.elastic", install)
-    return hooks
+    return installing
+
+
+def _torch_rank() -> int:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise ValueError("no process group")  # as Horovod's rank before init
+    return int(dist.get_rank())
+
+
+def _torch_broadcast_object(value: Any, root_rank: int, name: str) -> Any:
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=root_rank)
+    return box[0]

@@ -466,7 +466,7 @@ def _check_backend(options: argparse.Namespace) -> None:
         return
     mode = "--backend torch --in-place" if options.in_place else "--backend torch"
     unsupported = {
-        "--checkpoint": options.checkpoint,
+        "--checkpoint": None if options.in_place else options.checkpoint,
         "--reset-limit": options.reset_limit,
         # The restart mode sees no commits; the in-place mode restarts nothing.
         "--hang-timeout": None if options.in_place else options.hang_timeout,

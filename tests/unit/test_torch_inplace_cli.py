@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,6 @@ IN_PLACE = ("--backend", "torch", "--in-place")
             [*IN_PLACE, "--max-restarts", "2"],
             "--max-restarts is not supported with --backend torch --in-place",
         ),
-        ([*IN_PLACE, "--checkpoint", "s3://b/p"], "--checkpoint is not supported"),
         ([*IN_PLACE, "--reset-limit", "1"], "--reset-limit is not supported"),
     ],
 )
@@ -37,14 +37,16 @@ def test_bad_combinations_are_one_line_and_exit_2(
     assert message in err
 
 
-def test_the_in_place_mode_takes_a_hang_timeout() -> None:
-    """Its workers report commits and heartbeats, so hangs are judged as on Horovod's path."""
+def test_the_in_place_mode_takes_a_hang_timeout_and_durable_checkpoints(tmp_path: Path) -> None:
+    """Its workers report commits and heartbeats, so hangs are judged as on Horovod's
+    path; its state is written to durable storage as Horovod's is."""
     options, _ = parse(
-        [*RUN, *IN_PLACE, "--hang-timeout", "30", "--", "true"],
+        [*RUN, *IN_PLACE, "--hang-timeout", "30", "--checkpoint", str(tmp_path), "--", "true"],
         get_plugin_manager(load_entry_points=False),
     )
     config = job_config(options)
     assert (config.backend, config.in_place, config.elastic.hang_timeout) == ("torch", True, 30)
+    assert config.elastic.durable is not None
 
 
 def test_the_in_place_driver_imports_no_horovod() -> None:
