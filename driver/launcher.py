@@ -107,6 +107,7 @@ class WorkerSpec:
     host: str
     local_rank: int
     rank: int
+    """-1 where ranks change with each group (the torch backend's in-place mode)."""
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str = ""
@@ -656,7 +657,10 @@ def _without_key(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _prefix(spec: WorkerSpec) -> str:
-    return f"[{spec.rank}]<{spec.host}:{spec.local_rank}>"
+    """``[rank]<host:slot>``; ``<host:slot>`` for a worker whose rank changes with each
+    group (the torch backend's in-place mode: rank -1)."""
+    rank = f"[{spec.rank}]" if spec.rank >= 0 else ""
+    return f"{rank}<{spec.host}:{spec.local_rank}>"
 
 
 class _NoticeReader:
