@@ -149,12 +149,13 @@ class TorchInplaceDriver:
                     finishing = True
                 elif finishing:
                     raise TorchJobFailed(f"{_describe(worker)} exited with {code} at the end")
-                elif not worker.leaving:
-                    why = f"{_describe(worker)} exited with {code}"
-                    log.info("%s: its generation is given up", why)
-                    self._controller.host_failed(worker.host, why)
-                    self._leave_host(worker.host, "its host failed")
-                    broken = True
+                else:
+                    broken = True  # whatever the reason: its peers cannot go on with it
+                    if not worker.leaving:
+                        why = f"{_describe(worker)} exited with {code}"
+                        log.info("%s: its generation is given up", why)
+                        self._controller.host_failed(worker.host, why)
+                        self._leave_host(worker.host, "its host failed")
             if finishing:
                 if not self._members:
                     return
