@@ -8,11 +8,13 @@ github.com/Michaelvll/skypilot-spot-strategy), stated for a ring of many hosts:
 
 * **Uniform progress.** The job should have done ``ep(t) = W (t - start) / (D - start)``
   of its ``W`` steps by ``t`` (``D`` the deadline). While it has (``cp(t) >= ep(t)``), a
-  short spot group's shortfall is *not* asked of an on-demand group, and the on-demand
-  hosts beyond what the deadline needs are handed back: the job waits for spot,
-  training smaller or not at all. Once it is behind, it is (mode ``catch-up``): the
-  on-demand group is asked for what closes the gap (:meth:`DeadlinePolicy.hosts_to_finish`),
-  not the whole shortfall.
+  short spot group's shortfall is *not* asked of an on-demand group: the job waits for
+  spot, training smaller or not at all. On-demand hosts it holds are kept while spot
+  is short (handing one back saves only if spot returns before the job ends, and costs
+  a restart for sure: :meth:`DeadlinePlugin.spotring_fall_back_hosts`) and handed back
+  once spot can take their place. Once it is behind, it is (mode ``catch-up``): the
+  on-demand group is asked for what closes the gap (:meth:`DeadlinePolicy.hosts_to_finish`,
+  with a restart's time of headroom), not the whole shortfall.
 * **Hysteresis.** Having fallen behind, the job keeps its on-demand hosts until it is
   ahead of where it should be ``2d`` later (``cp(t) >= ep(t + 2d)``, ``d`` the cost of a
   restart: ``--restart-cost``), so a spot pool that flickers does not swap hosts back
@@ -140,7 +142,7 @@ class Mode(enum.Enum):
 
     SPOT = "spot"
     """Ahead of uniform progress: wait for spot, no new on-demand host for a short spot
-    group, those beyond what the deadline needs handed back."""
+    group (those held kept until spot can take their place)."""
     CATCH_UP = "catch-up"
     """Behind: the on-demand group is asked for the hosts that close the gap; its hosts
     are kept until the job is ``2d`` ahead."""
@@ -248,14 +250,15 @@ class DeadlinePolicy:
 
     # ---------------------------------------------------------------- helpers
 
-    def hosts_to_finish(self, total_hosts: int) -> int | None:
+    def hosts_to_finish(self, total_hosts: int, headroom_s: float = 0.0) -> int | None:
         """Of the job's ``total_hosts`` (its ``-np`` slots), the hosts whose slots, at
         the measured rate, finish the rest by the deadline with the safety net's margin
-        kept (``2d``) after the restart the added hosts cost (``d``); None while the
-        rate is unknown or that leaves no time (then: all of them)."""
+        kept (``2d``) after the restart the added hosts cost (``d``) and ``headroom_s``
+        more; None while the rate is unknown or that leaves no time (then: all of them)."""
         projection = self.project()
         rate = projection.rate_per_slot
-        time_left = self.options.deadline - projection.at - 3 * self.options.restart_cost
+        margin = 3 * self.options.restart_cost + headroom_s
+        time_left = self.options.deadline - projection.at - margin
         if rate is None or time_left <= 0:
             return None
         remaining = max(0.0, projection.total - projection.done)
@@ -392,20 +395,33 @@ class DeadlinePlugin:
     def spotring_fall_back_hosts(
         self, group: GroupStatus, short: GroupStatus, hosts: int, total: int, job: JobShape
     ) -> int | None:
-        """The on-demand hosts a short spot group's shortfall may take: what the
-        deadline needs (:meth:`DeadlinePolicy.hosts_to_finish`, less the hosts the
-        groups before it supply). While catching up, that (all while the rate is
-        unknown); while ahead, none bought, and of those it holds only that kept, the
-        rest handed back (the paper idles on-demand when ahead); the safety net's: all."""
+        """The on-demand hosts a short spot group's shortfall may take. While ahead:
+        none bought, those held kept. While catching up: what the deadline needs
+        (:meth:`DeadlinePolicy.hosts_to_finish`, less the hosts the groups before it
+        supply; all while the rate is unknown), bought with a restart's time of
+        headroom, and never fewer than it holds. The safety net's: all.
+
+        Why an on-demand host is not handed back while spot is short: the ring's work
+        scales with its slots, so the work left costs the same on-demand host-hours on
+        fewer on-demand hosts; handing one back saves only if spot returns before the
+        job ends, and costs a restart now (and a boot and a restart if bought again).
+        On flapping pools that lost more than it saved (docs/cost.md). The headroom:
+        no progress while the hosts bought boot, so the need measured a minute later
+        can be one host more; buying it in a second step costs a second restart."""
         if group.lifecycle is not Lifecycle.ON_DEMAND:
             return None
         mode = self._mode()
         if mode not in (Mode.SPOT, Mode.CATCH_UP):
             return None
-        needed = self.policy.hosts_to_finish(total)
+        held = group.live
         if mode is Mode.SPOT:
-            return 0 if needed is None else min(group.ready, max(0, needed - (total - hosts)))
-        return None if needed is None else max(0, needed - (total - hosts))
+            return held
+        needed = self.policy.hosts_to_finish(total)
+        if needed is None:
+            return None
+        if needed - (total - hosts) > held:
+            needed = self.policy.hosts_to_finish(total, self.policy.options.restart_cost) or needed
+        return max(needed - (total - hosts), held)
 
     @hookimpl(trylast=True)
     def spotring_return_to_spot(

@@ -362,10 +362,11 @@ def test_an_unknown_rate_or_no_time_left_asks_for_the_whole_shortfall() -> None:
     assert deadline.hosts_to_finish(4) is None
 
 
-def test_ahead_with_spot_short_the_on_demand_hosts_are_handed_back_at_a_commit() -> None:
-    """The paper idles on-demand while the job is ahead: the on-demand hosts taken while
-    it was behind leave, one at a time, each once a ring formed without it (nothing
-    rolled back), though spot is still short."""
+def test_ahead_with_spot_short_the_on_demand_hosts_held_are_kept() -> None:
+    """Ahead with spot short, no on-demand host is bought and none held is handed back:
+    the work left costs the same on-demand host-hours on fewer of them, and a hand-back
+    costs a restart (and a boot if it is bought again): 7 of 90 simulated flapping-pool
+    traces cost more than today's policy for it (bench/deadline_sim.py)."""
     clock, capacity_clock = Clock(), Clock()
     deadline = policy(clock)
     clock.now += 100  # nothing done, 100 steps due: behind, the rate unknown: all of it
@@ -383,25 +384,47 @@ def test_ahead_with_spot_short_the_on_demand_hosts_are_handed_back_at_a_commit()
         deadline.ring_progress(1, 4, 1)
         clock.now += 100
         deadline.ring_progress(1, 4, 901)  # far ahead now
-        controller.step()
+        for _ in range(3):
+            controller.step()
+            capacity_clock.now += 1
         assert deadline.mode is Mode.SPOT
         assert controller.inventory is not None
-        leaving = [i for i in controller.inventory.instances if i.state is InstanceState.DRAINING]
-        assert [i.lifecycle for i in leaving] == [Lifecycle.ON_DEMAND] and od.removed == []
-        controller.ring_formed(sorted(i.address for i in controller.inventory.ready))
-        controller.step()
-        assert od.removed == [leaving[0].id]  # its group shrunk once the ring left it
-        assert spot.targets[-1] == 2  # spot still short: the job trains smaller
+        states = {i.state for i in controller.inventory.instances}
+        assert states == {InstanceState.READY}  # none draining
+        assert od.removed == [] and od.targets[-1] == 2
 
 
-def test_ahead_the_on_demand_hosts_the_deadline_needs_are_kept_the_rest_go() -> None:
+def fall_back_hosts(deadline: DeadlinePolicy, held: int, hosts: int) -> int:
+    """The deadline plugin's answer for the on-demand group holding ``held`` hosts,
+    ``hosts`` of the job's 4 still wanted."""
+    pm = get_plugin_manager(load_entry_points=False)
+    with deadline_plugin(pm, deadline):
+        group = dataclasses.replace(OD, live=held, ready=held)
+        return pm.hook.spotring_fall_back_hosts(
+            group=group, short=SPOT, hosts=hosts, total=4, job=JOB
+        )
+
+
+def test_ahead_nothing_is_bought_and_what_is_held_is_kept() -> None:
     clock = Clock()
     deadline = ahead(clock)  # 0.5 steps per slot-second, 799 left: 3 slots by D - 3d
     assert deadline.hosts_to_finish(4) == 3
-    pm = get_plugin_manager(load_entry_points=False)
-    with deadline_plugin(pm, deadline):
-        held = dataclasses.replace(OD, ready=2)  # spot supplies 2 of 4: 1 more is needed
-        hook = pm.hook.spotring_fall_back_hosts
-        assert hook(group=held, short=SPOT, hosts=2, total=4, job=JOB) == 1
-        none_held = dataclasses.replace(OD, ready=0)  # nothing bought while ahead
-        assert hook(group=none_held, short=SPOT, hosts=2, total=4, job=JOB) == 0
+    assert fall_back_hosts(deadline, held=2, hosts=2) == 2  # not 1: kept while spot is short
+    assert fall_back_hosts(deadline, held=0, hosts=2) == 0  # nothing bought while ahead
+
+
+def test_catching_up_the_hosts_held_are_kept_when_fewer_would_do() -> None:
+    clock = Clock()
+    deadline = behind_with_two_slots_enough(clock)
+    assert fall_back_hosts(deadline, held=3, hosts=4) == 3  # 2 would do: no restart for it
+
+
+def test_catching_up_a_purchase_has_a_restarts_time_of_headroom() -> None:
+    """Nothing progresses while the hosts bought boot: sized without headroom, a minute
+    later the need can be one host more, bought in a second step (a second restart)."""
+    clock = Clock()
+    deadline = behind_with_two_slots_enough(clock)
+    clock.now += 20  # 2 hosts finish by D - 3d; with d more of headroom, 3
+    assert (deadline.hosts_to_finish(4), deadline.hosts_to_finish(4, 50.0)) == (2, 3)
+    assert fall_back_hosts(deadline, held=0, hosts=4) == 3
+    assert fall_back_hosts(deadline, held=2, hosts=4) == 2  # holding enough: no growth
