@@ -18,12 +18,30 @@ memory). No IAM permission is needed: the catalog is public to any authenticated
 ("Before you begin": the Cloud Billing API enabled, an API key or OAuth token), with the
 ``cloud-billing.readonly`` (or ``cloud-platform``) scope.
 
-Machine families whose SKUs are named otherwise (C2's "Compute optimized Core", custom
-and sole-tenant types) have no price here: unknown, and ``--price`` gives one.
+The SKUs' descriptions (services.skus.list's ``description``, as Google's SKU explorer
+https://cloud.google.com/skus lists Compute Engine's, 6F81-5844-456A; the C2 and custom
+names as public tools that parse the catalog's answers match them), ``{loc}`` the
+location ("Americas", "Paris", ...), and spot's the same with "Spot Preemptible "
+(older SKUs: "Preemptible ") before them:
+
+* a predefined type of a family: "N2 Instance Core running in {loc}", "N1 Predefined
+  Instance Ram running in {loc}", "N2D AMD Instance Core running in {loc}";
+* C2, named by its family's kind rather than its name: "Compute optimized Core running
+  in {loc}", "Compute optimized Ram running in {loc}";
+* custom machine types (``n2-custom-4-16384``): "N2 Custom Instance Core running in
+  {loc}", "N2D AMD Custom Instance Ram running in {loc}"; N1's (``custom-4-16384``):
+  "Custom Instance Core running in {loc}", "Custom Instance Ram running in {loc}".
+
+No price here (unknown: ``--price`` gives one) for a custom type with extended memory
+(``-ext``: its memory beyond the family's per-vCPU limit is billed at the "Custom
+Extended Instance Ram" SKU, a split this module does not make) and for sole-tenant
+nodes (billed per node, not per VM: out of scope), nor for E2's shared-core custom types
+(``e2-custom-micro-...``: a fraction of a core).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -38,6 +56,8 @@ SKU_PAGES = 20
 
 _SPOT_PREFIXES = ("Spot Preemptible ", "Preemptible ")
 _NOT_PREDEFINED = ("Custom", "Sole Tenancy", "Extended", "Commitment", "Reserved")
+_KIND = r"(?P<kind>Core|Ram) running in "
+_SHARED_CORE = {"micro", "small", "medium"}
 
 
 def catalog_client(credentials: Any, endpoint: str | None) -> Any:
@@ -70,14 +90,23 @@ def sku_pages(client: Any, timeout: float) -> Iterator[Iterable[Any]]:
 
 
 def machine_price(
-    pages: Iterable[Iterable[Any]], family: str, region: str, spot: bool, vcpus: int, gib: float
+    pages: Iterable[Iterable[Any]],
+    machine_type: str,
+    region: str,
+    spot: bool,
+    vcpus: int,
+    gib: float,
 ) -> float | None:
-    """USD per hour of a predefined machine of ``family`` (``n2``) with ``vcpus`` and
-    ``gib`` in ``region``: vCPUs x core + GiB x ram; None unless both SKUs are listed."""
+    """USD per hour of a machine of ``machine_type`` (``n2-standard-4``,
+    ``n2-custom-4-16384``) with ``vcpus`` and ``gib`` in ``region``: vCPUs x core + GiB
+    x ram; None unless both SKUs are listed (or the type's SKUs are not known here)."""
+    pattern = sku_description(machine_type)
+    if pattern is None:
+        return None
     core = ram = None
     for page in pages:
         for sku in page:
-            kind = _resource(sku, family.upper(), region, spot)
+            kind = _resource(sku, pattern, region, spot)
             if kind == "Core" and core is None:
                 core = _hourly(sku)
             elif kind == "Ram" and ram is None:
@@ -87,8 +116,29 @@ def machine_price(
     return None
 
 
-def _resource(sku: Any, family: str, region: str, spot: bool) -> str | None:
-    """ "Core" or "Ram" when ``sku`` prices that of ``family`` in ``region``, else None."""
+def sku_description(machine_type: str) -> re.Pattern[str] | None:
+    """The on-demand description of the machine type's Core and Ram SKUs, as a pattern
+    whose group ``kind`` is "Core" or "Ram" (the names: the module's docstring); None
+    for a custom type with extended memory or of shared cores (``e2-custom-micro-...``)."""
+    parts = machine_type.split("-")
+    family = parts[0]
+    if parts[-1] == "ext" or _SHARED_CORE & set(parts):
+        return None
+    if family == "custom":  # N1's custom types
+        return re.compile(f"Custom Instance {_KIND}")
+    if "custom" in parts:
+        return re.compile(rf"{re.escape(family.upper())} (?:\S+ )*?Custom Instance {_KIND}")
+    if family == "c2":
+        return re.compile(f"Compute optimized {_KIND}")
+    excluded = "|".join(_NOT_PREDEFINED)
+    return re.compile(
+        rf"{re.escape(family.upper())} (?!.*(?:{excluded}))(?:\S+ )*?Instance {_KIND}"
+    )
+
+
+def _resource(sku: Any, pattern: re.Pattern[str], region: str, spot: bool) -> str | None:
+    """ "Core" or "Ram" when ``sku`` prices that of the machine type whose on-demand
+    description ``pattern`` matches, in ``region``, spot or not; else None."""
     category = sku.category
     if category.resource_family != "Compute" or region not in sku.service_regions:
         return None
@@ -100,12 +150,8 @@ def _resource(sku: Any, family: str, region: str, spot: bool) -> str | None:
         if prefix is None:
             return None
         description = description[len(prefix) :]
-    if not description.startswith(f"{family} ") or any(w in description for w in _NOT_PREDEFINED):
-        return None
-    for kind in ("Core", "Ram"):
-        if f"Instance {kind} " in description:
-            return kind
-    return None
+    match = pattern.match(description)
+    return None if match is None else match.group("kind")
 
 
 def _hourly(sku: Any) -> float | None:

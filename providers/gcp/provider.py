@@ -288,12 +288,12 @@ class GcpProvider(CloudGroupProvider):
         if self._catalog is None:
             self._catalog = prices.catalog_client(self._clients.credentials, self._catalog_endpoint)
         catalog = self._catalog
-        family, region = machine_type.split("-")[0], zone.rsplit("-", 1)[0]
+        region = zone.rsplit("-", 1)[0]
         usd = self.call_api(
             "services.skus.list",
             lambda: prices.machine_price(
                 prices.sku_pages(catalog, CALL_TIMEOUT),
-                family,
+                machine_type,
                 region,
                 lifecycle is Lifecycle.SPOT,
                 vcpus,
