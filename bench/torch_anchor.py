@@ -17,7 +17,8 @@ Rows:
   store turned off, which makes its restart work: the anchor's figure;
 - ``spotring run --backend torch``: the restart mode on the same unchanged script, 4
   local hosts of one slot (a fresh store port per attempt: it does not share torchrun's
-  stale keys);
+  stale keys), its workers started ahead; and with ``--cold-start`` (each attempt starts
+  fresh interpreters, as torchrun does);
 - ``in place``: the survivors re-form at 3 workers, committing every step. The driver's
   reaction (publishing the next generation) is immediate here: the figure is the
   workers' side only.
@@ -30,6 +31,7 @@ Not run by CI: each torchrun run restarts 4 interpreters (tens of seconds on 2 c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import statistics
@@ -99,15 +101,17 @@ def torchrun_once(every: int, share_store: bool) -> Outcome:
         return _outcome(_lines(ckpt / "steps.0"), kill_time)
 
 
-def spotring_restart_once(every: int) -> Outcome:
+def spotring_restart_once(every: int, cold: bool = False) -> Outcome:
     """One ``spotring run --backend torch`` run (restart mode) with a kill: 4 local
     hosts of one slot each; the killed worker's host is replaced by one that never
-    boots (``--boot-seconds 3600``), so the job restarts once, at 3 workers."""
+    boots (``--boot-seconds 3600``), so the job restarts once, at 3 workers. ``cold``:
+    with ``--cold-start`` (no worker started ahead: each attempt pays ``import torch``)."""
     with tempfile.TemporaryDirectory(prefix="torch-anchor-") as folder:
         ckpt = Path(folder)
         command = [
             str(Path(sys.executable).with_name("spotring")), "run", "--provider", "local",
-            "--backend", "torch", "-np", str(WORKERS), "--min-np", str(WORKERS - 1),
+            "--backend", "torch", *(["--cold-start"] if cold else []),
+            "-np", str(WORKERS), "--min-np", str(WORKERS - 1),
             "--hosts", str(WORKERS), "--slots-per-host", "1", "--boot-seconds", "3600",
             "--refresh-interval", "0.5", "--",
             sys.executable, str(REPO / "examples" / "torch_ddp_checkpoint.py"),
@@ -116,7 +120,7 @@ def spotring_restart_once(every: int) -> Outcome:
         with open(ckpt / "spotring.log", "wb") as log:
             job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
             try:
-                kill_time = _kill_worker_at(job, ckpt / "steps.0", KILL_AT_STEP, "RANK")
+                kill_time = _kill_worker_at(job, ckpt / "steps.0", KILL_AT_STEP)
                 job.wait(timeout=RUN_BOUND_SECONDS)
             except subprocess.TimeoutExpired:
                 pass
@@ -137,23 +141,23 @@ def _outcome(rows: list[tuple[int, int, float]], kill_time: float) -> Outcome:
     return Outcome(first_time - kill_time, before - (first_step - 1))
 
 
-def _kill_worker_at(
-    agent: subprocess.Popen[bytes], progress: Path, step: int, rank: str = "LOCAL_RANK"
-) -> float:
-    """SIGKILL the worker whose ``rank`` variable is 1 once rank 0 has logged ``step``;
-    the kill's time."""
+def _kill_worker_at(agent: subprocess.Popen[bytes], progress: Path, step: int) -> float:
+    """SIGKILL rank 1's worker once rank 0 has logged ``step``; the kill's time. Rank 1
+    is the process that holds ``steps.1`` open: a worker started ahead got ``RANK`` after
+    its start, which its ``/proc/PID/environ`` does not show."""
     deadline = time.monotonic() + RUN_BOUND_SECONDS
     while not any(s >= step for _, s, _ in _lines(progress)):
         if agent.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"torchrun ended before step {step}")
         time.sleep(0.01)  # polling a file the workers append to: progress, not a trigger
+    rank_1 = str(progress.with_name("steps.1"))
     for child in psutil.Process(agent.pid).children(recursive=True):
-        supervisor = "spotring.worker_image.supervisor" in child.cmdline()
-        if child.environ().get(rank) == "1" and not supervisor:
-            kill_time = time.time()
-            child.send_signal(signal.SIGKILL)
-            return kill_time
-    raise RuntimeError("no worker of local rank 1")
+        with contextlib.suppress(psutil.Error):  # one that ended meanwhile
+            if any(f.path == rank_1 for f in child.open_files()):
+                kill_time = time.time()
+                child.send_signal(signal.SIGKILL)
+                return kill_time
+    raise RuntimeError("no worker of rank 1")
 
 
 def inplace_once() -> Outcome:
@@ -233,6 +237,10 @@ def main(argv: list[str]) -> int:
         _row(
             "spotring run --backend torch (restart mode)",
             [spotring_restart_once(args.every) for _ in range(args.runs)],
+        ),
+        _row(
+            "restart mode, --cold-start",
+            [spotring_restart_once(args.every, cold=True) for _ in range(args.runs)],
         ),
         _row("in place (spotring.torch.inplace)", [inplace_once() for _ in range(args.runs)]),
     ]
