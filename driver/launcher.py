@@ -723,6 +723,7 @@ class _ProgressReader:
                 message.age,
                 message.beat,
                 message.epochs,
+                message.samples,
             )
         )
 

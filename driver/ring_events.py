@@ -35,6 +35,9 @@ class RingStatus:
     epochs: float | None = None
     """The job's epochs (epoch + its share of samples processed) at the members' latest
     commit, from their states' elastic samplers; None: no member reported one."""
+    samples: int | None = None
+    """The job's samples at that commit (epoch x the dataset's length + the samples
+    processed in it), from the same sampler; None: no member reported one."""
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ class _Member:
     last_commit: float | None = None
     beat: float | None = None  # its last heartbeat, as reported; None: none reported
     epochs: float | None = None  # the job's epochs at its last commit; None: no sampler
+    samples: int | None = None  # the job's samples then; None: no sampler
     asked: float | None = None  # when it last asked the driver for its rank (a reset)
 
     @property
@@ -173,10 +174,11 @@ class RingProgress(WorkerEvents):
         age: float,
         beat: float | None = None,
         epochs: float | None = None,
+        samples: int | None = None,
     ) -> None:
         """A verified progress report: ``commits`` so far, the last ``age`` s ago; the
         worker's last heartbeat ``beat`` s ago (None: it never beat); the job's
-        ``epochs`` at that commit (None: no sampler)."""
+        ``epochs`` and ``samples`` at that commit (None: no sampler)."""
         now = self._clock()
         at = now - max(0.0, age)
         with self._lock:
@@ -187,7 +189,8 @@ class RingProgress(WorkerEvents):
                 member.beat = max(member.beat or -math.inf, now - max(0.0, beat))
             if commits <= member.commits:
                 return  # nothing new
-            member.commits, member.last_commit, member.epochs = commits, at, epochs
+            member.commits, member.last_commit = commits, at
+            member.epochs, member.samples = epochs, samples
             formed = self._formed_at
             if formed is not None and at <= formed:
                 member.at_formation = commits  # a late report of a commit before it
@@ -293,8 +296,10 @@ class RingProgress(WorkerEvents):
         if members:
             (host, slot), _ = min(members, key=lambda i: (self._member_since(i[1]), i[0]))
             slowest = f"{host}[{slot}]"
-        epochs = max((m.epochs for _, m in members if m.epochs is not None), default=None)
-        return RingStatus(self._ring, self._size, steps, round(idle, 3), slowest, epochs)
+        sampled = [m for _, m in members if m.epochs is not None]
+        latest = max(sampled, key=lambda m: m.epochs or 0.0, default=None)
+        epochs, samples = (None, None) if latest is None else (latest.epochs, latest.samples)
+        return RingStatus(self._ring, self._size, steps, round(idle, 3), slowest, epochs, samples)
 
     def _judge_hang(self, now: float) -> list[Hang]:
         """The members to fail now, if the ring (training, resetting or forming) made no

@@ -64,7 +64,8 @@ class WorkerEvents:
         age_s: float,
         beat_s: float | None,
         epochs: float | None = None,
+        samples: int | None = None,
     ) -> None:
         """A worker's verified progress: its commits, the age of the last, the age of its
-        last heartbeat (None for a worker that never beat), and the job's epochs at the
-        last commit, from its state's elastic sampler (None: it has none)."""
+        last heartbeat (None for a worker that never beat), and the job's epochs and
+        samples at the last commit, from its state's elastic sampler (None: it has none)."""

@@ -125,6 +125,15 @@ class ProgressMessage(SignedLine):
         epoch, samples, epoch_size = self.position
         return epoch + samples / epoch_size
 
+    @property
+    def samples(self) -> int | None:
+        """The job's samples at the last commit: epochs x the dataset's length + those
+        processed in this epoch (None: no sampler)."""
+        if self.position is None:
+            return None
+        epoch, samples, epoch_size = self.position
+        return epoch * epoch_size + samples
+
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ProgressMessage:
         launch, sequence, count = body.get("launch"), body.get("seq"), body.get("count")

@@ -9,9 +9,15 @@ report`` (fed from the events file), so both count alike. Beside the cost it kee
 the same hours would have cost all on-demand (each hour at the job's on-demand price:
 an on-demand group's own, else ``--price on-demand``), the time-weighted share of
 hours on spot, the cost per committed step (the rings' commits, from their
-progress) and the cost per epoch (the job's epochs as the workers' elastic samplers
-commit them). The cost per sample is the cost per epoch over the dataset's length,
-which the rings do not report.
+progress), the cost per epoch and the cost per sample (the job's epochs and samples as
+the workers' elastic samplers commit them).
+
+Samples are counted from the samplers' positions (epoch x the dataset's length + the
+samples processed in the epoch), not as committed steps x a global batch: the driver
+does not know the script's batch, the global batch changes with the ring's size, an
+epoch's last batch is short (or padded), and the steps a ring redoes after a reset
+would count twice; the position counts each sample once. Without a sampler the cost per
+sample is unknown (None), never 0.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from spotring.core import Instance, Lifecycle
 from spotring.core.inventory import Inventory
 from spotring.core.prices import HourlyPrice
+from spotring.driver.ring_events import RingStatus
 
 __all__ = ["BILLED_STATES", "Cost", "CostMeter", "LiveCost", "billed_members"]
 
@@ -53,6 +60,9 @@ class Cost:
     """Epochs the job trained in the run (its epochs at the latest commit less those at
     the first reported: a resumed job's earlier epochs are not this run's); None while
     no worker committed an elastic sampler's position."""
+    samples: int | None = None
+    """Samples the job trained in the run, counted as its epochs are; None while no
+    worker committed an elastic sampler's position."""
 
     @property
     def total_usd(self) -> float:
@@ -84,6 +94,14 @@ class Cost:
             return None
         return self.total_usd / self.epochs
 
+    @property
+    def per_sample_usd(self) -> float | None:
+        """USD per sample trained; None before any, without a sampler or while some
+        hours are unpriced."""
+        if not self.samples or self.samples < 0 or self.unpriced_hours:
+            return None
+        return self.total_usd / self.samples
+
     def record(self) -> dict[str, object]:
         """The cost as the events file's ``cost`` record holds it."""
         return {
@@ -108,6 +126,10 @@ class Cost:
             "usd_per_step": None if self.per_step_usd is None else round(self.per_step_usd, 9),
             "epochs": None if self.epochs is None else round(self.epochs, 6),
             "usd_per_epoch": None if self.per_epoch_usd is None else round(self.per_epoch_usd, 9),
+            "samples": self.samples,
+            "usd_per_sample": None
+            if self.per_sample_usd is None
+            else float(f"{self.per_sample_usd:.6g}"),
         }
 
 
@@ -133,6 +155,7 @@ class CostMeter:
         self._all_on_demand_known = True
         self._steps: dict[int, int] = {}  # ring generation -> its most commits
         self._epochs: tuple[float, float] | None = None  # the job's (first, latest) reported
+        self._samples: tuple[int, int] | None = None  # the same, in samples
 
     def price(self, at: float, group: str, lifecycle: str | None, usd: float | None) -> None:
         """``group``'s price per member-hour from ``at`` on (None: unknown)."""
@@ -148,13 +171,17 @@ class CostMeter:
         self._settle()
         self._members = {key: n for key, n in billed.items() if n}
 
-    def progress(self, ring: int, steps: int, epochs: float | None = None) -> None:
+    def progress(
+        self, ring: int, steps: int, epochs: float | None = None, samples: int | None = None
+    ) -> None:
         """Ring generation ``ring`` has made ``steps`` commits and the job is at
-        ``epochs`` (None: no sampler reported; a ring resumed from an older checkpoint
-        may lower it: the epochs it redoes are not counted again)."""
+        ``epochs`` and ``samples`` (None: no sampler reported; a ring resumed from an
+        older checkpoint may lower them: what it redoes is not counted again)."""
         self._steps[ring] = max(steps, self._steps.get(ring, 0))
         if epochs is not None:
             self._epochs = (epochs if self._epochs is None else self._epochs[0], epochs)
+        if samples is not None:
+            self._samples = (samples if self._samples is None else self._samples[0], samples)
 
     def cost(self, at: float) -> Cost:
         """The cost up to ``at``; the hours of a group whose price was not told yet
@@ -171,6 +198,7 @@ class CostMeter:
             else None,
             steps=sum(self._steps.values()),
             epochs=None if self._epochs is None else self._epochs[1] - self._epochs[0],
+            samples=None if self._samples is None else self._samples[1] - self._samples[0],
         )
 
     def _advance(self, at: float) -> None:
@@ -267,9 +295,10 @@ class LiveCost:
                 None if price is None else price.usd,
             )
 
-    def progressed(self, ring: int, steps: int, epochs: float | None) -> None:
+    def progressed(self, status: RingStatus) -> None:
+        """A ring's progress (``spotring_ring_progress``)."""
         with self._lock:
-            self._meter.progress(ring, steps, epochs)
+            self._meter.progress(status.ring, status.steps, status.epochs, status.samples)
 
     def cost(self) -> Cost:
         with self._lock:

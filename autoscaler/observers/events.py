@@ -132,6 +132,8 @@ EVENTS: Mapping[str, EventKind] = {
             "slowest": "`host[local_rank]` of the member whose last commit is oldest",
             "epochs": "the job's epochs (epoch + the elastic sampler's share of the dataset"
             " processed) at its latest commit; null: no sampler committed",
+            "samples": "the job's samples (epoch x the dataset's length + the samples"
+            " processed in it) at that commit; null: no sampler committed",
         },
     ),
     "stall": EventKind(
@@ -247,8 +249,11 @@ EVENTS: Mapping[str, EventKind] = {
             "usd_per_step": "USD per committed step; null before one or while hours are unpriced",
             "epochs": "epochs trained in this run (the job's epochs at the latest commit less"
             " at the first reported); null: no sampler committed",
-            "usd_per_epoch": "USD per epoch trained (per sample: over the dataset's length);"
-            " null before any or while hours are unpriced",
+            "usd_per_epoch": "USD per epoch trained; null before any or while hours are unpriced",
+            "samples": "samples trained in this run, counted as `epochs` are; null: no"
+            " sampler committed",
+            "usd_per_sample": "USD per sample trained (6 significant digits); null before"
+            " any, without a sampler or while hours are unpriced",
         },
     ),
 }
@@ -336,8 +341,9 @@ class EventLog:
             idle_s=status.idle_s,
             slowest=status.slowest,
             epochs=status.epochs,
+            samples=status.samples,
         )
-        self._cost.progressed(status.ring, status.steps, status.epochs)
+        self._cost.progressed(status)
         self.write("cost", **self._cost.cost().record())
 
     @hookimpl

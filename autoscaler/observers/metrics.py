@@ -63,6 +63,8 @@ class RunSeries:
     cost_per_step: Gauge
     epochs: Gauge
     cost_per_epoch: Gauge
+    samples: Gauge
+    cost_per_sample: Gauge
 
     def collectors(self) -> list[MetricWrapperBase]:
         """The series, in the order they are declared."""
@@ -191,8 +193,19 @@ def run_series() -> RunSeries:
         ),
         cost_per_epoch=Gauge(
             "spotring_cost_per_epoch_usd",
-            "USD per epoch trained; per sample: over the dataset's length (NaN before any"
-            " or while hours are unpriced)",
+            "USD per epoch trained (NaN before any or while hours are unpriced)",
+            registry=r,
+        ),
+        samples=Gauge(
+            "spotring_trained_samples",
+            "Samples trained in this run, as the workers' elastic samplers commit them (NaN"
+            " while none did)",
+            registry=r,
+        ),
+        cost_per_sample=Gauge(
+            "spotring_cost_per_sample_usd",
+            "USD per sample trained (NaN before any, without an elastic sampler or while"
+            " hours are unpriced)",
             registry=r,
         ),
     )
@@ -256,7 +269,7 @@ class Metrics:
 
     @hookimpl
     def spotring_ring_progress(self, status: RingStatus) -> None:
-        self._cost.progressed(status.ring, status.steps, status.epochs)
+        self._cost.progressed(status)
         self._publish_cost()
 
     @hookimpl
@@ -372,6 +385,8 @@ class Metrics:
         _set_or_nan(self.series.cost_per_step, cost.per_step_usd)
         _set_or_nan(self.series.epochs, cost.epochs)
         _set_or_nan(self.series.cost_per_epoch, cost.per_epoch_usd)
+        _set_or_nan(self.series.samples, cost.samples)
+        _set_or_nan(self.series.cost_per_sample, cost.per_sample_usd)
 
     # ------------------------------------------------------------- capacity
 

@@ -167,7 +167,9 @@ def replay_cost(run: Run, overrides: Mapping[str, float] | None = None) -> Cost:
         elif kind == "progress" and isinstance(event.get("steps"), int):
             epochs = event.get("epochs")
             epochs = float(epochs) if isinstance(epochs, (int, float)) else None
-            meter.progress(int(event.get("ring") or 0), event["steps"], epochs)
+            samples = event.get("samples")
+            samples = samples if isinstance(samples, int) else None
+            meter.progress(int(event.get("ring") or 0), event["steps"], epochs, samples)
         elif kind == "instance_state":
             iid, state = str(event.get("id")), event.get("state")
             if state in BILLED_STATES and iid not in billed:
@@ -234,6 +236,10 @@ def group_cost_line(run: Run, prices: Mapping[str, float]) -> str:
         line += f"; ${cost.per_step_usd:.6g} per committed step ({cost.steps} steps)"
     if cost.per_epoch_usd is not None and cost.epochs is not None:
         line += f"; ${cost.per_epoch_usd:.6g} per epoch ({cost.epochs:.3g} epochs)"
+    if cost.per_sample_usd is not None:
+        line += f"; ${cost.per_sample_usd:.6g} per sample ({cost.samples} samples)"
+    elif cost.steps and cost.samples is None:
+        line += "; cost per sample unknown (no worker committed an elastic sampler)"
     return line
 
 

@@ -92,3 +92,6 @@ def test_behind_it_falls_back_then_the_safety_net_moves_the_job_to_on_demand(
     # At a commit: nothing rolled back.
     swaps = swap_costs(recorded)
     assert swaps and [s["rolled_back"] for s in swaps] == [0] * len(swaps), swaps
+    # The samplers' samples travel to the cost record (its cost per sample wants prices).
+    cost = [e for e in story if e["event"] == "cost"][-1]
+    assert cost["samples"] > 0 and cost["epochs"] > 0, cost

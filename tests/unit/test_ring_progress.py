@@ -74,6 +74,7 @@ class Heard(WorkerEvents):
         age: float,
         beat: float | None,
         epochs: float | None = None,
+        samples: int | None = None,
     ) -> None:
         self.progress.append((host, local_rank, commits, age, beat))
 
