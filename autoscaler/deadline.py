@@ -419,8 +419,10 @@ class DeadlinePlugin:
         needed = self.policy.hosts_to_finish(total)
         if needed is None:
             return None
-        if needed - (total - hosts) > held:
-            needed = self.policy.hosts_to_finish(total, self.policy.options.restart_cost) or needed
+        if needed - (total - hosts) > held:  # buying: sized with a restart's headroom
+            needed = self.policy.hosts_to_finish(total, self.policy.options.restart_cost)
+            if needed is None:
+                return None
         return max(needed - (total - hosts), held)
 
     @hookimpl(trylast=True)
