@@ -47,6 +47,8 @@ REQUEST_SECONDS = 10.0
 MAX_VALUE_BYTES = 1 << 20
 """The largest key value: Gloo's is about 60 bytes per rank of the group."""
 MAX_KEY_CHARS = 512
+MAX_MULTI_KEYS = 1024
+"""Keys one multi-get may name (Gloo asks 128 at a time)."""
 KEYS_PER_MEMBER = 4
 """Keys a generation may hold per member, beyond :data:`EXTRA_KEYS` (Gloo writes one
 per rank and group)."""
@@ -222,6 +224,8 @@ class GroupServer:
                 return self._set(int(g), _key(key), body)
             case "GET", ["group", g, key] if g.isdigit():
                 return self._get(int(g), _key(key), wait)
+            case "POST", ["multi", g] if g.isdigit():
+                return self._multi_get(int(g), _keys(body), wait)
         raise _Refused(404, "no such request")
 
     def _membership(self, worker: str, n: int, wait: float) -> tuple[int, bytes]:
@@ -277,6 +281,18 @@ class GroupServer:
 
         return self._wait_for(value, wait)
 
+    def _multi_get(self, number: int, keys: list[str], wait: float) -> tuple[int, bytes]:
+        def values() -> bytes | None:
+            generation = self._generations.get(number)
+            if generation is None or generation.abandoned:
+                raise _Refused(410, f"generation {number} was given up")
+            found = [generation.keys.get(key) for key in keys]
+            if any(value is None for value in found):
+                return None
+            return wire.encode_values([v for v in found if v is not None])
+
+        return self._wait_for(values, wait)
+
     def _wait_for(
         self, find: Callable[[], bytes | None], wait: float, found: bytes | None = None
     ) -> tuple[int, bytes]:
@@ -292,6 +308,17 @@ class GroupServer:
                 if remaining <= 0 or not self._thread.is_alive():
                     return 204, b""
                 self._changed.wait(remaining)
+
+
+def _keys(body: bytes) -> list[str]:
+    """The keys of a multi-get: one per line."""
+    try:
+        keys = body.decode().split("\n")
+    except UnicodeDecodeError:
+        raise _Refused(400, "bad keys") from None
+    if not 0 < len(keys) <= MAX_MULTI_KEYS or not all(0 < len(k) <= MAX_KEY_CHARS for k in keys):
+        raise _Refused(400, "bad keys")
+    return keys
 
 
 def _key(quoted: str) -> str:
@@ -359,6 +386,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._serve()
 
     def do_PUT(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
         self._serve()
 
     def _serve(self) -> None:

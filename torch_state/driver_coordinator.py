@@ -206,6 +206,37 @@ class GroupStore(dist.Store):
     def check(self, keys: list[str]) -> bool:
         return all(self._read(key, 0) for key in keys)
 
+    def has_extended_api(self) -> bool:
+        """Yes: with ``GLOO_ENABLE_STORE_V2_API=1`` Gloo reads its peers' addresses by
+        :meth:`multi_get` (see :mod:`spotring.worker_image.wire`)."""
+        return True
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        """The values of ``keys``, once all are there: one request (waited again)."""
+        missing = [key for key in keys if key not in self._values]
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        body = "\n".join(missing).encode()
+        path = f"{wire.TORCH_PREFIX}multi/{self._generation}"
+        while missing:
+            wait_ms = int(min(max(deadline - time.monotonic(), 0), WAIT_MS / 1000) * 1000)
+            status, answer = self._client.request("POST", path, body, wait_ms=wait_ms)
+            if status == 410:
+                raise GenerationGone(f"generation {self._generation} was given up")
+            if status == 200:
+                self._values.update(
+                    zip(missing, wire.decode_values(answer, len(missing)), strict=True)
+                )
+                break
+            if status != 204:
+                raise RuntimeError(f"the coordinator answered {status}: {answer[:200]!r}")
+            if time.monotonic() >= deadline:
+                raise dist.DistStoreError(f"timed out waiting for {len(missing)} keys of the group")
+        return [self._values[key] for key in keys]
+
+    def multi_set(self, keys: list[str], values: list[bytes]) -> None:
+        for key, value in zip(keys, values, strict=True):
+            self.set(key, value)
+
     def set_timeout(self, timeout: timedelta) -> None:
         self._timeout = timeout
 

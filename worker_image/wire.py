@@ -299,8 +299,15 @@ followed by the launch id (which the worker never sees, so it cannot forge the l
 #   GET /torch/abandoned/<gen>?wait=        200 once generation <gen> is given up
 #   PUT /torch/group/<gen>/<key>            a key of the generation's group (first write final)
 #   GET /torch/group/<gen>/<key>?wait=      its value; 410: the generation is given up or past
+#   POST /torch/multi/<gen>?wait=           the values of the keys in the body (one per line),
+#                                           once all are there (:func:`encode_values`)
 #
 # ``<key>`` is the c10d store key, percent-encoded (``urllib.parse.quote(key, safe="")``).
+# The workers set ``GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER=1`` and ``GLOO_ENABLE_STORE_V2_API=1``
+# (gloo/common/utils.cc): each rank's rendezvous value is then its host name and one
+# address, whatever the group's size, and Gloo's TCP transport reads its peers' values
+# with a multi-get of 128 keys at a time (gloo/transport/tcp/context.cc): a formation
+# costs the driver N/128 + 1 requests per rank instead of N.
 
 TORCH_COORDINATOR_ENV = "SPOTRING_TORCH_COORDINATOR"
 """``HOST:PORT`` of the driver's coordinator, for an in-place torch worker."""
@@ -316,3 +323,28 @@ TORCH_MAX_WAIT_MS = 30_000
 def sign_torch_request(key: bytes, method: str, path: str, body: bytes = b"") -> Signature:
     """A fresh signature of a coordinator request, stamped with the time now."""
     return sign(key, method, path, int(time.time() * 1000), body)
+
+
+_VALUE_LENGTH = struct.Struct(">I")
+
+
+def encode_values(values: list[bytes]) -> bytes:
+    """A multi-get's answer: each value as a 4-byte big-endian length and its bytes."""
+    return b"".join(_VALUE_LENGTH.pack(len(v)) + v for v in values)
+
+
+def decode_values(data: bytes, count: int) -> list[bytes]:
+    """The ``count`` values of a multi-get's answer; ValueError for anything else."""
+    values, offset = [], 0
+    for _ in range(count):
+        if offset + _VALUE_LENGTH.size > len(data):
+            raise ValueError("a multi-get's answer is cut short")
+        (length,) = _VALUE_LENGTH.unpack_from(data, offset)
+        offset += _VALUE_LENGTH.size
+        if offset + length > len(data):
+            raise ValueError("a multi-get's answer is cut short")
+        values.append(data[offset : offset + length])
+        offset += length
+    if offset != len(data):
+        raise ValueError("a multi-get's answer has bytes left over")
+    return values

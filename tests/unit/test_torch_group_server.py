@@ -173,3 +173,29 @@ def test_the_driver_coordinator_and_group_store_speak_the_servers_protocol(
     assert watch.wait() is True
     with pytest.raises(GenerationGone):
         store.set("b", b"2")
+
+
+def test_a_multi_get_answers_once_every_key_is_there(server: GroupServer) -> None:
+    from spotring.torch.driver_coordinator import DriverCoordinator
+
+    server.admit("w0")
+    server.publish(["w0"], "127.0.0.1", abandon=False)
+    assert send(server, "POST", "/torch/multi/0?wait=100", b"0\n1")[0] == 204
+    send(server, "PUT", "/torch/group/0/0", b"zero")
+    assert send(server, "POST", "/torch/multi/0?wait=100", b"0\n1")[0] == 204
+    send(server, "PUT", "/torch/group/0/1", b"one")
+    status, body = send(server, "POST", "/torch/multi/0", b"0\n1")
+    assert status == 200 and wire.decode_values(body, 2) == [b"zero", b"one"]
+    store = DriverCoordinator("127.0.0.1", server.port, "w0", KEY).group_store(
+        Membership(0, 0, 1, "127.0.0.1", server.port)
+    )
+    assert store.multi_get(["1", "0"]) == [b"one", b"zero"]
+    assert send(server, "POST", "/torch/multi/0", b"0\n1", key=None)[0] == 401
+    server.abandon()
+    assert send(server, "POST", "/torch/multi/0?wait=100", b"0\n1")[0] == 410
+
+
+@pytest.mark.parametrize("data", [b"\x00\x00\x00\x05abc", b"\x00\x00", b"\x00\x00\x00\x01ab"])
+def test_a_multi_get_answer_of_the_wrong_shape_is_refused(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        wire.decode_values(data, 1)
