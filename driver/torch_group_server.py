@@ -106,6 +106,9 @@ class GroupServer:
         self._asking: dict[str, int] = {}  # name -> the membership it waits for
         self._generations: dict[int, _Generation] = {}
         self._latest = -1
+        self.flush = False
+        """Set by the driver while every member's host is leaving: rank 0 makes each
+        commit durable before training on (``GET /torch/flush``)."""
         self._nonces: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._http = _HttpServer((host, port), _Handler, self)
@@ -218,6 +221,8 @@ class GroupServer:
                 return (200, str(latest).encode()) if latest >= 0 else (404, b"")
             case "GET", ["member", worker, n] if n.isdigit():
                 return self._membership(worker, int(n), wait)
+            case "GET", ["flush"]:
+                return (200, b"1") if self.flush else (404, b"")
             case "GET", ["abandoned", g] if g.isdigit():
                 return self._wait_for(lambda: self._is_abandoned(int(g)), wait, b"1")
             case "PUT", ["group", g, key] if g.isdigit():

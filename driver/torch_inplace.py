@@ -191,6 +191,9 @@ class TorchInplaceDriver:
         ready = self._ready()
         starting = [w for w in self._candidates() if w.ready_since is None]
         keep = [m for m in self._members if m not in departed]
+        # Nobody stays to carry the state on: each commit is made durable before the
+        # training goes on, so what the leaving hosts take with them is in storage.
+        self._server.flush = bool(self._members) and not keep
         batch_done = not starting or any(
             time.monotonic() - (w.ready_since or 0) > JOIN_BATCH_SECONDS for w in ready
         )
@@ -198,6 +201,11 @@ class TorchInplaceDriver:
         joining = [w.name for w in ready][: max(room, 0)] if batch_done else []
         if not (broken or departed or joining):
             return False
+        if departed and not keep and joining:
+            # Nobody stays: the joiners first join the leaving members, who hand them the
+            # state in place; those leave in the generation after (the next call).
+            self._publish(self._members + joining, abandon=broken, leaving=set())
+            return True
         members = keep + joining
         if len(members) < self._job.min_num_proc:
             return False
@@ -224,7 +232,9 @@ class TorchInplaceDriver:
         """A worker for each slot of the inventory's hosts without one, up to
         ``--max-np`` workers that are not leaving."""
         running = {(w.host, w.local_rank) for w in self._workers.values()}
-        count = sum(1 for w in self._workers.values() if not w.leaving)
+        # Workers of hosts that left (noticed, still training) take no room: their
+        # replacements start now, while they finish.
+        count = sum(1 for w in self._workers.values() if not w.leaving and w.host in hosts)
         for host, slots in hosts.items():
             for local_rank in range(slots):
                 if count >= self._job.max_num_proc:

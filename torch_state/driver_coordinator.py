@@ -124,6 +124,15 @@ class DriverCoordinator:
             if place.generation > after:
                 return place
 
+    def flush_requested(self) -> bool:
+        """Whether the driver asks rank 0 to make every commit durable before training
+        on: every host of the group is leaving, nobody will carry the state on."""
+        status, body = self._client.request("GET", f"{wire.TORCH_PREFIX}flush")
+        if status == 404:
+            return False
+        _expect(status, body, "flush")
+        return True
+
     def watch(self, generation: int) -> _DriverWatch:
         return _DriverWatch(self._client, self._key, generation)
 
@@ -268,10 +277,23 @@ def _expect(status: int, body: bytes, what: str) -> bytes:
     return body
 
 
+_from_env: DriverCoordinator | None = None
+_from_env_lock = threading.Lock()
+
+
 def coordinator_from_env() -> DriverCoordinator:
-    """The coordinator ``spotring run --backend torch --in-place`` gave this worker:
-    where from :data:`wire.TORCH_COORDINATOR_ENV`, who from :data:`wire.TORCH_WORKER_ENV`,
-    the job key from the supervisor's pipe. Raises ``RuntimeError`` outside such a job."""
+    """The coordinator ``spotring run --backend torch --in-place`` gave this worker
+    (one per process): where from :data:`wire.TORCH_COORDINATOR_ENV`, who from
+    :data:`wire.TORCH_WORKER_ENV`, the job key from the supervisor's pipe. Raises
+    ``RuntimeError`` outside such a job."""
+    global _from_env
+    with _from_env_lock:
+        if _from_env is None:
+            _from_env = _coordinator_from_env()
+        return _from_env
+
+
+def _coordinator_from_env() -> DriverCoordinator:
     from spotring.worker_image.peer_abort import take_job_key
 
     where = os.environ.get(wire.TORCH_COORDINATOR_ENV, "")

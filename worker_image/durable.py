@@ -595,7 +595,7 @@ def install_when_imported(env: Mapping[str, str] = os.environ) -> DurableCommits
     call_after_import("horovod.common.elastic", _installer(hooks.install))
     if env.get(TORCH_COORDINATOR_ENV):  # the torch backend's in-place mode: its own ring
         inplace = DurableCommits(
-            config, checkpoints, _torch_rank, _torch_broadcast_object, lambda: False
+            config, checkpoints, _torch_rank, _torch_broadcast_object, _torch_flush_requested
         )
         call_after_import("spotring.torch.inplace", _installer(inplace.install_inplace))
         return inplace
@@ -610,6 +610,12 @@ def _installer(install: Callable[[ModuleType], None]) -> Callable[[ModuleType], 
             _say(f"not installed, no durable checkpoints: {error}")
 
     return installing
+
+
+def _torch_flush_requested() -> bool:
+    from spotring.torch.driver_coordinator import coordinator_from_env
+
+    return coordinator_from_env().flush_requested()
 
 
 def _torch_rank() -> int:

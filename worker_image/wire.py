@@ -297,6 +297,8 @@ followed by the launch id (which the worker never sees, so it cannot forge the l
 #   GET /torch/member/<worker>/<n>?wait=    the worker's n-th membership
 #                                           ("GEN RANK SIZE ADDR PORT"), 404: unknown worker
 #   GET /torch/abandoned/<gen>?wait=        200 once generation <gen> is given up
+#   GET /torch/flush                        200 while every member's host is leaving (rank 0
+#                                           makes each commit durable at once), else 404
 #   PUT /torch/group/<gen>/<key>            a key of the generation's group (first write final)
 #   GET /torch/group/<gen>/<key>?wait=      its value; 410: the generation is given up or past
 #   POST /torch/multi/<gen>?wait=           the values of the keys in the body (one per line),

@@ -199,3 +199,14 @@ def test_a_multi_get_answers_once_every_key_is_there(server: GroupServer) -> Non
 def test_a_multi_get_answer_of_the_wrong_shape_is_refused(data: bytes) -> None:
     with pytest.raises(ValueError):
         wire.decode_values(data, 1)
+
+
+def test_the_flush_request_is_told_only_while_the_driver_asks(server: GroupServer) -> None:
+    from spotring.torch.driver_coordinator import DriverCoordinator
+
+    server.admit("w0")
+    coordinator = DriverCoordinator("127.0.0.1", server.port, "w0", KEY)
+    assert coordinator.flush_requested() is False
+    server.flush = True
+    assert coordinator.flush_requested() is True
+    assert send(server, "GET", "/torch/flush", key=None)[0] == 401
