@@ -277,8 +277,17 @@ class CommitCounter:
 
 def sampler_position(state: Any) -> tuple[int, int, int] | None:
     """The epoch, samples processed in it and dataset length of the first
-    ``ElasticSampler`` a (Torch) state holds; None without one. Never imports torch: a
-    script that made a sampler has imported its module already."""
+    ``ElasticSampler`` a (Torch) state holds, or of the in-place ``TorchState``'s
+    ``ElasticDistributedSampler``; None without one. Never imports torch: a script that
+    made a sampler has imported its module already."""
+    inplace = sys.modules.get("spotring.torch.sampler")
+    if inplace is not None and isinstance(
+        sampler := getattr(state, "sampler", None), inplace.ElasticDistributedSampler
+    ):
+        try:
+            return _position([sampler.epoch, sampler.processed, len(sampler.dataset)])
+        except (TypeError, ValueError):  # an odd dataset: no position, never a failed commit
+            return None
     module = sys.modules.get("horovod.torch.elastic.sampler")
     if module is None:
         return None
