@@ -16,6 +16,12 @@ and ``TORCHELASTIC_RESTART_COUNT`` is the failures restarted so far. Unlike torc
 each attempt's rank 0 serves the group's store on a FRESH port (``MASTER_PORT``):
 torchrun's agent reuses one store across attempts without a per-attempt prefix, so a
 restarted rank can read a dead worker's Gloo address (docs/torch.md).
+
+For ``python SCRIPT ...`` (and ``-m MODULE``), each attempt's workers were started
+ahead (:class:`_WarmSlots`, :mod:`spotring.worker_image.torch_warm_start`): the
+interpreter is up and torch imported when the attempt hands them its variables. A
+failed worker takes its host out of the job only when it was killed or cut off
+(:func:`host_lost`): a script failing by itself replaces no host.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from spotring.driver.warm_pool import SLOW_START_SECONDS
 from spotring.driver.worker_events import WorkerEvents
 from spotring.worker_image import wire
 from spotring.worker_image.notices import Notice
+from spotring.worker_image.torch_warm_start import PORT_TAKEN_EXIT
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +76,10 @@ WARM_DELAY_SECONDS = 3.0
 """How long after an attempt starts its hosts' workers for the next one are started:
 not at once, so they do not compete with the attempt's own start (the group's
 formation, the checkpoint's load) for the host's CPUs."""
+
+PORT_RETRIES = 5
+"""Attempts whose rank 0 found the store's port taken on its host (it is picked free
+on the driver) that do not count against ``--max-restarts``; later ones do."""
 
 _PYTHON = re.compile(r"python[0-9.]*")
 
@@ -156,9 +167,10 @@ def torchrun_env(slot: Slot, attempt: Attempt, omp_num_threads: str | None) -> d
 
 
 def warm_command(command: Sequence[str]) -> tuple[str, ...] | None:
-    """``command`` run through :data:`WARM_MODULE`, so that its workers can be started
-    ahead of their attempt; None when it is not ``python SCRIPT ...`` or ``python -m
-    MODULE ...`` (an interpreter option, a shell script: started cold each attempt)."""
+    """``command`` run through :data:`WARM_MODULE` (its workers can be started ahead of
+    their attempt; its rank 0 checks the store's port on its host first); None when it
+    is not ``python SCRIPT ...`` or ``python -m MODULE ...`` (an interpreter option, a
+    shell script: run as given, started cold each attempt)."""
     if len(command) < 2 or not _PYTHON.fullmatch(os.path.basename(command[0])):
         return None
     first = command[1]
@@ -189,6 +201,8 @@ class Outcome(enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CHANGED = "membership changed"
+    PORT_TAKEN = "store port taken"
+    """Rank 0 found its ``MASTER_PORT`` taken on its host, before the script ran."""
 
 
 class TorchRestartDriver:
@@ -196,7 +210,8 @@ class TorchRestartDriver:
 
     :param local: the workers run on this machine (the ``local`` provider): the
         group's store is on 127.0.0.1; otherwise on rank 0's host address, on a port
-        free on this machine and unused by earlier attempts (not probed on the host).
+        free on this machine and unused by earlier attempts (rank 0 checks it on its
+        host before the script runs, for ``python SCRIPT`` commands: :data:`PORT_RETRIES`).
     """
 
     def __init__(
@@ -224,8 +239,10 @@ class TorchRestartDriver:
         self._ports: list[int] = []
         self.world_sizes: list[int] = []
         launcher.add_listener(NoticeToController(controller))
-        warm = warm_command(command) if options.warm_start else None
-        self._argv = warm or self._command
+        wrapped = warm_command(command)
+        self._argv = wrapped or self._command
+        self._wrapped = wrapped is not None  # its rank 0 checks the store's port
+        warm = self._wrapped and options.warm_start
         self._warm = _WarmSlots(launcher, self._warm_spec) if warm else None
 
     def run(self) -> None:
@@ -239,14 +256,16 @@ class TorchRestartDriver:
                 self._warm.close()
 
     def _run_attempts(self) -> None:
-        failures = 0
+        failures = ports_taken = 0
         timeout = self._options.start_timeout
         while True:
             slots = assign_ranks(self._wait_for_slots(timeout), self._job.max_num_proc)
             outcome, why = self._run_attempt(slots, failures)
             if outcome is Outcome.SUCCEEDED:
                 return
-            if outcome is Outcome.FAILED:
+            if outcome is Outcome.PORT_TAKEN and ports_taken < PORT_RETRIES:
+                ports_taken += 1  # not the script's failure: the next port may be free
+            elif outcome is not Outcome.CHANGED:
                 if failures >= self._max_restarts:
                     raise TorchJobFailed(f"{why}; no restart left (--max-restarts {failures})")
                 failures += 1
@@ -373,6 +392,8 @@ class TorchRestartDriver:
                 if change:
                     return Outcome.CHANGED, change
                 continue
+            if exit_code == PORT_TAKEN_EXIT and slot.rank == 0 and self._wrapped:
+                return Outcome.PORT_TAKEN, f"the store's port was taken on {slot.host}"
             if exit_code != 0:
                 why = f"worker rank {slot.rank} on {slot.host} exited with {exit_code}"
                 if host_lost(exit_code):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import runpy
+import socket
 import sys
 from collections.abc import Mapping
 from typing import NoReturn
@@ -29,6 +30,11 @@ from spotring.worker_image import warm_start
 
 USAGE_EXIT = 2
 """As ``python`` exits for a script it cannot open."""
+
+PORT_TAKEN_EXIT = 75
+"""Rank 0 found its ``MASTER_PORT`` taken on this host (the driver picks it free on its
+own machine), before the script ran: the driver retries the attempt on another port
+(sysexits' ``EX_TEMPFAIL``)."""
 
 
 def main(argv: list[str]) -> None:
@@ -43,6 +49,7 @@ def main(argv: list[str]) -> None:
             given = warm_start.wait_for_slot(channel)  # warms torch up first
         os.environ.update(given)
         _apply_threads(given)
+    _check_store_port()
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file first
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
@@ -69,6 +76,38 @@ def _apply_threads(given: Mapping[str, str]) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
+
+
+def _check_store_port() -> None:
+    """On rank 0, whose script's ``init_process_group`` serves the group's store on
+    ``MASTER_PORT`` on this host: end with :data:`PORT_TAKEN_EXIT` if the port is
+    taken here, rather than let the script fail with ``EADDRINUSE``."""
+    port = os.environ.get("MASTER_PORT", "")
+    if os.environ.get("RANK") != "0" or not port.isdigit():
+        return
+    error = _bind_error(int(port))
+    if error is not None:
+        print(f"spotring: the store's port {port} is taken on this host ({error}); "
+              "the attempt is started again on another", file=sys.stderr)  # fmt: skip
+        raise SystemExit(PORT_TAKEN_EXIT)
+
+
+def _bind_error(port: int) -> OSError | None:
+    """Why ``port`` cannot be bound as torch's ``TCPStore`` binds it (c10d's
+    ``SocketListenOp``: ``SO_REUSEADDR``, the IPv6 wildcard as a dual-stack socket,
+    else IPv4's); None when it can."""
+    error: OSError | None = None
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                probe.bind((address, port))
+                return None
+        except OSError as failed:  # no IPv6 on this host, or taken
+            error = failed
+    return error
 
 
 def _usage(message: str) -> NoReturn:

@@ -25,6 +25,7 @@ from spotring.driver.launcher import LAUNCH_FAILED_EXIT, ProcessLauncher, Worker
 from spotring.driver.options import ElasticOptions
 from spotring.driver.ring_events import NoRingEvents
 from spotring.driver.torch_restart import (
+    PORT_TAKEN_EXIT,
     WARM_MODULE,
     Attempt,
     Slot,
@@ -287,3 +288,44 @@ def test_a_killed_worker_takes_its_host_out_at_once() -> None:
     )
     controller = _run([sys.executable, "-c", kill_rank_1], max_restarts=0)
     assert controller.failed == ["host-1"]
+
+
+@pytest.mark.parametrize(("rank", "runs"), [("0", False), ("1", True)])
+def test_rank_0_ends_before_the_script_when_the_stores_port_is_taken_on_its_host(
+    tmp_path: Path, rank: str, runs: bool
+) -> None:
+    script, out = _script(tmp_path), tmp_path / "out.json"
+    command = warm_command([sys.executable, str(script)])
+    assert command is not None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        env = {**os.environ, "OUT": str(out), "RANK": rank, "MASTER_PORT": port}
+        result = subprocess.run(command, env=env, capture_output=True, timeout=60, check=False)
+    assert out.exists() is runs  # only rank 0 serves the store
+    assert result.returncode == (0 if runs else PORT_TAKEN_EXIT)
+
+
+def test_a_store_port_taken_on_rank_0s_host_is_retried_without_counting(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, pathlib, sys\n"
+        f"seen = pathlib.Path({str(tmp_path / 'seen')!r})\n"
+        "if os.environ['RANK'] == '0' and not seen.exists():\n"
+        "    seen.touch()\n"
+        f"    sys.exit({PORT_TAKEN_EXIT})  # as the port check exits\n"
+        "assert os.environ['TORCHELASTIC_RESTART_COUNT'] == '0'\n"
+    )
+    controller = _Controller()
+    launcher = ProcessLauncher(remote=False, output=io.StringIO())
+    driver = TorchRestartDriver(
+        [sys.executable, str(script)], cast(Any, controller), launcher, JobShape(2, 1, 2),
+        ElasticOptions(warm_start=False), NoRingEvents(), max_restarts=0, local=True,
+    )  # fmt: skip
+    try:
+        driver.run()  # no restart left, yet it ends well
+    finally:
+        launcher.close()
+    assert len(driver.world_sizes) == 2
+    assert controller.failed == []
