@@ -11,9 +11,10 @@ Started warm (the supervisor's channel, which ``sitecustomize`` handed to
 warm worker does, says "ready" and waits for its attempt's environment (``RANK``,
 ``WORLD_SIZE``, ``MASTER_PORT``, ...: what torchrun's agent sets), which arrives as a
 JSON line on that channel, never in argv. Started cold (no channel: no worker was
-started ahead, or it died), it goes on at once. Either way it then runs the script
-unchanged, as ``python SCRIPT`` would: ``__main__``, ``sys.argv`` as given, the
-script's directory first on ``sys.path``.
+started ahead, or it died), it goes on at once. Either way, rank 0 first checks that
+the group's store port is free on its host (:data:`PORT_TAKEN_EXIT`), then the script
+runs unchanged, as ``python SCRIPT`` would run it: ``__main__``, ``sys.argv`` as given,
+the script's directory first on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def main(argv: list[str]) -> None:
 
 
 def _import_torch() -> None:
-    """What every attempt's worker pays before its script's first line: ``import torch``
-    (seconds). A script that does not use torch pays nothing more for it."""
+    """Pay ahead what a worker started with its attempt pays before its script's first
+    line: ``import torch`` (seconds). Without torch here, nothing: the script says so."""
     with contextlib.suppress(ImportError):
         import torch  # noqa: F401
 
