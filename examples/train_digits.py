@@ -32,9 +32,8 @@ from collections.abc import Iterator
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from digits import Net, SampleIds, audit, load_data, marked_padding, padded_loss, sample_counts
+from torch.utils.data import DataLoader
 
 from spotring.torch import TorchState
 
@@ -71,41 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hidden = nn.Linear(64, 128)
-        self.out = nn.Linear(128, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(F.relu(self.hidden(x)))
-
-
-def load_data() -> tuple[TensorDataset, TensorDataset]:
-    digits = load_digits()
-    x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(digits.target, dtype=torch.int64)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    x, y = x[order], y[order]
-    split = int(0.8 * len(x))
-    return TensorDataset(x[:split], y[:split]), TensorDataset(x[split:], y[split:])
-
-
-class SampleIds(torch.utils.data.Dataset):
-    """A dataset's items with their index appended; a negative index ``-1 - i`` stands
-    for sample ``i`` repeated as padding (see :class:`MarkedPaddingSampler`)."""
-
-    def __init__(self, dataset: TensorDataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
-        sample = -1 - index if index < 0 else index
-        return (*self.dataset[sample], torch.tensor(index))
-
-
 class MarkedPaddingSampler(hvd.elastic.ElasticSampler):
     """Horovod's ``ElasticSampler``, with the samples it repeats to give every rank as
     many (the padding) marked as ``-1 - index``, so they can be left out of the loss
@@ -113,7 +77,7 @@ class MarkedPaddingSampler(hvd.elastic.ElasticSampler):
 
     def __iter__(self) -> Iterator[int]:
         remaining = self.remaining_indices
-        padding = [-1 - i for i in remaining[: self.total_size - len(remaining)]]
+        padding = marked_padding(remaining[: self.total_size - len(remaining)])
         return iter((remaining + padding)[self.rank : self.total_size : self.num_replicas])
 
 
@@ -174,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             for inputs, targets, *ids in loader:
                 optimizer.zero_grad()
                 if ids:  # padding counts for nothing: each sample weighs once per epoch
-                    real = (ids[0] >= 0).float()
-                    losses = F.cross_entropy(model(inputs), targets, reduction="none")
-                    loss = (losses * real).sum() / real.sum().clamp(min=1)
+                    loss = padded_loss(model(inputs), targets, ids[0])
                     state.seen = state.seen + count_samples(ids[0], len(train_set))
                 else:
                     loss = F.cross_entropy(model(inputs), targets)
@@ -226,18 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def count_samples(ids: torch.Tensor, total: int) -> torch.Tensor:
     """How often each of ``total`` samples appears in this step's batches, all ranks."""
-    everyone = hvd.allgather(ids, name="audit.sample_ids")
-    return torch.bincount(everyone[everyone >= 0], minlength=total).to(torch.int32)
-
-
-def audit(seen: torch.Tensor) -> dict[str, int]:
-    """An epoch's sample counts summed up."""
-    return {
-        "samples": len(seen),
-        "once": int((seen == 1).sum()),
-        "missing": int((seen == 0).sum()),
-        "repeated": int((seen > 1).sum()),
-    }
+    return sample_counts(hvd.allgather(ids, name="audit.sample_ids"), total)
 
 
 def hang_if_asked(path: str) -> None:
