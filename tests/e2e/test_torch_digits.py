@@ -43,11 +43,11 @@ def test_digits_in_place_process_every_sample_once_through_a_preemption(
         *("--refresh-interval", "0.5", "--boot-seconds", "1"),
         *("--events", str(events), "--control", str(control)),
         *("--", sys.executable, str(repo / "examples" / "train_digits_torch.py")),
-        *("--epochs", str(EPOCHS), "--audit-samples", "--commit-every", "2"),
+        *("--epochs", str(EPOCHS), "--audit-samples"),  # a commit every step
         *("--step-seconds", "0.02", "--events", str(work)),
     ]
     with running_job(argv, cwd=tmp_path, env=dict(os.environ)) as process:
-        wait_for_events(process, work, commits(size=2, steps=10), "commits of both workers")
+        wait_for_events(process, work, commits(size=2, steps=20), "commits of both workers")
         control.write_text("preempt host-1\n")
         log = job_output(process, JOB_TIMEOUT)
     assert process.returncode == 0, log[-4000:]
