@@ -51,6 +51,7 @@ BENCHMARKS: tuple[str, ...] = (
     "durable",
     "recovery",
     "kills",
+    "torch_inplace",
     "notice",
     "capacity",
     "deadline_sim",
