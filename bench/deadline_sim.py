@@ -19,9 +19,7 @@ Three policies per trace, same trace, same seed:
   also fall back at once).
 - ``on-demand``: the on-demand group alone.
 
-Traces. The "Can't Be Late" traces (the paper's availability traces of AWS and GCP
-spot GPU instances) are not in a repository this machine can read, so every trace here
-is **synthetic**, stated as such:
+Synthetic traces (``bench/run``), stated as such:
 
 - ``advisor <5%`` ... ``advisor >20%``: each spot host interrupted at the AWS Spot
   Advisor "frequency of interruption" bucket's midpoint rate per month (2.5, 7.5, 12.5,
@@ -31,13 +29,19 @@ is **synthetic**, stated as such:
   down (capacity 0, or half with ``half``) for mean D hours: a pool that runs dry, as
   the paper's traces show for GPU instances in one zone.
 
-Workload: ``HOSTS`` hosts of one slot, ``HOURS`` of training on the full ring, deadline
-``HOURS * SLACK`` after the start, ``--restart-cost`` ``RESTART_S``; prices per host-hour
-``SPOT_USD`` and ``ON_DEMAND_USD`` (a GPU's spot price about 30 % of on-demand). The
-paper's own figures are not reproduced: its workloads (a single instance, its traces)
-are not these.
+Their workload: ``HOSTS`` hosts of one slot, ``HOURS`` of training on the full ring,
+deadline ``HOURS * SLACK`` after the start, ``--restart-cost`` ``RESTART_S``; prices per
+host-hour ``SPOT_USD`` and ``ON_DEMAND_USD`` (a GPU's spot price about 30 % of on-demand).
 
-    python -m bench.deadline_sim [--quick]
+The paper's traces (``--traces DIR``): the "Can't Be Late" (NSDI '24) availability and
+preemption traces, https://github.com/skypilot-org/spot-traces, not shipped here. Each
+file's ``data`` is the spot instances found available at each tick of ``gap_seconds``
+(that repository's README); it becomes the spot pool's capacity, for a ring of the
+trace's node count (``1-node``: one host, as the paper's single instance; ``4-node``,
+``16-node``: that many hosts, the count directly). The job is the paper's (``PAPER_*``),
+started at ``--windows`` seeded start times per file.
+
+    python -m bench.deadline_sim [--quick] [--traces DIR [--windows N]]
 """
 
 from __future__ import annotations
@@ -345,7 +349,7 @@ PAPER_SPOT_USD = 0.918
 PAPER_ON_DEMAND_USD = 3.06
 """p3.2xlarge (1 V100) on-demand per hour in us-east-1; spot at 30 % of it (the ratio
 is what the savings depend on)."""
-PAPER_WINDOWS = 2
+PAPER_WINDOWS = 1
 """Start times drawn per trace file (seeded), as the paper draws job start times."""
 _NODES = re.compile(r"^(\d+)-node$")
 
