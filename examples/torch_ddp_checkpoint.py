@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,8 @@ def batch_of(batch: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def stop_asked(stop_file: Path | None) -> bool:
-    """Whether any rank sees ``stop_file`` (all ranks agree: one more collective)."""
+    """Whether any rank sees ``stop_file`` (all ranks agree: one more collective, and
+    no rank leaves the group while another still uses rank 0's store)."""
     if stop_file is None:
         return False
     seen = torch.tensor([float(stop_file.exists())])
@@ -40,7 +42,7 @@ def stop_asked(stop_file: Path | None) -> bool:
     return bool(seen.item())
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> NoReturn:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="checkpoint folder")
     parser.add_argument("--steps", type=int, default=200)
@@ -93,8 +95,15 @@ def main(argv: list[str]) -> int:
                 aside.replace(path)
             progress.write(f"{restart} {step} {time.time()}\n")
     dist.destroy_process_group()
-    return 0
+    # torch 2.13: freeing DDP now can deadlock. Its reducer drops the group's last
+    # reference, and the group's destructor, run holding the interpreter's lock, joins
+    # Gloo's worker threads, one of which may still be freeing the last collective's
+    # tensors, which needs that lock (seen here in 8 of 12 processes under load). End
+    # here, without the interpreter's teardown: every file is closed already.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])
