@@ -47,6 +47,7 @@ import math
 import os
 import random
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -324,23 +325,59 @@ def notice_cycle(job: InplaceJob) -> Notice:
     )
 
 
-def run_job(kills: int, notices: int, seed: int) -> tuple[list[Cycle], list[Notice], list[float]]:
-    """The kill schedule, then the notices, in one job; and its join stalls."""
+@dataclass
+class JobFigures:
+    cycles: list[Cycle]
+    notices: list[Notice]
+    joins: list[float]
+    """Join stalls, s."""
+    longest_gap_s: float
+    """The longest gap between two of rank 0's commits over the whole job."""
+    kept: Path | None
+    """Where the job's events and output were kept (a cycle timed out), or None."""
+
+
+def run_job(kills: int, notices: int, seed: int) -> JobFigures:
+    """The kill schedule, then the notices, in one job; and its join stalls. A group
+    that does not settle after a cycle (the next one's wait for it runs out) marks that
+    cycle timed out; the job's events and output are then kept."""
     rng = random.Random(seed)
-    with tempfile.TemporaryDirectory(prefix="spotring-torch-inplace-") as folder:
-        job = InplaceJob(Path(folder))
-        try:
-            cycles: list[Cycle] = []
-            while sum(len(c.killed) for c in cycles) < kills:
+    workdir = Path(tempfile.mkdtemp(prefix="spotring-torch-inplace-"))
+    job = InplaceJob(workdir)
+    cycles: list[Cycle] = []
+    found: list[Notice] = []
+    try:
+        while sum(len(c.killed) for c in cycles) < kills:
+            try:
                 cycles.append(kill_cycle(job, rng, rng.choice(KINDS)))
-                if cycles[-1].stall_s == math.inf:
-                    break  # the job did not recover: the rest would measure nothing
-            found = [notice_cycle(job) for _ in range(notices)]
-            job.wait_steady(WORKERS)
-            killed_at = [t for c in cycles for t, _ in c.killed]
-            return cycles, found, join_stalls(job, killed_at)
-        finally:
-            job.stop()
+            except TimeoutError as error:
+                print(f"the group did not settle: {str(error)[:200]}", flush=True)
+                if not cycles or cycles[-1].timed_out:
+                    break  # twice in a row: the rest would measure nothing
+                cycles[-1].timed_out = True
+                continue
+            if cycles[-1].stall_s == math.inf:
+                break  # the job did not recover
+        with contextlib.suppress(TimeoutError):
+            for _ in range(notices):
+                found.append(notice_cycle(job))
+        job.refresh()
+    finally:
+        job.stop()
+        (workdir / "job.log").write_text("".join(f"{t:.3f} {line}\n" for t, line in job.job.lines))
+    times = [c["time"] for c in job.commits]
+    kept = workdir if any(c.timed_out for c in cycles) or len(found) < notices else None
+    if kept is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"a cycle timed out: the job's events and output are kept in {workdir}", flush=True)
+    return JobFigures(
+        cycles,
+        found,
+        join_stalls(job, [t for c in cycles for t, _ in c.killed]),
+        max((b - a for a, b in itertools.pairwise(times)), default=math.nan),
+        kept,
+    )
 
 
 # ------------------------------------------------------------------ formation
@@ -462,7 +499,8 @@ def measure(
     """Rows for bench/run (see the module)."""
     total = kills or (30 if quick else 200)
     load = {"load average before (1, 5, 15 min)": [round(x, 2) for x in os.getloadavg()]}
-    cycles, notices, joins = run_job(total, 3 if quick else 10, seed)
+    figures = run_job(total, 3 if quick else 10, seed)
+    cycles, notices, joins = figures.cycles, figures.notices, figures.joins
     load["load average after the job"] = [round(x, 2) for x in os.getloadavg()]
     anchor_s, anchor_lost, outcomes = _anchor(1 if quick else 3)
     horovod = _horovod_path(3 if quick else 10)
@@ -477,6 +515,8 @@ def measure(
                             for k in dict.fromkeys(KINDS)},
         "stalls s": [round(s, 3) for s in stalls],
         "steps rolled back (uncommitted, per cycle)": [c.rolled_back for c in cycles],
+        "longest gap between rank 0's commits in the job s": round(figures.longest_gap_s, 2),
+        "events and output kept in": str(figures.kept) if figures.kept else None,
         "torchrun runs (kill -> next step s, steps lost)": [
             (o.recovery and round(o.recovery, 2), o.lost) for o in outcomes
         ],
