@@ -13,9 +13,10 @@ everything below. Measured:
   0.1-1.5 s later while the group re-forms (``reset``). A cycle's stall is its last
   kill -> rank 0's first commit in a generation without the killed workers; its
   committed steps lost are the steps committed before that generation that it starts
-  short of. A stall over :data:`TIMEOUT_SECONDS`, or Gloo's own timeout message in the
-  job's output, counts as a survivor that waited out a timeout. The local provider
-  replaces each killed host (it boots in 1 s, its worker joins warm);
+  short of. A stall over :data:`TIMEOUT_SECONDS`, or Gloo's or the group store's
+  timeout message in the job's output, counts as a survivor that waited out a
+  timeout. The local provider replaces each killed host (it boots in 1 s, its worker
+  joins warm);
 - **join stall**: each generation that grew (a replacement joining): the gap between
   rank 0's last commit before it and its first commit in it;
 - **noticed preemption**: ``notice`` in the ``--control`` file (the newest host's
@@ -82,6 +83,8 @@ gloo/transport/tcp/context.cc)."""
 VALUE_BYTES = 60
 """About the rendezvous value of one rank with rank-as-sequence-number: a host name
 and one address."""
+STORE_TIMED_OUT = "timed out waiting for"
+"""What GroupStore's wait that ran out says (torch_state/driver_coordinator.py)."""
 STALL_TARGET = "<= 0.3 s"
 ANCHOR = "torchrun restart (kill -> next step)"
 HOROVOD_ANCHOR = "spotring run, Horovod path (bench/recovery.py)"
@@ -244,7 +247,8 @@ def kill_cycle(job: InplaceJob, rng: random.Random, kind: str) -> Cycle:
     cycle.lost = max(0, job.committed_before(commit["generation"]) - starts[0]["step"])
     cycle.rolled_back = max(s["rolled_back"] for s in starts)
     cycle.timed_out = cycle.stall_s > TIMEOUT_SECONDS or any(
-        GLOO_TIMED_OUT.search(line) for line in job.output_since(cycle.killed[0][0])
+        GLOO_TIMED_OUT.search(line) or STORE_TIMED_OUT in line
+        for line in job.output_since(cycle.killed[0][0])
     )
     return cycle
 
