@@ -29,9 +29,13 @@ github.com/Michaelvll/skypilot-spot-strategy), stated for a ring of many hosts:
   handed back once they are replaced.
 
 ``C(t)``, the time the rest needs, is projected from the measured rate: steps per
-slot-second since the job's first commit (a ring of more slots makes more steps; later
-rings' formations and stalls count against it; the hosts' boot and the first ring's
-formation, paid once, do not), times the job's ``-np`` slots. Progress is what the
+slot-second of training (a ring of more slots makes more steps), each ring's from its
+first commit, times the job's ``-np`` slots. As in the paper, ``C(t)`` is the compute
+the rest needs, and a restart costs ``d`` besides: the time a ring takes to form is not
+in the rate (it is time without progress, which the slack pays as it passes), so one
+restart early in a long job is not extrapolated over all of it (a 30 s formation in the
+first hour of a 48 h job would count as 24 minutes; with a few hand-backs the safety
+net tripped on the Can't Be Late traces with hours of slack). Progress is what the
 rings commit (:class:`~spotring.driver.ring_progress.RingStatus`: a ring's steps since
 it formed, summed over the rings). The rate is unknown until it has been measured for
 ``d``: the safety net waits for it (an early rate, over a few steps, is noise), and
@@ -207,8 +211,10 @@ class DeadlinePolicy:
         self._epochs = 0.0  # the job's, as the rings last reported them
         self._no_epochs_warned = False
         self._seen_at: float | None = None
-        self._first_commit: tuple[float, float] | None = None  # (when, work done then)
-        self._slot_seconds = 0.0  # since the first commit
+        self._first_commit: float | None = None  # when
+        self._trained = 0.0  # work of the rings before the current one, from their first commit
+        self._ring_base: float | None = None  # work done when the current ring first committed
+        self._slot_seconds = 0.0  # of the rings from their first commit
 
     @property
     def mode(self) -> Mode:
@@ -220,19 +226,25 @@ class DeadlinePolicy:
         since the last report are counted at the size the ring had then."""
         now = self._clock()
         with self._lock:
-            self._slot_seconds = self._slot_seconds_at(now)
-            self._seen_at = now
             if ring != self._ring:
+                # The old ring's work is known to its last report; the time since holds
+                # its end and the new one's formation: neither is training.
+                self._trained += self._trained_on_ring()
+                self._ring_base = None
                 self._rings_done += self._ring_steps
                 self._ring, self._ring_steps = ring, 0
+            self._slot_seconds = self._slot_seconds_at(now)
+            self._seen_at = now
             self._ring_steps = max(self._ring_steps, steps)
             self._ring_slots = size
             if epochs is not None:
                 self._epochs = epochs  # the job's own count: a restore may lower it
             self._warn_without_epochs(steps, epochs)
             done = self._done()
+            if self._ring_base is None and steps > 0:
+                self._ring_base = done
             if self._first_commit is None and done > 0:
-                self._first_commit = (now, done)
+                self._first_commit = now
 
     def ring_lost(self) -> None:
         """No ring stands (every worker lost): no progress until the next forms."""
@@ -298,11 +310,11 @@ class DeadlinePolicy:
         done = self._done()
         remaining = max(0.0, options.total - done)
         rate = None
-        if self._first_commit is not None:
-            since, done_then = self._first_commit
+        if self._first_commit is not None and now - self._first_commit >= options.restart_cost:
             slot_seconds = self._slot_seconds_at(now)
-            if now - since >= options.restart_cost and slot_seconds > 0 and done > done_then:
-                rate = (done - done_then) / slot_seconds
+            trained = self._trained + self._trained_on_ring()
+            if slot_seconds > 0 and trained > 0:
+                rate = trained / slot_seconds
         finish = needed = slack = None
         if rate is not None:
             if self._ring_slots > 0:
@@ -321,11 +333,15 @@ class DeadlinePolicy:
             slack_s=slack,
         )
 
+    def _trained_on_ring(self) -> float:
+        """The work the current ring made since its first commit."""
+        return 0.0 if self._ring_base is None else max(0.0, self._done() - self._ring_base)
+
     def _slot_seconds_at(self, now: float) -> float:
-        """Slot-seconds since the first commit, the time since the last report counted
-        at the ring's size then."""
-        if self._first_commit is None or self._seen_at is None:
-            return 0.0
+        """Slot-seconds of the rings from their first commit, the time since the last
+        report counted at the ring's size then (none while a ring forms)."""
+        if self._ring_base is None or self._seen_at is None:
+            return self._slot_seconds
         return self._slot_seconds + max(0.0, now - self._seen_at) * self._ring_slots
 
     def _expected(self, at: float) -> float:

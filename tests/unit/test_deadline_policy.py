@@ -162,6 +162,26 @@ def test_no_step_since_the_first_commit_is_no_rate() -> None:
     assert projection.rate_per_slot is None and projection.slack_s is None
 
 
+def test_a_rings_formation_is_not_in_the_rate() -> None:
+    """C(t) is the compute the rest needs, a restart its own cost (the paper's d): a
+    formation counted in the rate would be extrapolated over the whole job (on the Can't
+    Be Late traces a few early hand-backs tripped the safety net with hours of slack)."""
+    clock = Clock()
+    deadline = policy(clock, deadline_s=10_000, steps=10_000)
+    deadline.ring_progress(1, 4, 10)
+    clock.now += 100
+    deadline.ring_progress(1, 4, 410)  # 400 steps in 400 slot-seconds
+    clock.now += 30
+    deadline.ring_progress(2, 4, 0)  # a host changed: the ring formed again since
+    clock.now += 10
+    deadline.ring_progress(2, 4, 40)  # its first commit: timed from here
+    clock.now += 100
+    deadline.ring_progress(2, 4, 440)
+    projection = deadline.project()
+    assert projection.rate_per_slot == pytest.approx(1.0)  # not 800 in 960 slot-seconds
+    assert projection.slack_s == pytest.approx(10_000 - 240 - (10_000 - 850) / 4)
+
+
 def test_no_ring_makes_no_progress_and_projects_no_finish() -> None:
     clock = Clock()
     deadline = policy(clock)
