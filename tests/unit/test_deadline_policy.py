@@ -448,28 +448,3 @@ def test_catching_up_a_purchase_has_a_restarts_time_of_headroom() -> None:
     assert (deadline.hosts_to_finish(4), deadline.hosts_to_finish(4, 50.0)) == (2, 3)
     assert fall_back_hosts(deadline, held=0, hosts=4) == 3
     assert fall_back_hosts(deadline, held=2, hosts=4) == 2  # holding enough: no growth
-
-
-def test_catching_up_on_demand_goes_back_to_spot_while_the_slack_affords_a_restart() -> None:
-    """Spot back while catching up: replacing an on-demand host keeps the ring's size, so
-    its rate, for one restart. With little slack a ring that fell behind while spot was
-    short would otherwise stay on on-demand for the rest (16-node Can't Be Late traces at
-    52 h: 97 % on-demand, against today's 75-90 % on spot)."""
-    clock = Clock()
-    deadline = behind_with_two_slots_enough(clock)  # 919 left need 287 s of 900: slack 613
-    deadline.ring_lost()  # no progress from here, the rate kept
-    got = answers(clock, deadline)
-    assert deadline.mode is Mode.CATCH_UP and deadline.affords_restart()
-    assert got["hand_od_back"] is True
-    clock.now += 480  # slack 133 s: above the safety net's 2d, below a restart more (3d)
-    got = answers(clock, deadline)
-    assert deadline.mode is Mode.CATCH_UP and not deadline.affords_restart()
-    assert got["hand_od_back"] is False
-
-
-def test_no_on_demand_host_goes_back_while_the_rate_is_unknown() -> None:
-    clock = Clock()
-    deadline = policy(clock, restart=10)
-    clock.now += 100  # nothing done, 100 due: catching up, the rate unknown
-    assert not deadline.affords_restart()
-    assert answers(clock, deadline)["hand_od_back"] is False
