@@ -439,7 +439,7 @@ def formation(size: int) -> dict[str, float]:
         every_rank = [str(rank) for rank in range(size)]
 
         def rank_main(rank: int) -> None:
-            store = GroupStore(clients[rank], 0)
+            store = GroupStore(clients[rank], 0, size)
             go.wait()
             try:
                 store.set(

@@ -22,6 +22,7 @@ travel in the clear, as on the Horovod path (docs/security.md).
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.server
 import io
 import logging
@@ -47,8 +48,10 @@ REQUEST_SECONDS = 10.0
 MAX_VALUE_BYTES = 1 << 20
 """The largest key value: Gloo's is about 60 bytes per rank of the group."""
 MAX_KEY_CHARS = 512
-MAX_MULTI_KEYS = 1024
-"""Keys one multi-get may name (Gloo asks 128 at a time)."""
+MAX_MULTI_KEYS = 65536
+MAX_CACHED_ANSWERS = 64
+"""Answers kept per generation (its ranks all ask for the same keys)."""
+"""Keys one multi-get may name (a rank asks for every rank's at once)."""
 KEYS_PER_MEMBER = 4
 """Keys a generation may hold per member, beyond :data:`EXTRA_KEYS` (Gloo writes one
 per rank and group)."""
@@ -67,6 +70,16 @@ class _Refused(Exception):
         self.status = status
 
 
+class _KeyWait:
+    """A request waiting for keys of a generation: woken once, when the last of them
+    is written or the generation can no longer form (so a write wakes only the
+    requests it completes, not every waiting one)."""
+
+    def __init__(self, missing: set[str]) -> None:
+        self.missing = missing
+        self.done = threading.Event()
+
+
 @dataclass
 class _Generation:
     number: int
@@ -74,6 +87,23 @@ class _Generation:
     keys: dict[str, bytes] = field(default_factory=dict)
     stored_bytes: int = 0
     abandoned: bool = False
+    """Given up: a member died or hangs; its members roll back."""
+    closed: bool = False
+    """Superseded before every member had written its key: it can never form, so its
+    key reads are refused (its members go on to the next one, nothing rolled back)."""
+    waits: dict[str, list[_KeyWait]] = field(default_factory=dict)
+    answers: dict[tuple[object, tuple[str, ...]], bytes] = field(default_factory=dict)
+    """Multi-get answers made, by their keys (the keys are final once written)."""
+
+    @property
+    def unreadable(self) -> bool:
+        return self.abandoned or self.closed
+
+    def wake_all(self) -> None:
+        for waits in self.waits.values():
+            for wait in waits:
+                wait.done.set()
+        self.waits.clear()
 
 
 class GroupServer:
@@ -130,6 +160,8 @@ class GroupServer:
         self._http.shutdown()
         self._http.server_close()
         with self._changed:
+            for generation in self._generations.values():
+                generation.wake_all()
             self._changed.notify_all()
 
     # -- the driver's side
@@ -164,6 +196,10 @@ class GroupServer:
         with self._changed:
             if abandon:
                 self._abandon_locked()
+            previous = self._generations.get(self._latest)
+            if previous is not None and len(previous.keys) < len(previous.members):
+                previous.closed = True  # superseded while forming: it never will
+                previous.wake_all()
             number = self._latest + 1
             for rank, worker in enumerate(members):
                 place = Membership(number, rank, len(members), master_addr, self.port)
@@ -171,7 +207,7 @@ class GroupServer:
             self._generations[number] = _Generation(number, tuple(members))
             # Keys of generations before the current one are never read again.
             for old in [g for g in self._generations if g < self._latest]:
-                del self._generations[old]
+                self._generations.pop(old).wake_all()
             self._latest = number
             self._changed.notify_all()
             return number
@@ -186,6 +222,7 @@ class GroupServer:
         if current is not None and not current.abandoned:
             current.abandoned = True
             current.keys.clear()
+            current.wake_all()
             self._changed.notify_all()
 
     # -- the requests (on the server's threads)
@@ -245,10 +282,12 @@ class GroupServer:
             self._on_asked(worker)
 
         def place() -> bytes | None:
+            """The newest of the memberships from the n-th on, with its index: one
+            already superseded is skipped (its group may never form)."""
             handed = self._workers.get(worker)
             if handed is None:
                 raise _Refused(404, "unknown worker")
-            return handed[n].encode() if n < len(handed) else None
+            return f"{len(handed) - 1} {handed[-1]}".encode() if n < len(handed) else None
 
         return self._wait_for(place, wait)
 
@@ -274,29 +313,51 @@ class GroupServer:
                 raise _Refused(413, "too many bytes for the generation")
             generation.keys[key] = value
             generation.stored_bytes += len(value)
-            self._changed.notify_all()
+            for waiting in generation.waits.pop(key, []):
+                waiting.missing.discard(key)
+                if not waiting.missing:
+                    waiting.done.set()
         return 204, b""
 
     def _get(self, number: int, key: str, wait: float) -> tuple[int, bytes]:
-        def value() -> bytes | None:
-            generation = self._generations.get(number)
-            if generation is None or generation.abandoned:
-                raise _Refused(410, f"generation {number} was given up")
-            return generation.keys.get(key)
-
-        return self._wait_for(value, wait)
+        return self._wait_for_keys(number, [key], wait, lambda values: values[0])
 
     def _multi_get(self, number: int, keys: list[str], wait: float) -> tuple[int, bytes]:
-        def values() -> bytes | None:
-            generation = self._generations.get(number)
-            if generation is None or generation.abandoned:
-                raise _Refused(410, f"generation {number} was given up")
-            found = [generation.keys.get(key) for key in keys]
-            if any(value is None for value in found):
-                return None
-            return wire.encode_values([v for v in found if v is not None])
+        return self._wait_for_keys(number, keys, wait, wire.encode_values)
 
-        return self._wait_for(values, wait)
+    def _wait_for_keys(
+        self, number: int, keys: list[str], wait: float, answer: Callable[[list[bytes]], bytes]
+    ) -> tuple[int, bytes]:
+        """200 with ``answer(values)`` once every key of generation ``number`` is
+        written (waiting up to ``wait`` s), 204 if not by then, 410 once it cannot form."""
+        with self._changed:
+            generation = self._readable(number)
+            missing = {key for key in keys if key not in generation.keys}
+            waiting = _KeyWait(missing)
+            for key in missing:
+                generation.waits.setdefault(key, []).append(waiting)
+        if missing:
+            waiting.done.wait(wait)
+        with self._changed:
+            generation = self._readable(number)
+            if any(key not in generation.keys for key in keys):
+                for key in waiting.missing:
+                    with contextlib.suppress(ValueError, KeyError):
+                        generation.waits[key].remove(waiting)
+                return 204, b""
+            # Every rank asks for the same keys: the answer is made once.
+            cached = generation.answers.get((answer, tuple(keys)))
+            if cached is None:
+                cached = answer([generation.keys[key] for key in keys])
+                if len(generation.answers) < MAX_CACHED_ANSWERS:
+                    generation.answers[(answer, tuple(keys))] = cached
+            return 200, cached
+
+    def _readable(self, number: int) -> _Generation:
+        generation = self._generations.get(number)
+        if generation is None or generation.unreadable:
+            raise _Refused(410, f"generation {number} was given up or superseded")
+        return generation
 
     def _wait_for(
         self, find: Callable[[], bytes | None], wait: float, found: bytes | None = None

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Mapping
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -119,8 +120,11 @@ class DriverCoordinator:
             status, body = self._client.request("GET", path, wait_ms=WAIT_MS)
             if status == 204:
                 continue  # the server's wait ran out: ask again
-            place = Membership.decode(_expect(status, body, "membership").decode())
-            self._received += 1
+            # The newest membership handed so far, with its index: a superseded one is
+            # skipped, since its group may never form.
+            index, _, text = _expect(status, body, "membership").decode().partition(" ")
+            place = Membership.decode(text)
+            self._received = int(index) + 1
             if place.generation > after:
                 return place
 
@@ -137,7 +141,7 @@ class DriverCoordinator:
         return _DriverWatch(self._client, self._key, generation)
 
     def group_store(self, membership: Membership) -> GroupStore:
-        return GroupStore(self._client, membership.generation)
+        return GroupStore(self._client, membership.generation, membership.world_size)
 
 
 class _DriverWatch:
@@ -186,11 +190,13 @@ class GroupStore(dist.Store):
     uses (``set``, ``wait``, ``get``, ``check``). A key's value, once read, is kept
     (it is final on the server), so ``wait`` then ``get`` costs one request."""
 
-    def __init__(self, client: DriverClient, generation: int) -> None:
+    def __init__(self, client: DriverClient, generation: int, size: int = 0) -> None:
         super().__init__()
         self._client = client
         self._prefix = f"{wire.TORCH_PREFIX}group/{generation}/"
         self._generation = generation
+        self._size = size
+        """The group's ranks: a multi-get of rank keys asks for every rank's at once."""
         self._values: dict[str, bytes] = {}
         self._timeout = STORE_TIMEOUT
 
@@ -222,7 +228,9 @@ class GroupStore(dist.Store):
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         """The values of ``keys``, once all are there: one request (waited again)."""
-        missing = [key for key in keys if key not in self._values]
+        missing = _every_rank(
+            [key for key in keys if key not in self._values], self._size, self._values
+        )
         deadline = time.monotonic() + self._timeout.total_seconds()
         body = "\n".join(missing).encode()
         path = f"{wire.TORCH_PREFIX}multi/{self._generation}"
@@ -269,6 +277,21 @@ class GroupStore(dist.Store):
 
     def _path(self, key: str) -> str:
         return self._prefix + urllib.parse.quote(key, safe="")
+
+
+def _every_rank(keys: list[str], size: int, have: Mapping[str, bytes]) -> list[str]:
+    """``keys``, widened to every rank's when they are rank keys (one prefix, then a
+    rank below ``size``): Gloo's TCP transport asks for every rank's key, 128 at a
+    time; asking for all in the first request makes a formation one multi-get per rank."""
+    if not keys or size <= 0:
+        return keys
+    prefix = keys[0].rstrip("0123456789")
+    ranks = [key[len(prefix) :] for key in keys]
+    if not all(key.startswith(prefix) and r.isdigit() and int(r) < size
+               for key, r in zip(keys, ranks, strict=True)):  # fmt: skip
+        return keys
+    every = [f"{prefix}{rank}" for rank in range(size)]
+    return [key for key in every if key not in have]
 
 
 def _expect(status: int, body: bytes, what: str) -> bytes:

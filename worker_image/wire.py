@@ -294,13 +294,15 @@ followed by the launch id (which the worker never sees, so it cannot forge the l
 # 204 means "nothing yet, ask again"):
 #
 #   GET /torch/latest                       the newest generation (ASCII digits); 404: none
-#   GET /torch/member/<worker>/<n>?wait=    the worker's n-th membership
-#                                           ("GEN RANK SIZE ADDR PORT"), 404: unknown worker
+#   GET /torch/member/<worker>/<n>?wait=    the worker's newest membership if it has one
+#                                           from the n-th on ("INDEX GEN RANK SIZE ADDR PORT"),
+#                                           404: unknown worker
 #   GET /torch/abandoned/<gen>?wait=        200 once generation <gen> is given up
 #   GET /torch/flush                        200 while every member's host is leaving (rank 0
 #                                           makes each commit durable at once), else 404
 #   PUT /torch/group/<gen>/<key>            a key of the generation's group (first write final)
-#   GET /torch/group/<gen>/<key>?wait=      its value; 410: the generation is given up or past
+#   GET /torch/group/<gen>/<key>?wait=      its value; 410: the generation is given up, or
+#                                           was superseded before every member wrote its key
 #   POST /torch/multi/<gen>?wait=           the values of the keys in the body (one per line),
 #                                           once all are there (:func:`encode_values`)
 #

@@ -67,7 +67,9 @@ def test_a_worker_waits_for_its_membership_and_is_told_when_it_comes(server: Gro
     waiter.join(10)
     status, body = answers[0]
     assert status == 200
-    assert Membership.decode(body.decode()) == Membership(0, 1, 2, "127.0.0.1", server.port)
+    index, _, place = body.decode().partition(" ")
+    assert index == "0"
+    assert Membership.decode(place) == Membership(0, 1, 2, "127.0.0.1", server.port)
     assert server.waiting() == set()
     assert send(server, "GET", "/torch/latest") == (200, b"0")
 
@@ -210,3 +212,63 @@ def test_the_flush_request_is_told_only_while_the_driver_asks(server: GroupServe
     server.flush = True
     assert coordinator.flush_requested() is True
     assert send(server, "GET", "/torch/flush", key=None)[0] == 401
+
+
+def test_a_worker_behind_is_handed_its_newest_membership(server: GroupServer) -> None:
+    """A generation superseded before the worker asked may never form: it is skipped."""
+    server.admit("w0")
+    server.publish(["w0"], "127.0.0.1", abandon=False)
+    server.publish(["w0"], "127.0.0.1", abandon=False)
+    status, body = send(server, "GET", "/torch/member/w0/0")
+    assert status == 200 and body.decode().startswith("1 1 0 1 ")
+
+
+def test_a_generation_superseded_while_forming_ends_its_waits_one_formed_does_not(
+    server: GroupServer,
+) -> None:
+    for worker in ("w0", "w1"):
+        server.admit(worker)
+    server.publish(["w0", "w1"], "127.0.0.1", abandon=False)
+    send(server, "PUT", "/torch/group/0/0", b"a0")
+    send(server, "PUT", "/torch/group/0/1", b"a1")  # every member wrote: it forms
+    server.publish(["w0", "w1"], "127.0.0.1", abandon=False)
+    # Generation 0 formed: a member still reading it (slow) gets its keys.
+    assert send(server, "GET", "/torch/group/0/1") == (200, b"a1")
+    assert send(server, "POST", "/torch/multi/1?wait=100", b"0\n1")[0] == 204
+    send(server, "PUT", "/torch/group/1/0", b"b0")  # w1 never writes into generation 1
+    answers: list[tuple[int, bytes]] = []
+    waiter = threading.Thread(target=lambda: answers.append(
+        send(server, "POST", "/torch/multi/1?wait=20000", b"0\n1")))  # fmt: skip
+    waiter.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    server.publish(["w0"], "127.0.0.1", abandon=False)  # generation 1 never formed
+    waiter.join(10)
+    assert answers[0][0] == 410 and time.monotonic() - started < 5
+
+
+def test_a_multi_get_of_rank_keys_asks_for_every_ranks_at_once(server: GroupServer) -> None:
+    """Gloo asks 128 rank keys at a time; the group's store asks for all of them in its
+    first request, so a formation costs each rank one multi-get."""
+    from spotring.torch.driver_coordinator import DriverClient, GroupStore
+
+    members = [f"w{rank}" for rank in range(300)]
+    for worker in members:
+        server.admit(worker)
+    server.publish(members, "127.0.0.1", abandon=False)
+    for rank in range(300):
+        assert send(server, "PUT", f"/torch/group/0/%2F0%2F{rank}", f"v{rank}".encode())[0] == 204
+
+    class Counting(DriverClient):
+        requests = 0
+
+        def request(self, method: str, path: str, body: bytes = b"", *, wait_ms: int = 0
+                    ) -> tuple[int, bytes]:  # fmt: skip
+            Counting.requests += 1
+            return super().request(method, path, body, wait_ms=wait_ms)
+
+    store = GroupStore(Counting("127.0.0.1", server.port, KEY), 0, 300)
+    got = [store.multi_get([f"/0/{r}" for r in range(first, min(first + 128, 300))])
+           for first in range(0, 300, 128)]  # fmt: skip
+    assert [v for values in got for v in values] == [f"v{r}".encode() for r in range(300)]
+    assert Counting.requests == 1
