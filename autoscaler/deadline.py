@@ -218,7 +218,8 @@ class DeadlinePolicy:
     def ring_progress(self, ring: int, size: int, steps: int, epochs: float | None = None) -> None:
         """A ring's progress (``RingStatus``): its generation, size (slots), steps since
         it formed and the job's epochs (None: no sampler reported). The slot-seconds
-        since the last report are counted at the size the ring had then."""
+        since the last report are counted at the size the ring had then, none across a
+        change of ring or before a ring's first commit."""
         now = self._clock()
         with self._lock:
             if ring != self._ring:

@@ -178,7 +178,7 @@ def test_a_rings_formation_is_not_in_the_rate() -> None:
     clock.now += 100
     deadline.ring_progress(2, 4, 440)
     projection = deadline.project()
-    assert projection.rate_per_slot == pytest.approx(1.0)  # not 800 in 960 slot-seconds
+    assert projection.rate_per_slot == pytest.approx(1.0)  # not 840 steps in 960 slot-seconds
     assert projection.slack_s == pytest.approx(10_000 - 240 - (10_000 - 850) / 4)
 
 
