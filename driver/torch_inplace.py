@@ -45,7 +45,12 @@ from spotring.driver.options import ElasticOptions
 from spotring.driver.ring_events import Hang, RingEvents
 from spotring.driver.ring_progress import RingProgress
 from spotring.driver.torch_group_server import GroupServer
-from spotring.driver.torch_restart import NoticeToController, TorchJobFailed
+from spotring.driver.torch_workers import (
+    NoticeToController,
+    TorchJobFailed,
+    omp_threads,
+    worker_base_env,
+)
 from spotring.worker_image import wire
 from spotring.worker_image.supervisor import local_address_towards
 
@@ -262,14 +267,12 @@ class TorchInplaceDriver:
         self._wake.set()
 
     def _spec(self, worker: _Worker, local_size: int) -> WorkerSpec:
-        env = {**self._options.worker_env, "PYTHONUNBUFFERED": "1"}
-        if self._options.nics:
-            env["GLOO_SOCKET_IFNAME"] = self._options.nics[0]
-            env["NCCL_SOCKET_IFNAME"] = ",".join(self._options.nics)
+        env = worker_base_env(self._options, self._job_key)
         env["LOCAL_RANK"] = str(worker.local_rank)
         env["LOCAL_WORLD_SIZE"] = str(local_size)
-        if local_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-            env["OMP_NUM_THREADS"] = "1"  # as torchrun
+        threads = omp_threads(local_size, os.environ.get("OMP_NUM_THREADS"))
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = threads
         # ProcessGroupNCCL must abort its communicator, not end the process (docs/torch.md).
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         # Gloo's rendezvous in N/128 + 1 requests per rank, not N (worker_image/wire.py).
@@ -279,7 +282,6 @@ class TorchInplaceDriver:
             f"{self._coordinator_address(worker.host)}:{self._server.port}"
         )
         env[wire.TORCH_WORKER_ENV] = worker.name
-        env[wire.JOB_KEY_ENV] = self._job_key.hex()  # on stdin only (the launcher)
         return WorkerSpec(
             host=worker.host,
             local_rank=worker.local_rank,

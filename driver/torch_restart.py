@@ -40,7 +40,6 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from spotring.core import InterruptionNotice
 from spotring.core.job import JobShape
 from spotring.driver.job_control import JobAborted, JobController
 from spotring.driver.launcher import (
@@ -52,10 +51,13 @@ from spotring.driver.launcher import (
 )
 from spotring.driver.options import DEFAULT_MAX_RESTARTS, ElasticOptions
 from spotring.driver.ring_events import RingEvents
+from spotring.driver.torch_workers import (
+    NoticeToController,
+    TorchJobFailed,
+    omp_threads,
+    worker_base_env,
+)
 from spotring.driver.warm_pool import SLOW_START_SECONDS
-from spotring.driver.worker_events import WorkerEvents
-from spotring.worker_image import wire
-from spotring.worker_image.notices import Notice
 from spotring.worker_image.torch_warm_start import PORT_TAKEN_EXIT
 
 log = logging.getLogger(__name__)
@@ -82,10 +84,6 @@ PORT_RETRIES = 5
 on the driver) that do not count against ``--max-restarts``; later ones do."""
 
 _PYTHON = re.compile(r"python[0-9.]*")
-
-
-class TorchJobFailed(RuntimeError):
-    """The job failed: a worker failed with no restart left, or hosts never came."""
 
 
 @dataclass(frozen=True)
@@ -127,14 +125,6 @@ class Attempt:
     run_id: str
     restart_count: int
     max_restarts: int
-
-
-def omp_threads(local_world_size: int, given: str | None) -> str | None:
-    """``OMP_NUM_THREADS`` as ``torchrun`` sets it: the user's (``given``), else 1 with
-    several workers per host, else unset (None)."""
-    if given is not None:
-        return given
-    return "1" if local_world_size > 1 else None
 
 
 def torchrun_env(slot: Slot, attempt: Attempt, omp_num_threads: str | None) -> dict[str, str]:
@@ -354,11 +344,7 @@ class TorchRestartDriver:
     def _worker_spec(
         self, host: str, local_rank: int, rank: int, env: Mapping[str, str]
     ) -> WorkerSpec:
-        base = {**self._options.worker_env, "PYTHONUNBUFFERED": "1"}
-        if self._options.nics:
-            base["GLOO_SOCKET_IFNAME"] = self._options.nics[0]
-            base["NCCL_SOCKET_IFNAME"] = ",".join(self._options.nics)
-        base[wire.JOB_KEY_ENV] = self._job_key.hex()  # on stdin only (the launcher)
+        base = worker_base_env(self._options, self._job_key)
         return WorkerSpec(
             host=host,
             local_rank=local_rank,
@@ -509,15 +495,3 @@ class _WarmSlots:
                 worker.stop()
         self._workers.clear()
         self._since.clear()
-
-
-class NoticeToController(WorkerEvents):
-    """A verified interruption notice takes the host out of the inventory (the
-    controller drains it); the attempt's next look sees it leave and restarts while
-    the noticed host's worker still runs."""
-
-    def __init__(self, controller: JobController) -> None:
-        self._controller = controller
-
-    def worker_noticed(self, host: str, notice: Notice) -> None:
-        self._controller.host_noticed(host, InterruptionNotice(notice.kind, notice.deadline))

@@ -29,7 +29,6 @@ from spotring.driver.torch_restart import (
     WARM_MODULE,
     Attempt,
     Slot,
-    TorchJobFailed,
     TorchRestartDriver,
     assign_ranks,
     free_port,
@@ -38,6 +37,7 @@ from spotring.driver.torch_restart import (
     torchrun_env,
     warm_command,
 )
+from spotring.driver.torch_workers import TorchJobFailed
 
 
 def test_ranks_are_consecutive_per_host_and_stop_at_the_most_workers() -> None:
