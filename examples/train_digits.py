@@ -32,10 +32,14 @@ from collections.abc import Iterator
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from digits import Net, SampleIds, audit, load_data, marked_padding, padded_loss, sample_counts
 from torch.utils.data import DataLoader
 
 from spotring.torch import TorchState
+
+# digits.py lies beside this script: importable also when the script runs through
+# runpy from elsewhere (sys.path[0] is then the caller's directory).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from digits import Net, SampleIds, audit, load_data, marked_padding, padded_loss, sample_counts
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -28,12 +28,16 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from digits import Net, SampleIds, audit, load_data, marked_padding, padded_loss, sample_counts
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from spotring.torch import inplace
 from spotring.torch.sampler import ElasticDistributedSampler
+
+# digits.py lies beside this script: importable also when the script runs through
+# runpy from elsewhere (sys.path[0] is then the caller's directory).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from digits import Net, SampleIds, audit, load_data, marked_padding, padded_loss, sample_counts
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

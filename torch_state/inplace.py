@@ -349,6 +349,14 @@ def _newer_generation_published(group: ProcessGroup) -> bool:
 # -------------------------------------------------------------------------------- run
 
 
+def flush_requested() -> bool:
+    """Whether the driver of ``spotring run --in-place`` asks rank 0 to make every commit
+    durable at once (every member's host is leaving): durable checkpoints ask it."""
+    from spotring.torch.driver_coordinator import coordinator_from_env
+
+    return coordinator_from_env().flush_requested()
+
+
 def _abandoned(coordinator: Coordinator, generation: int) -> bool:
     """Whether ``generation`` is given up, waiting up to :data:`ABANDON_GRACE_SECONDS`
     for the coordinator to say so."""

@@ -548,7 +548,9 @@ class DurableCommits:
 
     def install_inplace(self, inplace: ModuleType) -> None:
         """Wrap ``commit`` and ``sync`` of the torch backend's in-place ``TorchState``
-        (``spotring.torch.inplace``)."""
+        (``spotring.torch.inplace``), asking its ``flush_requested`` whether to write
+        each commit at once."""
+        self._flush_requested = inplace.flush_requested
         state = inplace.TorchState
         state.commit = self.wrap_commit(state.commit, inplace.MembershipChanged)
         state.sync = self.wrap_sync(state.sync)
@@ -594,8 +596,9 @@ def install_when_imported(env: Mapping[str, str] = os.environ) -> DurableCommits
     hooks = DurableCommits(config, checkpoints, rank, broadcast_object, flush_requested)
     call_after_import("horovod.common.elastic", _installer(hooks.install))
     if env.get(TORCH_COORDINATOR_ENV):  # the torch backend's in-place mode: its own ring
+        # Its flush request comes from the in-place module (the coordinator), at install.
         inplace = DurableCommits(
-            config, checkpoints, _torch_rank, _torch_broadcast_object, _torch_flush_requested
+            config, checkpoints, _torch_rank, _torch_broadcast_object, lambda: False
         )
         call_after_import("spotring.torch.inplace", _installer(inplace.install_inplace))
         return inplace
@@ -610,12 +613,6 @@ def _installer(install: Callable[[ModuleType], None]) -> Callable[[ModuleType], 
             _say(f"not installed, no durable checkpoints: {error}")
 
     return installing
-
-
-def _torch_flush_requested() -> bool:
-    from spotring.torch.driver_coordinator import coordinator_from_env
-
-    return coordinator_from_env().flush_requested()
 
 
 def _torch_rank() -> int:

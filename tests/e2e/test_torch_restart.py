@@ -24,7 +24,7 @@ from tests.e2e.support import job_output, running_job
 pytestmark = pytest.mark.e2e
 
 SPOTRING = str(Path(sys.executable).with_name("spotring"))
-JOB_TIMEOUT = 120
+JOB_TIMEOUT = 300  # a loaded machine: the replacement boots and imports torch ahead
 STEPS, EVERY, PREEMPT_AFTER, AFTER_JOIN = 100_000, 10, 25, 5
 
 
