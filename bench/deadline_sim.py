@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, Row, format_table, row
-from spotring.autoscaler.capacity import CapacityOptions
+from spotring.autoscaler.capacity import DEFAULT_FALLBACK_AFTER, CapacityOptions
 from spotring.autoscaler.controller import Controller
 from spotring.autoscaler.deadline import DeadlineOptions, DeadlinePolicy, deadline_plugin
 from spotring.autoscaler.plugins import get_plugin_manager
@@ -208,6 +208,9 @@ class Workload:
     """``--restart-cost``: what the deadline policy budgets for a change of hosts."""
     boot_s: float = BOOT_S
     formation_s: float = FORMATION_S
+    fallback_after_s: float = DEFAULT_FALLBACK_AFTER
+    """``--fallback-after``: how long a group may sit below its target, with no error
+    from the cloud, before it counts as short (above ``boot_s``, as a user sets it)."""
     spot_usd: float = SPOT_USD
     on_demand_usd: float = ON_DEMAND_USD
     """Per host-hour."""
@@ -231,8 +234,9 @@ def simulate(trace: Trace, policy: str, work: Workload, seed: int) -> Outcome:
     job = JobShape(num_proc=work.hosts, min_num_proc=1, max_num_proc=work.hosts)
     prices = {Lifecycle.SPOT.value: work.spot_usd, Lifecycle.ON_DEMAND.value: work.on_demand_usd}
     controller = Controller(
-        groups, pm.hook, job=job, replace_grace=0.0, capacity=CapacityOptions(),
-        capacity_clock=clock, prices=prices,
+        groups, pm.hook, job=job, replace_grace=0.0,
+        capacity=CapacityOptions(fallback_after=work.fallback_after_s), capacity_clock=clock,
+        prices=prices,
     )  # fmt: skip
     deadline_policy = None
     if policy == "deadline":
@@ -345,6 +349,10 @@ PAPER_CHANGEOVER_S = 0.2 * 3600
 """The paper's settings as far as found (docs/cost.md): 48 h of work, deadlines 52 h
 and 70 h, a changeover delay of 0.2 h (here boot + ring formation, and the policy's
 ``--restart-cost``)."""
+PAPER_BOOT_S = PAPER_CHANGEOVER_S - FORMATION_S
+"""A spot host's boot: ``--fallback-after`` waits the default's margin past it, as a
+user sets it above the time a host takes to come up (at the default 300 s, below the
+boot, every launch would count as a shortage and buy on-demand)."""
 PAPER_SPOT_USD = 0.918
 PAPER_ON_DEMAND_USD = 3.06
 """p3.2xlarge (1 V100) on-demand per hour in us-east-1; spot at 30 % of it (the ratio
@@ -412,7 +420,8 @@ def paper_workload(trace: SpotTrace, deadline_h: float) -> Workload:
     """The paper's job on a ring of the trace's node count."""
     return Workload(
         trace.nodes, PAPER_HOURS, deadline_h, restart_s=PAPER_CHANGEOVER_S,
-        boot_s=PAPER_CHANGEOVER_S - FORMATION_S, spot_usd=PAPER_SPOT_USD,
+        boot_s=PAPER_BOOT_S, fallback_after_s=PAPER_BOOT_S + DEFAULT_FALLBACK_AFTER,
+        spot_usd=PAPER_SPOT_USD,
         on_demand_usd=PAPER_ON_DEMAND_USD,
     )  # fmt: skip
 
