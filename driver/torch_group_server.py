@@ -261,7 +261,7 @@ class GroupServer:
             case "GET", ["flush"]:
                 return (200, b"1") if self.flush else (404, b"")
             case "GET", ["abandoned", g] if g.isdigit():
-                return self._wait_for(lambda: self._is_abandoned(int(g)), wait, b"1")
+                return self._wait_for(lambda: self._is_abandoned(int(g)), wait)
             case "PUT", ["group", g, key] if g.isdigit():
                 return self._set(int(g), _key(key), body)
             case "GET", ["group", g, key] if g.isdigit():
@@ -359,9 +359,7 @@ class GroupServer:
             raise _Refused(410, f"generation {number} was given up or superseded")
         return generation
 
-    def _wait_for(
-        self, find: Callable[[], bytes | None], wait: float, found: bytes | None = None
-    ) -> tuple[int, bytes]:
+    def _wait_for(self, find: Callable[[], bytes | None], wait: float) -> tuple[int, bytes]:
         """200 with what ``find`` (called under the lock) finds, waiting up to
         ``wait`` seconds for it; 204 when nothing came."""
         deadline = time.monotonic() + wait
@@ -369,7 +367,7 @@ class GroupServer:
             while True:
                 value = find()
                 if value is not None:
-                    return 200, found if found is not None else value
+                    return 200, value
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._thread.is_alive():
                     return 204, b""

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from spotring.core.job import JobShape
 from spotring.driver.job_control import JobAborted, JobController
@@ -55,6 +56,8 @@ from spotring.worker_image import wire
 from spotring.worker_image.supervisor import local_address_towards
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 POLL_SECONDS = 0.2
 """How often the driver looks at the inventory when nothing woke it."""
@@ -143,8 +146,7 @@ class TorchInplaceDriver:
             if error is not None:
                 raise JobAborted(str(error), error)
             broken |= self._take_hangs()
-            exits = self._take_exits()
-            for name, code in exits:
+            for name, code in _drain(self._exits):
                 worker = self._workers.pop(name)
                 self._server.forget(name)
                 if name not in self._members:
@@ -360,11 +362,7 @@ class TorchInplaceDriver:
     def _take_hangs(self) -> bool:
         """Fail the hung members the tracker named; whether any was a member."""
         failed = False
-        while True:
-            try:
-                hang = self._hangs.get_nowait()
-            except queue.Empty:
-                return failed
+        for hang in _drain(self._hangs):
             for worker in list(self._workers.values()):
                 if (worker.host, worker.local_rank) == (hang.host, hang.local_rank):
                     log.warning("%s: %s", _describe(worker), hang.reason)
@@ -374,14 +372,7 @@ class TorchInplaceDriver:
                     if worker.name in self._members:
                         self._members.remove(worker.name)
                         failed = True
-
-    def _take_exits(self) -> list[tuple[str, int]]:
-        exits = []
-        while True:
-            try:
-                exits.append(self._exits.get_nowait())
-            except queue.Empty:
-                return exits
+        return failed
 
     def _hosts_now(self) -> dict[str, int]:
         inventory = self._controller.inventory
@@ -392,6 +383,16 @@ class TorchInplaceDriver:
             worker.stop.set()
         for thread in self._threads:  # the launcher's grace, then its SIGKILL
             thread.join(STOP_GRACE_SECONDS + 5.0)
+
+
+def _drain(items: queue.Queue[T]) -> list[T]:
+    """What ``items`` holds now, taken out."""
+    taken = []
+    while True:
+        try:
+            taken.append(items.get_nowait())
+        except queue.Empty:
+            return taken
 
 
 def _describe(worker: _Worker) -> str:
