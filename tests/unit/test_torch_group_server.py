@@ -272,3 +272,23 @@ def test_a_multi_get_of_rank_keys_asks_for_every_ranks_at_once(server: GroupServ
            for first in range(0, 300, 128)]  # fmt: skip
     assert [v for values in got for v in values] == [f"v{r}".encode() for r in range(300)]
     assert Counting.requests == 1
+
+
+def test_a_waiting_multi_get_is_answered_when_its_last_key_lands_in_any_order(
+    server: GroupServer,
+) -> None:
+    server.admit("w0")
+    server.publish(["w0", "w1", "w2"], "127.0.0.1", abandon=False)
+    answers: list[tuple[int, bytes]] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(send(server, "POST", "/torch/multi/0?wait=20000", b"a\nb\nc"))
+    )
+    waiter.start()
+    for key in ("b", "a"):  # "a" moves the waiter on to "c", still missing
+        assert send(server, "PUT", f"/torch/group/0/{key}", key.encode())[0] == 204
+    waiter.join(0.5)
+    assert waiter.is_alive() and not answers
+    send(server, "PUT", "/torch/group/0/c", b"c")
+    waiter.join(10)
+    status, body = answers[0]
+    assert status == 200 and wire.decode_values(body, 3) == [b"a", b"b", b"c"]
