@@ -50,9 +50,9 @@ MAX_VALUE_BYTES = 1 << 20
 """The largest key value: Gloo's is about 60 bytes per rank of the group."""
 MAX_KEY_CHARS = 512
 MAX_MULTI_KEYS = 65536
+"""Keys one multi-get may name (a rank asks for every rank's at once)."""
 MAX_CACHED_ANSWERS = 64
 """Answers kept per generation (its ranks all ask for the same keys)."""
-"""Keys one multi-get may name (a rank asks for every rank's at once)."""
 KEYS_PER_MEMBER = 4
 """Keys a generation may hold per member, beyond :data:`EXTRA_KEYS` (Gloo writes one
 per rank and group)."""
