@@ -114,11 +114,13 @@ def main(argv: list[str]) -> int:
             state.batch += 1
             if state.rank == 0:
                 report.set(f"stepped/{state.batch}", f"{generation} {time.time()}")
-            state.commit()
-            if state.rank == 0 and state.steps_since_commit == 0:
-                report.set(f"committed/{state.batch}", f"{generation} {time.time()}",
-                           event="commit", step=state.batch, size=state.world_size,
-                           generation=generation)  # fmt: skip
+            try:
+                state.commit()
+            finally:  # a commit that raised MembershipChanged saved the step all the same
+                if state.rank == 0 and state.steps_since_commit == 0:
+                    report.set(f"committed/{state.batch}", f"{generation} {time.time()}",
+                               event="commit", step=state.batch, size=state.world_size,
+                               generation=generation)  # fmt: skip
 
     train(state)
     digest = state_digest(state)
