@@ -277,9 +277,6 @@ class TorchInplaceDriver:
             env["OMP_NUM_THREADS"] = threads
         # ProcessGroupNCCL must abort its communicator, not end the process (docs/torch.md).
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
-        # Gloo's rendezvous in N/128 + 1 requests per rank, not N (worker_image/wire.py).
-        env.setdefault("GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER", "1")
-        env.setdefault("GLOO_ENABLE_STORE_V2_API", "1")
         env[wire.TORCH_COORDINATOR_ENV] = (
             f"{self._coordinator_address(worker.host)}:{self._server.port}"
         )

@@ -34,6 +34,7 @@ import contextlib
 import copy
 import functools
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed import distributed_c10d
 
 from spotring.torch.coordinator import Coordinator, Membership
 from spotring.worker_image.commit_buffers import (
@@ -60,7 +62,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 GROUP_TIMEOUT = timedelta(seconds=60)
-"""Gloo's own timeout, the last resort: failures end collectives long before it."""
+"""Gloo's own timeout for collectives, the last resort: failures end them long before it."""
+
+FORMATION_TIMEOUT = timedelta(seconds=2)
+"""Gloo's timeout while a group connects, raised to :data:`GROUP_TIMEOUT` once it has.
+A peer that died after publishing its address holds each peer that waits for its
+connection five times this (measured here: Gloo's connect retries), and nothing can
+end that wait sooner; at :data:`GROUP_TIMEOUT` it was five minutes. It does not bound
+the members' arrival: the store's waits (a member still finishing a long step) are
+the store's own."""
 
 ABANDON_GRACE_SECONDS = 10.0
 """How long a worker whose collective failed waits for the coordinator to abandon the
@@ -87,15 +97,26 @@ class ProcessGroup:
         """Set once the coordinator has abandoned this generation."""
         self._coordinator = coordinator
         self._watch = coordinator.watch(membership.generation)
+        # Gloo's formation as this module needs it: one store request per rank for its
+        # peers' addresses, a multi-get (O(N) requests, not O(N^2)) that waits by the
+        # store's own timeout, not by FORMATION_TIMEOUT (Gloo passes that to wait()).
+        os.environ["GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER"] = "1"
+        os.environ["GLOO_ENABLE_STORE_V2_API"] = "1"
         try:
             store = coordinator.group_store(membership)
             before = own_tcp_sockets()
             dist.init_process_group(
                 "gloo", store=store, rank=membership.rank, world_size=membership.world_size,
-                timeout=GROUP_TIMEOUT,
+                timeout=FORMATION_TIMEOUT,
             )  # fmt: skip
+            distributed_c10d._set_pg_timeout(GROUP_TIMEOUT)  # the collectives: read per operation
         except BaseException:
             self._watch.close()
+            # What destroy_process_group resets: the default group's name is the count of
+            # groups made, and a failed init counted one. Left so, this worker's next
+            # group's keys would be named apart from those of a member that never failed
+            # (a joiner), and both would wait for each other until the store gave up.
+            distributed_c10d._world.group_count = 0
             raise
         self._connections = _connections(own_tcp_sockets() - before)
         self._watcher = threading.Thread(target=self._watch_abandoned, name="spotring-watch")

@@ -307,8 +307,9 @@ followed by the launch id (which the worker never sees, so it cannot forge the l
 #                                           once all are there (:func:`encode_values`)
 #
 # ``<key>`` is the c10d store key, percent-encoded (``urllib.parse.quote(key, safe="")``).
-# The workers set ``GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER=1`` and ``GLOO_ENABLE_STORE_V2_API=1``
-# (gloo/common/utils.cc): each rank's rendezvous value is then its host name and one
+# A member's ProcessGroup (torch_state/inplace.py) sets ``GLOO_ENABLE_STORE_V2_API=1`` and
+# ``GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER=1`` (gloo/common/utils.cc) in its process: each
+# rank's rendezvous value is then its host name and one
 # address, whatever the group's size, and Gloo's TCP transport reads its peers' values
 # with a multi-get of 128 keys at a time (gloo/transport/tcp/context.cc): a formation
 # costs the driver N/128 + 1 requests per rank instead of N.

@@ -147,3 +147,76 @@ def test_hung_peer_is_aborted_from_outside_not_waited_out(job: Job) -> None:
     assert starts["a"] == starts["b"]
     results = {w: job.finish(w) for w in ("a", "b")}
     assert {batch for batch, _, _ in results.values()} == {int(STEPS)}
+
+
+DIES_AFTER_PUBLISHING = """
+import os, signal, sys
+import torch.distributed as dist
+os.environ["GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER"] = "1"  # Gloo's formation as members run it
+os.environ["GLOO_ENABLE_STORE_V2_API"] = "1"
+from spotring.torch.coordinator import StoreCoordinator
+
+coordinator = StoreCoordinator("127.0.0.1", int(sys.argv[1]), "x")
+membership = coordinator.next_membership(after=-1)
+inner = coordinator.group_store(membership)
+
+
+class DiesAfterPublishing(dist.Store):
+    \"\"\"The generation's store, until this member has written its address.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+
+    def set(self, key, value):
+        inner.set(key, value)
+        os.kill(os.getpid(), signal.SIGKILL)  # a preemption between publishing and connecting
+
+    def get(self, key):
+        return inner.get(key)
+
+    def wait(self, keys, timeout=None):
+        inner.wait(keys)
+
+    def check(self, keys):
+        return inner.check(keys)
+
+    def add(self, key, value):
+        return inner.add(key, value)
+
+    def has_extended_api(self):
+        return True
+
+    def multi_get(self, keys):
+        return inner.multi_get(keys)
+
+    def multi_set(self, keys, values):
+        inner.multi_set(keys, values)
+
+
+dist.init_process_group("gloo", store=DiesAfterPublishing(), rank=membership.rank,
+                        world_size=membership.world_size)
+"""
+
+
+def test_a_peer_lost_after_publishing_its_address_holds_the_forming_group_seconds(
+    job: Job, tmp_path: Path
+) -> None:
+    for worker in ("a", "b"):
+        job.start(worker, "--steps", "100000")
+    job.publisher.publish(["a", "b"])
+    job.wait("committed/5", STARTED)
+
+    # Rank 1 of the next generation publishes its address and dies before it connects:
+    # rank 2 waits in Gloo for its connection (it cannot tell it is gone).
+    joiner = subprocess.Popen(
+        [sys.executable, "-c", DIES_AFTER_PUBLISHING, str(job.store.port)],
+        stdout=open(tmp_path / "x.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    job.publisher.publish(["a", "x", "b"], abandon=False)
+    assert joiner.wait(STARTED.total_seconds()) == -signal.SIGKILL, job.logs()
+    job.publisher.publish(["a", "b"])  # the driver's verdict: abandon, go on without it
+
+    # WAIT (40 s): at Gloo's 60 s timeout the survivors' connect waited five minutes.
+    starts = {w: job.wait(f"start/2/{w}").split() for w in ("a", "b")}
+    assert starts["a"] == starts["b"]
