@@ -113,6 +113,8 @@ class WorkerSpec:
     cwd: str = ""
     notices: Mapping[str, Any] | None = None
     """The notice watcher the host's supervisor runs (``Provider.notice_watcher``)."""
+    stop_grace: float = STOP_GRACE_SECONDS
+    """Seconds a stop gives the worker between SIGTERM and SIGKILL."""
 
 
 @dataclass(frozen=True)
@@ -305,7 +307,7 @@ class ProcessLauncher:
         self._tell(lambda listener: listener.process_started(spec.host, process.pid))
         assert process.stdin is not None
         line: dict[str, Any] = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": spec.cwd}
-        line["grace"] = STOP_GRACE_SECONDS
+        line["grace"] = spec.stop_grace
         if spec.notices is not None:
             line.update(launch=launch.id, notices=dict(spec.notices))
         if warm:
@@ -734,7 +736,7 @@ def _stop(launch: _Launch) -> None:
     with contextlib.suppress(OSError):
         assert process.stdin is not None
         process.stdin.close()
-    if launch.watch.ended.wait(STOP_GRACE_SECONDS + 2.0):
+    if launch.watch.ended.wait(launch.spec.stop_grace + 2.0):
         process.wait()  # it has exited: at once
     else:
         _kill_group(process)

@@ -6,9 +6,9 @@ Horovod path, with the variables torchrun's ``LocalElasticAgent._start_workers``
 calls ``init_process_group()`` from the environment and loads its own checkpoint runs
 as under torchrun. On a membership change (a worker exits non-zero, a ring host leaves
 the inventory or announces its interruption, a host joins while the ring is below
-``--max-np``) every worker is stopped (SIGTERM, then the launcher's stop grace, so the
-script's checkpoint on SIGTERM can complete) and the next attempt starts on the hosts
-the inventory gives then.
+``--max-np``) every worker is stopped (SIGTERM, then torchrun's 30 s before SIGKILL, so
+the script's checkpoint on SIGTERM can complete) and the next attempt starts on the
+hosts the inventory gives then.
 
 As torchrun's agent does, only failures count against ``--max-restarts``
 (``SimpleElasticAgent._invoke_run``: "membership changes do not count as retries"),
@@ -44,7 +44,6 @@ from spotring.core.job import JobShape
 from spotring.driver.job_control import JobAborted, JobController
 from spotring.driver.launcher import (
     LAUNCH_FAILED_EXIT,
-    STOP_GRACE_SECONDS,
     ProcessLauncher,
     WarmWorker,
     WorkerSpec,
@@ -78,6 +77,11 @@ WARM_DELAY_SECONDS = 3.0
 """How long after an attempt starts its hosts' workers for the next one are started:
 not at once, so they do not compete with the attempt's own start (the group's
 formation, the checkpoint's load) for the host's CPUs."""
+
+STOP_GRACE_SECONDS = 30.0
+"""What a stopped worker gets between SIGTERM and SIGKILL: torchrun's agent's 30 s
+(``LocalElasticAgent._shutdown``'s timeout, torch 2.13), so a script's checkpoint on
+SIGTERM has as long as under torchrun (the Horovod path's workers get 5 s)."""
 
 PORT_RETRIES = 5
 """Attempts whose rank 0 found the store's port taken on its host (it is picked free
@@ -353,6 +357,7 @@ class TorchRestartDriver:
             env={**base, **env},
             cwd=os.getcwd(),
             notices=self._controller.notice_watcher(host),
+            stop_grace=STOP_GRACE_SECONDS,
         )
 
     def _watch(

@@ -26,6 +26,7 @@ from spotring.driver.options import ElasticOptions
 from spotring.driver.ring_events import NoRingEvents
 from spotring.driver.torch_restart import (
     PORT_TAKEN_EXIT,
+    STOP_GRACE_SECONDS,
     WARM_MODULE,
     Attempt,
     Slot,
@@ -329,3 +330,23 @@ def test_a_store_port_taken_on_rank_0s_host_is_retried_without_counting(tmp_path
         launcher.close()
     assert len(driver.world_sizes) == 2
     assert controller.failed == []
+
+
+def test_a_stopped_worker_gets_torchruns_30_s_to_checkpoint_before_sigkill(
+    tmp_path: Path,
+) -> None:
+    # A stand-in for the supervisor's interpreter: it keeps the launcher's line, exits 0.
+    supervisor = tmp_path / "python"
+    supervisor.write_text(f'#!/bin/sh\nread -r line\necho "$line" > {tmp_path}/line.$$\n')
+    supervisor.chmod(0o755)
+    launcher = ProcessLauncher(remote=False, python=str(supervisor), output=io.StringIO())
+    driver = TorchRestartDriver(
+        [sys.executable, "train.py"], cast(Any, _Controller()), launcher, JobShape(2, 1, 2),
+        ElasticOptions(warm_start=False), NoRingEvents(), local=True,
+    )  # fmt: skip
+    try:
+        driver.run()
+    finally:
+        launcher.close()
+    lines = [json.loads(path.read_text()) for path in tmp_path.glob("line.*")]
+    assert [line["grace"] for line in lines] == [STOP_GRACE_SECONDS] * 2 == [30.0] * 2
