@@ -164,9 +164,6 @@ inner = coordinator.group_store(membership)
 class DiesAfterPublishing(dist.Store):
     \"\"\"The generation's store, until this member has written its address.\"\"\"
 
-    def __init__(self):
-        super().__init__()
-
     def set(self, key, value):
         inner.set(key, value)
         os.kill(os.getpid(), signal.SIGKILL)  # a preemption between publishing and connecting
