@@ -1,19 +1,21 @@
 """End to end: `spotring run --backend torch` runs an unchanged torchrun script.
 
-examples/torch_ddp_checkpoint.py (its own checkpoint every K steps, and one of the step
-it is at when SIGTERM stops it: ``--save-on-sigterm``) on two local hosts, through one
-job: a hard preemption of one host, its replacement's join, an interruption notice, the
-loss of every host at once, then its stop file. Each chaos waits for training progress.
+examples/torch_ddp_checkpoint.py (its own checkpoint every K steps and, with
+``--save-on-sigterm``, one of the step where SIGTERM stopped it) on two local hosts,
+through one job: a hard preemption of one host, its replacement's join, an interruption
+notice, the loss of every host at once, then its stop file. Each chaos waits for
+training progress.
 
 - The hard preemption restarts every worker at the size the hosts left allow, from the
   last periodic checkpoint; the replacement's join restarts them at full size.
 - The notice restarts every worker while the noticed host still runs: spotring's
   SIGTERM reaches the script, rank 0 saves the step every rank completed, and the next
   attempt starts just past it (nothing rolled back).
-- The whole-ring loss: the replacements boot and the workers start again from the last
-  periodic checkpoint (fewer than K steps lost).
-Only the two failures count as restarts. The workers of each restart were started
-ahead (interpreter up, torch imported); each join waited for its new host's.
+- The whole-ring loss: the replacements boot and the workers start again from the
+  newest checkpoint (fewer than K steps lost).
+The kill counts as a restart, the joins and the notice do not. The workers of each
+restart were started ahead (interpreter up, torch imported); each join waited for its
+new host's.
 """
 
 from __future__ import annotations
