@@ -32,7 +32,9 @@ everything below. Measured:
 - anchors in the same run: torchrun's restart (``bench/torch_anchor.py``, its store
   sharing turned off so that its restart works) on the same model: kill -> next step
   and steps lost; the Horovod path's hard-kill recovery (``bench/recovery.py``'s
-  spotring rows, its own 4-worker workload).
+  spotring rows, its own 4-worker workload); torchft 0.2.0 with its Lighthouse on the same
+  model (``bench/torchft_anchor.py``, from the scratch venv ``bench/torchft_env.sh`` makes;
+  without it its rows say why they were skipped).
 
     python -m bench.torch_inplace [--quick] [--kills N] [--seed S] [--ranks 64,128] [--output F]
 """
@@ -67,6 +69,7 @@ from bench.common import RESULTS, Row, format_extras, format_table, row, write_j
 from bench.kills import GLOO_TIMED_OUT
 from bench.recovery import BIN, REPO, Job, _percentile, run_spotring
 from bench.torch_anchor import Outcome, torchrun_once
+from bench.torchft_anchor import bench_rows as torchft_rows
 from spotring.torch.driver_coordinator import DriverClient, GroupStore
 
 WORKERS = 4
@@ -567,6 +570,8 @@ def measure(
                  "requests per rank": round(figures["requests"] / size, 2),
                  "requests with one get per peer (N^2)": size * size})
         )  # fmt: skip
+    rows += torchft_rows(kills_name, _percentile(stalls, 0.5), "in-place join (a replacement host)",
+                         max(joins, default=math.nan), 1 if quick else 3)  # fmt: skip
     return rows
 
 

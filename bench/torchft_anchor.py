@@ -2,14 +2,15 @@
 
 The model, data and optimizer of bench/torch_anchor.py (examples/torch_inplace.py's
 small MLP, ``batch_of(step, replica)``, SGD with momentum) as :data:`REPLICAS` replica
-groups of one CPU worker each, under one ``torchft_lighthouse``: each worker is a
-``torchft.Manager`` over a ``ProcessGroupGloo`` (rank 0 of its own group, with its own
-``TCPStore``), its model in ``torchft.DistributedDataParallel`` and its optimizer in
-``torchft.Optimizer`` (torchft's ``train_ddp.py``, without the data loader). Each
-worker appends ``STEP TIME COMMITTED PARTICIPANTS`` to ``steps.REPLICA`` after every
-step. Once replica 0 has committed step :data:`KILL_AT_STEP`, replica 1 is SIGKILLed;
-then it is started again (same replica id), and must heal from a survivor. Measured
-on replica 0 (a survivor):
+groups of one CPU worker each, :data:`STEP_SECONDS` of sleep per step, under one
+``torchft_lighthouse``: each worker is a ``torchft.Manager`` over a ``ProcessGroupGloo``
+(rank 0 of its own group, with its own ``TCPStore``), its optimizer in
+``torchft.Optimizer``, its gradients all-reduced by ``torchft.DistributedDataParallel``
+(torchft's ``train_ddp.py``, without the data loader) or by ``Manager.allreduce`` per
+gradient (:data:`VARIANTS`). Each worker appends ``STEP TIME COMMITTED PARTICIPANTS``
+to its progress file after every step. Once replica 0 has committed step
+:data:`KILL_AT_STEP` with all replicas, replica 1 is SIGKILLed; then it is started
+again (same replica id), and must heal from a survivor. Measured on replica 0:
 
 - *kill -> next step*: from the kill to the end of its first committed step in a
   quorum without the killed replica (steps committed in the old quorum just after the
@@ -19,15 +20,11 @@ on replica 0 (a survivor):
 - *join stall*: the gap between its last committed step without the restarted replica
   and its first with it, and the restarted replica's start -> first committed step.
 
-The lighthouse finds a dead replica only when its heartbeats stop for
-``--heartbeat_timeout_ms`` (5,000 ms by default; the survivors' quorum waits for every
-replica that still heartbeats): rows with the default and with 1,000 ms.
-
 torchft is not a project dependency: it runs from the scratch venv that
-``bench/torchft_env.sh`` makes (torch==2.13.0, torchft==0.2.0); without it each row
-says why it was skipped.
+``bench/torchft_env.sh`` makes (torch==2.13.0, torchft==0.2.0; ``TORCHFT_VENV``
+elsewhere than /tmp/torchft-venv); without it each row says why it was skipped.
 
-    bench/torchft_env.sh && python -m bench.torchft_anchor [--runs 3]
+    bench/torchft_env.sh && python -m bench.torchft_anchor [--runs 3] [--variant N]
 
 The worker side (``worker ...``) runs under that venv's python and imports only torch
 and torchft.
@@ -36,7 +33,6 @@ and torchft.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -61,13 +57,9 @@ REPLICAS = 4
 KILL_AT_STEP = 35
 STEP_SECONDS = 0.05
 """Sleep per step standing for compute, as bench/torch_inplace.py's in-place job."""
-STEPS = 100_000
-"""Workers run until stopped: the run ends on progress, not on a step count."""
 AFTER_JOIN_STEPS = 5
 """Committed steps of the rejoined replica after which a run ends."""
 RUN_BOUND_SECONDS = 120.0
-DEFAULT_HEARTBEAT_MS = 5000
-"""``torchft_lighthouse --heartbeat_timeout_ms``'s default (torchft 0.2.0)."""
 LIGHTHOUSE_FLAGS = ["--min_replicas", "2", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000"]
 """As torchft's README starts it (``--min_replicas 1`` there; 2 here so that a lone
 worker never trains alone)."""
@@ -93,9 +85,9 @@ class Variant:
 
 
 VARIANTS = (
-    Variant("torchft DistributedDataParallel, heartbeat timeout 5 s (defaults)", True, 5000),
-    Variant("torchft Manager.allreduce per gradient, heartbeat timeout 5 s", False, 5000),
-    Variant("torchft Manager.allreduce per gradient, heartbeat timeout 1 s", False, 1000),
+    Variant("torchft 0.2.0 DDP, heartbeat timeout 5 s", True, 5000),
+    Variant("torchft 0.2.0 Manager.allreduce, heartbeat timeout 5 s", False, 5000),
+    Variant("torchft 0.2.0 Manager.allreduce, heartbeat timeout 1 s", False, 1000),
 )
 """``torchft.DistributedDataParallel`` as torchft's train_ddp.py uses it; the manual
 all-reduce (the anchors' non-DDP path) sidesteps its crash (docs/torch.md); the lighthouse
@@ -286,7 +278,7 @@ def measure(runs: int) -> dict[Variant, list[FtOutcome] | str]:
 
 def _median(outcomes: list[FtOutcome], field: str) -> float:
     values = [getattr(o, field) for o in outcomes if getattr(o, field) is not None]
-    return statistics.median(values) if values else math.nan
+    return round(statistics.median(values), 3) if values else math.nan
 
 
 def summary(outcomes: list[FtOutcome] | str) -> dict[str, Any]:
@@ -317,7 +309,7 @@ def bench_rows(
     rows = []
     for variant, outcomes in measure(runs).items():
         figures = summary(outcomes)
-        anchor = f"{variant.name} (bench/torchft_anchor.py)"
+        anchor = variant.name
         rows += [
             row(kills_name, "p50 s kill -> rank 0's next step", kill_p50, anchor,
                 figures.get("kill -> next step s", math.nan), "", figures),
@@ -336,7 +328,6 @@ def worker(argv: list[str]) -> int:
     parser.add_argument("--replica", type=int, required=True)
     parser.add_argument("--lighthouse", required=True)
     parser.add_argument("--progress", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--step-seconds", type=float, default=STEP_SECONDS)
     parser.add_argument("--ddp", action="store_true", help="torchft.DistributedDataParallel")
     args = parser.parse_args(argv)
@@ -372,8 +363,9 @@ def worker(argv: list[str]) -> int:
     )
     net = DistributedDataParallel(manager, model) if args.ddp else model
     optimizer = Optimizer(manager, inner)
+    parent = os.getppid()
     with open(args.progress, "a", buffering=1) as progress:
-        while manager.current_step() < args.steps:
+        while os.getppid() == parent:  # until stopped, or orphaned
             step = manager.current_step()
             x = torch.randn(
                 32, 64, generator=torch.Generator().manual_seed(step * 1000 + args.replica)
@@ -390,8 +382,7 @@ def worker(argv: list[str]) -> int:
             progress.write(
                 f"{done} {time.time()} {int(done > step)} {manager.num_participants()}\n"
             )
-    manager.shutdown(wait=False)
-    os._exit(0)
+    os._exit(0)  # at once, without tearing down torchft's threads and servers
 
 
 # ------------------------------------------------------------------ main
@@ -402,10 +393,15 @@ def main(argv: list[str]) -> int:
         return worker(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="kills per variant")
+    parser.add_argument(
+        "--variant", type=int, action="append", choices=range(len(VARIANTS)),
+        help="only these (0: DDP, 1: Manager.allreduce, 2: the same with a 1 s heartbeat timeout)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    variants = [VARIANTS[i] for i in args.variant] if args.variant else VARIANTS
     print(f"{REPLICAS} replica groups of 1 CPU worker, kill at step {KILL_AT_STEP}")
     why = unavailable()
-    for variant in VARIANTS:
+    for variant in variants:
         if why:
             print(f"{variant.name}: skipped: {why}")
             continue
@@ -418,5 +414,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main(sys.argv[1:]))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # run.stop()
+    sys.exit(main(sys.argv[1:]))
