@@ -60,6 +60,7 @@ STEP_SECONDS = 0.05
 AFTER_JOIN_STEPS = 5
 """Committed steps of the rejoined replica after which a run ends."""
 RUN_BOUND_SECONDS = 120.0
+"""The longest wait for one stage of a run (start, recovery, rejoin)."""
 LIGHTHOUSE_FLAGS = ["--min_replicas", "2", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000"]
 """As torchft's README starts it (``--min_replicas 1`` there; 2 here so that a lone
 worker never trains alone)."""
@@ -309,12 +310,11 @@ def bench_rows(
     rows = []
     for variant, outcomes in measure(runs).items():
         figures = summary(outcomes)
-        anchor = variant.name
         rows += [
-            row(kills_name, "p50 s kill -> rank 0's next step", kill_p50, anchor,
+            row(kills_name, "p50 s kill -> rank 0's next step", kill_p50, variant.name,
                 figures.get("kill -> next step s", math.nan), "", figures),
-            row(join_name, "max s gap between rank 0's steps", join_max, anchor + ": join stall",
-                figures.get("join stall s", math.nan)),
+            row(join_name, "max s gap between rank 0's steps", join_max,
+                f"{variant.name}: join stall", figures.get("join stall s", math.nan)),
         ]  # fmt: skip
     return rows
 
