@@ -44,6 +44,10 @@ NOT_HOROVOD: dict[str, str] = {
     "_ArgumentGroup": "argparse's type of add_argument_group's result, for annotations",
     "_group_actions": "argparse: the options of a group, to name them (autoscaler/cli.py)",
     "_foreach_copy_": "torch's fused copy of many tensors (worker_image/state.py)",
+    "_set_pg_timeout": "torch.distributed's setter of a formed group's timeout: the in-place "
+    "group connects under a short one, then takes the collectives' (torch_state/inplace.py)",
+    "_world": "torch.distributed's registry: its group_count reset after a failed "
+    "init_process_group, as destroy_process_group resets it (torch_state/inplace.py)",
     "_sock": "socket.SocketIO._sock: the socket under a buffered reader, for its timeout",
     "_metadata": "torch's state_dict() keeps each module's version there; a checkpoint keeps "
     "it (checkpoint/payload.py)",
