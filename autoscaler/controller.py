@@ -35,9 +35,9 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import pluggy
 
@@ -65,11 +65,11 @@ from spotring.core import (
 from spotring.core.inventory import Inventory
 from spotring.core.job import JobShape
 from spotring.core.prices import HourlyPrice, PriceBook
+from spotring.core.queues import taken
 from spotring.providers.base import Provider
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 __all__ = ["Backoff", "Controller", "ControllerError"]  # ControllerError lives in calls
 
@@ -514,7 +514,7 @@ class Controller:
         return drain
 
     def _take_noticed_hosts(self) -> None:
-        for instance, notice, drain in _taken(self._noticed_hosts):
+        for instance, notice, drain in taken(self._noticed_hosts):
             self._emit("spotring_host_noticed", instance=instance, notice=notice, draining=drain)
             if notice.kind != "rebalance" and self._steering is not None:
                 self._steering.preempted(instance.id)
@@ -554,7 +554,7 @@ class Controller:
         return self._watchers.get(instance_id)
 
     def _take_failed_hosts(self) -> None:
-        for instance, reason in _taken(self._failed_hosts):
+        for instance, reason in taken(self._failed_hosts):
             self._host_failed(instance, reason, self._replace_grace)
 
     def _take_cloud_failures(self) -> None:
@@ -617,12 +617,3 @@ def _same_price(told: HourlyPrice | None, price: HourlyPrice | None) -> bool:
     if told is None or price is None:
         return told is price
     return (told.usd, told.source) == (price.usd, price.source)
-
-
-def _taken(reported: queue.SimpleQueue[T]) -> Iterator[T]:
-    """What other threads reported in ``reported`` so far, taken in order."""
-    while True:
-        try:
-            yield reported.get_nowait()
-        except queue.Empty:
-            return

@@ -37,9 +37,9 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from spotring.core.job import JobShape
+from spotring.core.queues import taken
 from spotring.driver.job_control import JobAborted, JobController
 from spotring.driver.launcher import STOP_GRACE_SECONDS, ProcessLauncher, WorkerSpec
 from spotring.driver.options import ElasticOptions
@@ -57,7 +57,6 @@ from spotring.worker_image.supervisor import local_address_towards
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 POLL_SECONDS = 0.2
 """How often the driver looks at the inventory when nothing woke it."""
@@ -146,7 +145,7 @@ class TorchInplaceDriver:
             if error is not None:
                 raise JobAborted(str(error), error)
             broken |= self._take_hangs()
-            for name, code in _drain(self._exits):
+            for name, code in taken(self._exits):
                 worker = self._workers.pop(name)
                 self._server.forget(name)
                 if name not in self._members:
@@ -359,7 +358,7 @@ class TorchInplaceDriver:
     def _take_hangs(self) -> bool:
         """Fail the hung members the tracker named; whether any was a member."""
         failed = False
-        for hang in _drain(self._hangs):
+        for hang in taken(self._hangs):
             for worker in list(self._workers.values()):
                 if (worker.host, worker.local_rank) == (hang.host, hang.local_rank):
                     log.warning("%s: %s", _describe(worker), hang.reason)
@@ -380,16 +379,6 @@ class TorchInplaceDriver:
             worker.stop.set()
         for thread in self._threads:  # the launcher's grace, then its SIGKILL
             thread.join(STOP_GRACE_SECONDS + 5.0)
-
-
-def _drain(items: queue.Queue[T]) -> list[T]:
-    """What ``items`` holds now, taken out."""
-    taken = []
-    while True:
-        try:
-            taken.append(items.get_nowait())
-        except queue.Empty:
-            return taken
 
 
 def _describe(worker: _Worker) -> str:

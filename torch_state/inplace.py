@@ -67,8 +67,8 @@ GROUP_TIMEOUT = timedelta(seconds=60)
 FORMATION_TIMEOUT = timedelta(seconds=2)
 """Gloo's timeout while a group connects, raised to :data:`GROUP_TIMEOUT` once it has.
 A peer that died after publishing its address holds each peer that waits for its
-connection five times this (measured here: Gloo's connect retries), and nothing can
-end that wait sooner; at :data:`GROUP_TIMEOUT` it was five minutes. It does not bound
+connection five times this (Gloo's ``Pair::waitUntil`` for an initial connect), and
+nothing can end that wait sooner; at :data:`GROUP_TIMEOUT` it was five minutes. It does not bound
 the members' arrival: the store's waits (a member still finishing a long step) are
 the store's own."""
 
