@@ -155,6 +155,10 @@ class _DriverWatch:
         )
         self._key = key
         self._closed = threading.Event()
+        # Connected now, not at the first wait (in the watching thread): the connections
+        # a group opens are those made after its watch was (inplace.ProcessGroup.abort).
+        with contextlib.suppress(OSError):  # wait() connects again
+            self._connection.connect()
 
     def wait(self) -> bool:
         failures = 0

@@ -37,6 +37,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -46,6 +47,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed import distributed_c10d
 
+from spotring.torch import formation
 from spotring.torch.coordinator import Coordinator, Membership
 from spotring.worker_image.commit_buffers import (
     ModelBuffers,
@@ -67,10 +69,15 @@ GROUP_TIMEOUT = timedelta(seconds=60)
 FORMATION_TIMEOUT = timedelta(seconds=2)
 """Gloo's timeout while a group connects, raised to :data:`GROUP_TIMEOUT` once it has.
 A peer that died after publishing its address holds each peer that waits for its
-connection five times this (Gloo's ``Pair::waitUntil`` for an initial connect), and
-nothing can end that wait sooner; at :data:`GROUP_TIMEOUT` it was five minutes. It does not bound
-the members' arrival: the store's waits (a member still finishing a long step) are
-the store's own."""
+connection five times this (Gloo's ``Pair::waitUntil`` for an initial connect; at
+:data:`GROUP_TIMEOUT` it was five minutes) unless the coordinator abandons the generation,
+which ends those waits at once (:mod:`.formation`): this is the bound when it cannot. It
+does not bound the members' arrival: the store's waits (a member still finishing a long
+step) are the store's own."""
+
+CONNECT_SHUT_EVERY_SECONDS = 0.02
+"""How often connects a forming group starts after its generation was abandoned are
+shut down (Gloo tries each connect four times)."""
 
 ABANDON_GRACE_SECONDS = 10.0
 """How long a worker whose collective failed waits for the coordinator to abandon the
@@ -97,40 +104,68 @@ class ProcessGroup:
         """Set once the coordinator has abandoned this generation."""
         self._coordinator = coordinator
         self._watch = coordinator.watch(membership.generation)
+        self._connections: set[int] = set()
+        self._formed = threading.Event()
+        self._forming_ended = threading.Event()
         # Gloo's formation as this module needs it: one store request per rank for its
         # peers' addresses, a multi-get (O(N) requests, not O(N^2)) that waits by the
-        # store's own timeout, not by FORMATION_TIMEOUT (Gloo passes that to wait()).
+        # store's own timeout, not by FORMATION_TIMEOUT (Gloo passes that to wait());
+        # and each pair named by its ranks, which formation.release relies on.
         os.environ["GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER"] = "1"
         os.environ["GLOO_ENABLE_STORE_V2_API"] = "1"
+        self._before = own_tcp_sockets()
+        # Watching from the start: a generation abandoned while its group forms ends
+        # the formation's waits (formation.release), not only the collectives'.
+        self._watcher = threading.Thread(target=self._watch_abandoned, name="spotring-watch")
+        self._watcher.start()
         try:
             store = coordinator.group_store(membership)
-            before = own_tcp_sockets()
             dist.init_process_group(
                 "gloo", store=store, rank=membership.rank, world_size=membership.world_size,
                 timeout=FORMATION_TIMEOUT,
             )  # fmt: skip
             distributed_c10d._set_pg_timeout(GROUP_TIMEOUT)  # the collectives: read per operation
         except BaseException:
+            self._forming_ended.set()
             self._watch.close()
+            self._watcher.join()
             # What destroy_process_group resets: the default group's name is the count of
             # groups made, and a failed init counted one. Left so, this worker's next
             # group's keys would be named apart from those of a member that never failed
             # (a joiner), and both would wait for each other until the store gave up.
             distributed_c10d._world.group_count = 0
             raise
-        self._connections = _connections(own_tcp_sockets() - before)
-        self._watcher = threading.Thread(target=self._watch_abandoned, name="spotring-watch")
-        self._watcher.start()
+        self._connections = _connections(own_tcp_sockets() - self._before)
+        self._formed.set()
+        self._forming_ended.set()
+        if self.abandoned.is_set():  # while it formed: the watcher could not abort it
+            self.abort()
 
     def _watch_abandoned(self) -> None:
         try:
             if self._watch.wait():
                 log.info("generation %d abandoned: aborting", self.membership.generation)
                 self.abandoned.set()
-                self.abort()
+                if self._formed.is_set():
+                    self.abort()
+                else:
+                    self._end_formation()
         except Exception:  # never silently: the worker would wait out Gloo's timeout
             log.exception("watching generation %d failed", self.membership.generation)
             self.abort()
+
+    def _end_formation(self) -> None:
+        """Make the formation in progress fail now (see :mod:`.formation`)."""
+        made = formation.release(self._before, self.membership.rank, self.membership.world_size)
+        log.info("generation %d abandoned while forming: %d waits ended",
+                 self.membership.generation, made)  # fmt: skip
+        # Gloo connects its pairs one after another and retries a failed connect: the
+        # ones it starts from now on are shut down too, until the formation ends.
+        deadline = time.monotonic() + 5 * FORMATION_TIMEOUT.total_seconds()
+        while not self._forming_ended.wait(CONNECT_SHUT_EVERY_SECONDS):
+            formation.shut_connects(self._before)
+            if time.monotonic() > deadline:  # Gloo's own bound has ended it
+                return
 
     def latest(self) -> int:
         """The newest generation the coordinator has published."""

@@ -9,10 +9,13 @@ a survivor that waited a timeout out fails the test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +26,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from spotring.torch.coordinator import StorePublisher  # noqa: E402
+from spotring.torch.inplace import FORMATION_TIMEOUT  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "torch_inplace.py"
@@ -150,22 +154,38 @@ def test_hung_peer_is_aborted_from_outside_not_waited_out(job: Job) -> None:
 
 
 DIES_AFTER_PUBLISHING = """
-import os, signal, sys
+import os, signal, socket, struct, sys
 import torch.distributed as dist
 os.environ["GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER"] = "1"  # Gloo's formation as members run it
 os.environ["GLOO_ENABLE_STORE_V2_API"] = "1"
 from spotring.torch.coordinator import StoreCoordinator
+from spotring.worker_image.peer_abort import tcp_sockets
 
 coordinator = StoreCoordinator("127.0.0.1", int(sys.argv[1]), "x")
 membership = coordinator.next_membership(after=-1)
 inner = coordinator.group_store(membership)
 
 
+def listening_address():
+    for _, sock in tcp_sockets():
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            return sock.getsockname()
+
+
 class DiesAfterPublishing(dist.Store):
-    \"\"\"The generation's store, until this member has written its address.\"\"\"
+    \"\"\"The generation's store, until this member has written its address, with the
+    port the test gave, then dies once its peers have written theirs (they are past the
+    store, in Gloo's connects).\"\"\"
 
     def set(self, key, value):
-        inner.set(key, value)
+        host, port = listening_address()
+        assert host == sys.argv[2], f"Gloo listens on {host}, not {sys.argv[2]}"
+        ours = struct.pack("<H", socket.AF_INET) + struct.pack("!H", port)
+        value = bytes(value)
+        assert ours in value, "the address is not Gloo's sockaddr_in as expected"
+        inner.set(key, value.replace(ours, ours[:2] + struct.pack("!H", int(sys.argv[3])), 1))
+        prefix = key.rstrip("0123456789")
+        inner.wait([prefix + str(r) for r in range(membership.world_size)])
         os.kill(os.getpid(), signal.SIGKILL)  # a preemption between publishing and connecting
 
     def get(self, key):
@@ -195,25 +215,50 @@ dist.init_process_group("gloo", store=DiesAfterPublishing(), rank=membership.ran
 """
 
 
-def test_a_peer_lost_after_publishing_its_address_holds_the_forming_group_seconds(
-    job: Job, tmp_path: Path
+@pytest.fixture
+def unanswered(tmp_path: Path) -> Iterator[int]:
+    """A port on Gloo's address where connects go unanswered (a host gone): a listener
+    whose one-place queue is full drops every SYN, and Linux retries them for minutes.
+    Its port sorts below every ephemeral port as Gloo compares them (network order read
+    as a number), so a survivor connects to it rather than waiting for it."""
+    host = socket.gethostbyname(socket.gethostname())
+    with socket.socket() as hole:
+        for high in range(4, 128):  # port high * 256 reads as `high` < 128 <= any ephemeral
+            with contextlib.suppress(OSError):
+                hole.bind((host, high * 256))
+                break
+        hole.listen(0)
+        with socket.create_connection(hole.getsockname()):  # the queue's one place
+            yield hole.getsockname()[1]
+
+
+@pytest.mark.parametrize("side", ["waits for its connection", "connects to it"])
+def test_a_peer_lost_after_publishing_its_address_holds_the_forming_group_no_longer(
+    job: Job, tmp_path: Path, side: str, request: pytest.FixtureRequest
 ) -> None:
+    # Gloo's order (the greater address connects): at the greatest port, it connects to
+    # the survivors and they wait for it; at the unanswered one they connect to it.
+    port = 0xFFFF if side == "waits for its connection" else request.getfixturevalue("unanswered")
     for worker in ("a", "b"):
         job.start(worker, "--steps", "100000")
     job.publisher.publish(["a", "b"])
     job.wait("committed/5", STARTED)
 
-    # Rank 1 of the next generation publishes its address and dies before it connects:
-    # rank 2 waits in Gloo for its connection (it cannot tell it is gone).
+    # Rank 1 of the next generation publishes its address and dies before it connects.
+    host = socket.gethostbyname(socket.gethostname())
     joiner = subprocess.Popen(
-        [sys.executable, "-c", DIES_AFTER_PUBLISHING, str(job.store.port)],
+        [sys.executable, "-c", DIES_AFTER_PUBLISHING, str(job.store.port), host, str(port)],
         stdout=open(tmp_path / "x.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     job.publisher.publish(["a", "x", "b"], abandon=False)
     assert joiner.wait(STARTED.total_seconds()) == -signal.SIGKILL, job.logs()
     job.publisher.publish(["a", "b"])  # the driver's verdict: abandon, go on without it
+    abandoned = time.monotonic()
 
-    # WAIT (40 s): at Gloo's 60 s timeout the survivors' connect waited five minutes.
     starts = {w: job.wait(f"start/2/{w}").split() for w in ("a", "b")}
     assert starts["a"] == starts["b"]
+    # Gloo alone holds them five times the formation timeout (10 s) from when they
+    # began to wait: the abandonment ends the wait (formation.release).
+    bound = 5 * FORMATION_TIMEOUT.total_seconds()
+    assert time.monotonic() - abandoned < bound / 2, job.logs()
