@@ -98,8 +98,9 @@ def main(argv: list[str]) -> int:
         report.set(f"start/{generation}/{worker}", f"{state.batch} {digest}", event="start",
                    worker=worker, generation=generation, step=state.batch, size=state.world_size,
                    rolled_back=state.steps_rolled_back, digest=digest)  # fmt: skip
-        # DDP keeps the group it was built with: wrap again on every formation.
-        net = DistributedDataParallel(model) if args.ddp else model
+        # DDP keeps the group it was built with: wrap again on every formation (the
+        # state is synced already: no broadcast of DDP's own).
+        net = DistributedDataParallel(model, init_sync=False) if args.ddp else model
         while state.batch < args.steps:
             x, y = batch_of(state.batch, state.rank)
             optimizer.zero_grad()

@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             group["lr"] = args.lr * state.world_size
         worker = os.environ.get("SPOTRING_TORCH_WORKER", "")  # its name under spotring run
         emit("resume", step=state.step, epoch=state.epoch, resets=formations - 1, worker=worker)
-        net = DistributedDataParallel(model)  # keeps its group: wrapped on every formation
+        # DDP keeps its group: wrapped on every formation, the state synced already.
+        net = DistributedDataParallel(model, init_sync=False)
         while state.epoch < args.epochs:
             model.train()
             for inputs, targets, *ids in loader:  # this group's share of what is left

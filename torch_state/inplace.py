@@ -8,7 +8,7 @@ The programming model of Horovod's elastic mode, without Horovod::
 
     @inplace.run(coordinator)
     def train(state):
-        ddp = DistributedDataParallel(state.model)  # re-wrapped on every (re-)formation
+        ddp = DistributedDataParallel(state.model, init_sync=False)  # again per formation
         for state.batch in range(state.batch, steps):
             ...  # forward, backward, optimizer.step()
             state.commit()
