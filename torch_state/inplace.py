@@ -113,13 +113,13 @@ class ProcessGroup:
         # and each pair named by its ranks, which formation.release relies on.
         os.environ["GLOO_ENABLE_RANK_AS_SEQUENCE_NUMBER"] = "1"
         os.environ["GLOO_ENABLE_STORE_V2_API"] = "1"
-        self._before = own_tcp_sockets()
         # Watching from the start: a generation abandoned while its group forms ends
         # the formation's waits (formation.release), not only the collectives'.
-        self._watcher = threading.Thread(target=self._watch_abandoned, name="spotring-watch")
-        self._watcher.start()
+        watcher = threading.Thread(target=self._watch_abandoned, name="spotring-watch")
         try:
             store = coordinator.group_store(membership)
+            self._before = own_tcp_sockets()  # the store's connection is not the group's
+            watcher.start()
             dist.init_process_group(
                 "gloo", store=store, rank=membership.rank, world_size=membership.world_size,
                 timeout=FORMATION_TIMEOUT,
@@ -128,13 +128,15 @@ class ProcessGroup:
         except BaseException:
             self._forming_ended.set()
             self._watch.close()
-            self._watcher.join()
+            if watcher.ident is not None:  # started
+                watcher.join()
             # What destroy_process_group resets: the default group's name is the count of
             # groups made, and a failed init counted one. Left so, this worker's next
             # group's keys would be named apart from those of a member that never failed
             # (a joiner), and both would wait for each other until the store gave up.
             distributed_c10d._world.group_count = 0
             raise
+        self._watcher = watcher
         self._connections = _connections(own_tcp_sockets() - self._before)
         self._formed.set()
         self._forming_ended.set()
