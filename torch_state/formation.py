@@ -29,7 +29,12 @@ import socket
 import struct
 from collections.abc import Set
 
-from spotring.worker_image.peer_abort import shutdown_sockets, tcp_sockets
+from spotring.worker_image.peer_abort import (
+    listening_sockets,
+    own_tcp_sockets,
+    shutdown_sockets,
+    tcp_sockets,
+)
 
 __all__ = ["release", "shut_connects"]
 
@@ -76,13 +81,6 @@ def shut_connects(before: Set[int]) -> int:
 
 def _listeners(before: Set[int]) -> list[tuple[str, int]]:
     """Where this process's listening TCP sockets opened since ``before`` are reached."""
-    found = []
-    for inode, sock in tcp_sockets():
-        if inode in before:
-            continue
-        with contextlib.suppress(OSError):
-            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                host, port = sock.getsockname()[:2]
-                wildcard = {"0.0.0.0": "127.0.0.1", "::": "::1"}
-                found.append((wildcard.get(host, host), port))
-    return found
+    wildcard = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+    opened = listening_sockets(own_tcp_sockets() - before)
+    return [(wildcard.get(host, host), port) for host, port in opened.values()]

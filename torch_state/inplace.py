@@ -30,12 +30,10 @@ docs/torch.md), hence the socket shutdown.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -55,7 +53,11 @@ from spotring.worker_image.commit_buffers import (
     OptimizerBuffers,
     checked_commit_options,
 )
-from spotring.worker_image.peer_abort import own_tcp_sockets, shutdown_sockets, tcp_sockets
+from spotring.worker_image.peer_abort import (
+    listening_sockets,
+    own_tcp_sockets,
+    shutdown_sockets,
+)
 
 __all__ = ["MembershipChanged", "ProcessGroup", "TorchState", "run"]
 
@@ -186,12 +188,7 @@ class ProcessGroup:
 
 def _connections(inodes: set[int]) -> set[int]:
     """Those of ``inodes`` that are TCP sockets but not listening ones."""
-    listening = set()
-    for inode, sock in tcp_sockets(inodes):
-        with contextlib.suppress(OSError):
-            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                listening.add(inode)
-    return inodes - listening
+    return inodes - listening_sockets(inodes).keys()
 
 
 # ------------------------------------------------------------------------------ state

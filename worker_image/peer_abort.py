@@ -137,14 +137,20 @@ def tcp_sockets(inodes: Iterable[int] | None = None) -> Iterator[tuple[int, sock
                 yield inode, sock
 
 
-def _listening_ports(inodes: Iterable[int]) -> frozenset[int]:
-    """Local ports of those of ``inodes`` that are listening sockets."""
-    ports: set[int] = set()
-    for _, sock in tcp_sockets(inodes):
+def listening_sockets(inodes: Iterable[int]) -> dict[int, tuple[str, int]]:
+    """``{inode: (host, port)}`` of those of ``inodes`` that are listening sockets."""
+    found: dict[int, tuple[str, int]] = {}
+    for inode, sock in tcp_sockets(inodes):
         with contextlib.suppress(OSError):
             if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                ports.add(sock.getsockname()[1])
-    return frozenset(ports)
+                host, port = sock.getsockname()[:2]
+                found[inode] = (host, port)
+    return found
+
+
+def _listening_ports(inodes: Iterable[int]) -> frozenset[int]:
+    """Local ports of those of ``inodes`` that are listening sockets."""
+    return frozenset(port for _, port in listening_sockets(inodes).values())
 
 
 @dataclass(frozen=True)
