@@ -159,7 +159,8 @@ class GroupServer:
         self._clock = clock
         self._on_asked = on_asked or (lambda worker: None)
         self._changed = threading.Condition()
-        self._workers: dict[str, list[str]] = {}  # name -> memberships handed, encoded
+        self._workers: dict[str, list[Membership]] = {}  # name -> memberships handed
+        self._received: dict[str, int] = {}  # name -> generation of the last one answered
         self._asking: dict[str, int] = {}  # name -> the membership it waits for
         self._generations: dict[int, _Generation] = {}
         self._latest = -1
@@ -203,11 +204,18 @@ class GroupServer:
         with self._changed:
             self._workers.pop(worker, None)
             self._asking.pop(worker, None)
+            self._received.pop(worker, None)
 
     def waiting(self) -> set[str]:
         """The workers that asked for a membership they have not been given."""
         with self._changed:
             return {w for w, n in self._asking.items() if n >= len(self._workers.get(w, ()))}
+
+    def received(self, worker: str) -> int:
+        """The generation of the last membership ``worker`` was answered (-1: none yet).
+        A worker that ended in an older generation than the newest never formed that one."""
+        with self._changed:
+            return self._received.get(worker, -1)
 
     @property
     def latest(self) -> int:
@@ -230,7 +238,7 @@ class GroupServer:
             number = self._latest + 1
             for rank, worker in enumerate(members):
                 place = Membership(number, rank, len(members), master_addr, self.port)
-                self._workers.setdefault(worker, []).append(place.encode())
+                self._workers.setdefault(worker, []).append(place)
             self._generations[number] = _Generation(number, tuple(members))
             # Keys of generations before the current one are never read again.
             for old in [g for g in self._generations if g < self._latest]:
@@ -314,7 +322,10 @@ class GroupServer:
             handed = self._workers.get(worker)
             if handed is None:
                 raise _Refused(404, "unknown worker")
-            return f"{len(handed) - 1} {handed[-1]}".encode() if n < len(handed) else None
+            if n >= len(handed):
+                return None
+            self._received[worker] = handed[-1].generation
+            return f"{len(handed) - 1} {handed[-1].encode()}".encode()
 
         return self._wait_for(place, wait)
 

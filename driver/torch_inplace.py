@@ -20,7 +20,9 @@ decides the generations:
   to its group): the next generation is published without it, again without
   abandoning; its workers leave at their next commit, and are stopped once they ask
   for a membership they will not get. Nothing is rolled back.
-* Every member exiting 0 ends the job.
+* Every member exiting 0 ends the job. A member that ends in an older generation than
+  the newest published (a joiner came as the training ended) never forms the newest:
+  it is abandoned, and workers asking for a membership then are stopped.
 
 Failures never count against a limit here: a survivor loses only the steps since its
 last commit. Fewer than ``--min-np`` workers left: the driver waits
@@ -147,12 +149,17 @@ class TorchInplaceDriver:
             broken |= self._take_hangs()
             for name, code in taken(self._exits):
                 worker = self._workers.pop(name)
+                received = self._server.received(name)
                 self._server.forget(name)
                 if name not in self._members:
                     continue
                 self._members.remove(name)
                 if code == 0:
                     finishing = True
+                    if received < self._server.latest:
+                        # It trained to the end before moving over to the newest
+                        # generation, which waits for it: its joiners stop waiting now.
+                        self._server.abandon()
                 elif finishing:
                     raise TorchJobFailed(f"{_describe(worker)} exited with {code} at the end")
                 else:
@@ -163,9 +170,9 @@ class TorchInplaceDriver:
                         self._controller.host_failed(worker.host, why)
                         self._leave_host(worker.host, "its host failed")
             if finishing:
+                self._stop_others("the training ended")
                 if not self._members:
                     return
-                self._stop_others("the training ended")
                 self._wake.wait(POLL_SECONDS)
                 self._wake.clear()
                 continue
@@ -350,6 +357,10 @@ class TorchInplaceDriver:
                 worker.stop.set()
 
     def _stop_others(self, why: str) -> None:
+        """Stop the workers that will not end the training: those not members, and
+        members asking for a generation (none comes after the end)."""
+        waiting = self._server.waiting()
+        self._members = [m for m in self._members if m not in waiting]
         for worker in self._workers.values():
             if worker.name not in self._members and not worker.stop.is_set():
                 worker.leaving = why
