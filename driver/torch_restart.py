@@ -371,6 +371,10 @@ class TorchRestartDriver:
                 slot, exit_code = exits.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 self._check_fatal(0)
+                if succeeded:
+                    # The training ended: a restart now would run its end again. A host
+                    # lost with a worker still running shows in that worker's exit.
+                    continue
                 hosts = self._hosts_now()
                 if self._warm is not None:
                     settling = time.monotonic() - started < WARM_DELAY_SECONDS

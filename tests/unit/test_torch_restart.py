@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -228,10 +229,10 @@ def test_started_ahead_it_waits_and_runs_the_script_with_its_attempts_environmen
 
 class _Inventory:
     def __init__(self, hosts: dict[str, int]) -> None:
-        self._hosts = hosts
+        self.hosts = hosts
 
     def hosts_and_slots(self) -> dict[str, int]:
-        return dict(self._hosts)
+        return dict(self.hosts)
 
 
 class _Controller:
@@ -330,6 +331,41 @@ def test_a_store_port_taken_on_rank_0s_host_is_retried_without_counting(tmp_path
         launcher.close()
     assert len(driver.world_sizes) == 2
     assert controller.failed == []
+
+
+def test_a_host_joining_once_a_worker_ended_the_training_restarts_nothing(
+    tmp_path: Path,
+) -> None:
+    ended = tmp_path / "ended"
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, pathlib, time\n"
+        f"ended = pathlib.Path({str(ended)!r})\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    ended.touch()\n"
+        "else:\n"
+        "    time.sleep(3)  # its last step, as a host joins\n"
+    )
+    controller = _Controller()
+    launcher = ProcessLauncher(remote=False, output=io.StringIO())
+    driver = TorchRestartDriver(
+        [sys.executable, str(script)], cast(Any, controller), launcher, JobShape(2, 1, 3),
+        ElasticOptions(warm_start=False), NoRingEvents(), local=True,
+    )  # fmt: skip
+
+    def add_a_host_once_rank_0_ended() -> None:
+        deadline = time.monotonic() + 60
+        while not ended.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)  # rank 0's exit is seen
+        controller.inventory.hosts["host-2"] = 1
+
+    threading.Thread(target=add_a_host_once_rank_0_ended, daemon=True).start()
+    try:
+        driver.run()
+    finally:
+        launcher.close()
+    assert driver.world_sizes == [2]  # not restarted with host-2
 
 
 def test_a_stopped_worker_gets_torchruns_30_s_to_checkpoint_before_sigkill(
