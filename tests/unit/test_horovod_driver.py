@@ -5,7 +5,6 @@ Horovod's private steps by routing, not by patching a driver after it is made.""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from typing import Any
 
 from horovod.runner.elastic.driver import ElasticDriver
@@ -17,6 +16,7 @@ from spotring.driver.horovod_driver import SpotringElasticDriver, SpotringWorker
 from spotring.driver.launcher import ProcessLauncher
 from spotring.driver.options import DurableOptions, ElasticOptions
 from spotring.driver.ring_side import RingSide
+from tests.unit.quiet_controller import QuietController
 
 OVERRIDES = {
     "register_worker_server",
@@ -71,37 +71,11 @@ def test_horovods_private_steps_reach_the_overrides_and_horovods_own_stay_callab
     assert heard == [("exit", ("slot", 1, 2.0)), ("notify", ("hosts", 3)), ("assign", ("hosts",))]
 
 
-class NoHosts:
-    def hosts_and_slots(self) -> dict[str, int]:
-        return {}
-
-
-class Controller:
-    inventory = NoHosts()  # Horovod's discovery thread finds no host: nothing starts
-
-    def host_failed(self, address: str, reason: str) -> None:
-        pass
-
-    def host_noticed(self, address: str, notice: Any) -> bool:
-        return False
-
-    def notice_watcher(self, address: str) -> None:
-        return None
-
-    def ring_formed(self, hosts: Sequence[str]) -> Sequence[str]:
-        return []
-
-    def wait_for_fatal_error(self, timeout: float | None = None) -> None:
-        return None
-
-    def hosts_offered(self, hosts: Any) -> None:
-        pass
-
-
 def _driver(options: ElasticOptions) -> tuple[SpotringElasticDriver, ProcessLauncher]:
     launcher = ProcessLauncher(remote=False)
     job = JobShape(num_proc=2, min_num_proc=1, max_num_proc=2, resize=True)
-    ring = RingSide(Controller(), launcher, job, options)
+    # No host in the inventory: Horovod's discovery thread finds none, nothing starts.
+    ring = RingSide(QuietController(), launcher, job, options)
     ring.tracker.start(address="127.0.0.1", job_key=ring.job_key)  # Horovod's stop stops it
     return SpotringElasticDriver(ring, job, options), launcher
 

@@ -18,6 +18,7 @@ from spotring.core.job import JobShape
 from spotring.driver.launcher import ProcessLauncher
 from spotring.driver.options import DurableOptions, ElasticOptions
 from spotring.driver.ring_events import Hang, NoRingEvents, RingEvents, RingLoss, RingStatus, Stall
+from tests.unit.quiet_controller import QuietController
 
 EVENTS = [n for n, _ in inspect.getmembers(RingEvents, inspect.isfunction) if n.startswith("ring_")]
 
@@ -80,30 +81,6 @@ def test_every_ring_event_is_a_hook_of_its_name_and_the_adapter_calls_it() -> No
     ]  # fmt: skip
 
 
-class Controller:
-    """The controller's protocol (driver.ring_side.JobController), answering little."""
-
-    inventory = None
-
-    def host_failed(self, address: str, reason: str) -> None:
-        pass
-
-    def host_noticed(self, address: str, notice: Any) -> bool:
-        return False
-
-    def notice_watcher(self, address: str) -> None:
-        return None
-
-    def ring_formed(self, hosts: Sequence[str]) -> Sequence[str]:
-        return []
-
-    def wait_for_fatal_error(self, timeout: float | None = None) -> None:
-        return None
-
-    def hosts_offered(self, hosts: Any) -> None:
-        pass
-
-
 class Checkpoints:
     """The run's durable checkpoints (driver.ring_side.DurableCheckpoints)."""
 
@@ -138,7 +115,7 @@ def _ring_side(launcher: ProcessLauncher, heard: Heard, checkpoints: Checkpoints
 
     options = ElasticOptions(durable=DurableOptions("file:///tmp/x"), warm_start=False)
     job = JobShape(num_proc=2, min_num_proc=1, max_num_proc=2, resize=True)
-    return RingSide(Controller(), launcher, job, options, heard, checkpoints)
+    return RingSide(QuietController(), launcher, job, options, heard, checkpoints)
 
 
 def test_a_lost_ring_is_told_with_its_checkpoint_and_the_commits_lost_since(

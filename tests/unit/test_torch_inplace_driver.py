@@ -11,9 +11,7 @@ import io
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
 
 import pytest
 
@@ -22,6 +20,7 @@ from spotring.driver.launcher import ProcessLauncher
 from spotring.driver.options import ElasticOptions
 from spotring.driver.ring_events import NoRingEvents
 from spotring.driver.torch_inplace import TorchInplaceDriver
+from tests.unit.quiet_controller import QuietController
 
 pytest.importorskip("torch")
 
@@ -47,50 +46,16 @@ train(state)
 """
 
 
-class _Inventory:
-    def __init__(self) -> None:
-        self.hosts = {"host-0": 1}
-
-    def hosts_and_slots(self) -> dict[str, int]:
-        return dict(self.hosts)
-
-
-class _Controller:
-    """The controller's side the in-place driver uses."""
-
-    def __init__(self) -> None:
-        self.inventory = _Inventory()
-        self.failed: list[str] = []
-
-    def host_failed(self, address: str, reason: str) -> None:
-        self.failed.append(address)
-
-    def host_noticed(self, address: str, notice: Any) -> bool:
-        return False
-
-    def notice_watcher(self, address: str) -> None:
-        return None
-
-    def ring_formed(self, hosts: Sequence[str]) -> Sequence[str]:
-        return []
-
-    def hosts_offered(self, hosts: Any) -> None:
-        pass
-
-    def wait_for_fatal_error(self, timeout: float | None = None) -> None:
-        return None
-
-
 def test_a_joiner_published_as_the_training_ends_is_stopped_and_the_job_succeeds(
     tmp_path: Path,
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text(LAST_STEP_AS_A_JOINER_COMES)
-    controller = _Controller()
+    controller = QuietController({"host-0": 1})
     output = io.StringIO()
     launcher = ProcessLauncher(remote=False, output=output)
     driver = TorchInplaceDriver(
-        [sys.executable, str(script)], cast(Any, controller), launcher, JobShape(1, 1, 2),
+        [sys.executable, str(script)], controller, launcher, JobShape(1, 1, 2),
         ElasticOptions(), NoRingEvents(), local=True,
     )  # fmt: skip
 

@@ -14,10 +14,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
 
 import pytest
 
@@ -40,6 +38,9 @@ from spotring.driver.torch_restart import (
     warm_command,
 )
 from spotring.driver.torch_workers import TorchJobFailed
+from tests.unit.quiet_controller import QuietController
+
+TWO_HOSTS = {"host-0": 1, "host-1": 1}
 
 
 def test_ranks_are_consecutive_per_host_and_stop_at_the_most_workers() -> None:
@@ -227,45 +228,11 @@ def test_started_ahead_it_waits_and_runs_the_script_with_its_attempts_environmen
     assert (seen["rank"], seen["argv"], seen["name"]) == ("3", [str(script), "x"], "__main__")
 
 
-class _Inventory:
-    def __init__(self, hosts: dict[str, int]) -> None:
-        self.hosts = hosts
-
-    def hosts_and_slots(self) -> dict[str, int]:
-        return dict(self.hosts)
-
-
-class _Controller:
-    """The controller's side the restart driver uses, with two healthy hosts."""
-
-    def __init__(self) -> None:
-        self.inventory = _Inventory({"host-0": 1, "host-1": 1})
-        self.failed: list[str] = []
-
-    def host_failed(self, address: str, reason: str) -> None:
-        self.failed.append(address)
-
-    def host_noticed(self, address: str, notice: Any) -> bool:
-        return False
-
-    def notice_watcher(self, address: str) -> None:
-        return None
-
-    def ring_formed(self, hosts: Sequence[str]) -> Sequence[str]:
-        return []
-
-    def hosts_offered(self, hosts: Any) -> None:
-        pass
-
-    def wait_for_fatal_error(self, timeout: float | None = None) -> None:
-        return None
-
-
-def _run(command: list[str], max_restarts: int) -> _Controller:
-    controller = _Controller()
+def _run(command: list[str], max_restarts: int) -> QuietController:
+    controller = QuietController(TWO_HOSTS)
     launcher = ProcessLauncher(remote=False, output=io.StringIO())
     driver = TorchRestartDriver(
-        command, cast(Any, controller), launcher, JobShape(2, 1, 2), ElasticOptions(),
+        command, controller, launcher, JobShape(2, 1, 2), ElasticOptions(),
         NoRingEvents(), max_restarts=max_restarts, local=True,
     )  # fmt: skip
     try:
@@ -319,10 +286,10 @@ def test_a_store_port_taken_on_rank_0s_host_is_retried_without_counting(tmp_path
         f"    sys.exit({PORT_TAKEN_EXIT})  # as the port check exits\n"
         "assert os.environ['TORCHELASTIC_RESTART_COUNT'] == '0'\n"
     )
-    controller = _Controller()
+    controller = QuietController(TWO_HOSTS)
     launcher = ProcessLauncher(remote=False, output=io.StringIO())
     driver = TorchRestartDriver(
-        [sys.executable, str(script)], cast(Any, controller), launcher, JobShape(2, 1, 2),
+        [sys.executable, str(script)], controller, launcher, JobShape(2, 1, 2),
         ElasticOptions(warm_start=False), NoRingEvents(), max_restarts=0, local=True,
     )  # fmt: skip
     try:
@@ -346,10 +313,10 @@ def test_a_host_joining_once_a_worker_ended_the_training_restarts_nothing(
         "else:\n"
         "    time.sleep(3)  # its last step, as a host joins\n"
     )
-    controller = _Controller()
+    controller = QuietController(TWO_HOSTS)
     launcher = ProcessLauncher(remote=False, output=io.StringIO())
     driver = TorchRestartDriver(
-        [sys.executable, str(script)], cast(Any, controller), launcher, JobShape(2, 1, 3),
+        [sys.executable, str(script)], controller, launcher, JobShape(2, 1, 3),
         ElasticOptions(warm_start=False), NoRingEvents(), local=True,
     )  # fmt: skip
 
@@ -377,7 +344,7 @@ def test_a_stopped_worker_gets_torchruns_30_s_to_checkpoint_before_sigkill(
     supervisor.chmod(0o755)
     launcher = ProcessLauncher(remote=False, python=str(supervisor), output=io.StringIO())
     driver = TorchRestartDriver(
-        [sys.executable, "train.py"], cast(Any, _Controller()), launcher, JobShape(2, 1, 2),
+        [sys.executable, "train.py"], QuietController(TWO_HOSTS), launcher, JobShape(2, 1, 2),
         ElasticOptions(warm_start=False), NoRingEvents(), local=True,
     )  # fmt: skip
     try:
