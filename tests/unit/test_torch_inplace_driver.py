@@ -20,6 +20,7 @@ from spotring.driver.launcher import ProcessLauncher
 from spotring.driver.options import ElasticOptions
 from spotring.driver.ring_events import NoRingEvents
 from spotring.driver.torch_inplace import TorchInplaceDriver
+from spotring.worker_image import wire
 from tests.unit.quiet_controller import QuietController
 
 pytest.importorskip("torch")
@@ -27,7 +28,7 @@ pytest.importorskip("torch")
 # w0 trains alone; its training ends once the driver has published the next
 # generation (the joiner w1's), before it moves over: as when the last step's commit
 # comes just before the publication. w1 never trains: the group with w0 never forms.
-LAST_STEP_AS_A_JOINER_COMES = """
+LAST_STEP_AS_A_JOINER_COMES = f"""
 import os, sys, time
 from spotring.torch import inplace
 from spotring.torch.driver_coordinator import coordinator_from_env
@@ -37,7 +38,7 @@ state = inplace.TorchState(batch=0)
 
 @inplace.run(coordinator)
 def train(state):
-    if os.environ["SPOTRING_TORCH_WORKER"] != "w0":
+    if os.environ[{wire.TORCH_WORKER_ENV!r}] != "w0":
         sys.exit(3)
     while coordinator.latest() <= state.group.membership.generation:
         time.sleep(0.02)
